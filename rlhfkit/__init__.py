@@ -1,0 +1,1 @@
+"""rlhfkit: RLHF for language models with logging that tells you what training is doing."""
