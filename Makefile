@@ -1,0 +1,25 @@
+# Two commands on a fresh machine: `make quickstart` (installs, then trains PPO on the built-in task) and
+# `make test` (installs, then runs the test suite). Both create .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Without a GPU, take the CPU build of torch first: a bare `torch` requirement pulls a multi-GB CUDA build.
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+quickstart: install
+	$(VENV)/bin/rlhfkit ppo
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+.PHONY: install quickstart test lint

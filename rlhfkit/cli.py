@@ -1,0 +1,119 @@
+"""The ``rlhfkit`` command line: ``rlhfkit ppo|build-tiny ...``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+USAGE = """usage: rlhfkit COMMAND [FLAGS]
+
+commands:
+  ppo          train a policy with PPO (flags as TRL's PPOConfig; without model flags: the built-in task)
+  build-tiny   build the built-in task's tokenizer, SFT model, reward model and prompts into a directory
+
+Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see tracebacks.
+"""
+
+
+class UsageError(ValueError):
+    pass
+
+
+def explicit_flags(argv: Sequence[str]) -> set[str]:
+    """Names of the flags written on the command line (``--name`` or ``--name=value``)."""
+    return {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+
+
+def parse_config(cls: type, argv: Sequence[str], prog: str):
+    """Parse a config dataclass from flags and an optional ``--config FILE.yaml`` (flags win over the file)."""
+    import yaml
+    from transformers import HfArgumentParser
+
+    argv = list(argv)
+    file_values: dict = {}
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise UsageError("--config needs a path to a YAML file.")
+        path = argv[i + 1]
+        del argv[i : i + 2]
+        if not os.path.isfile(path):
+            raise UsageError(f"--config {path!r} does not exist.")
+        with open(path) as f:
+            file_values = yaml.safe_load(f) or {}
+        if not isinstance(file_values, dict):
+            raise UsageError(f"--config {path!r} must hold a mapping of field: value.")
+        from rlhfkit.config import config_field_names
+
+        unknown = sorted(set(file_values) - set(config_field_names(cls)))
+        if unknown:
+            raise UsageError(f"--config {path!r} has unknown keys: {', '.join(unknown)}. See '{prog} --help' for valid names.")
+    parser = HfArgumentParser(cls, prog=prog)
+    parser.set_defaults(**file_values)
+    try:
+        (config,) = parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as e:
+        if "not used by the HfArgumentParser" in str(e):
+            unknown = [a for a in argv if a.startswith("--") and a[2:].split("=")[0] not in {f.dest for f in parser._actions}]
+            raise UsageError(f"unknown flags: {', '.join(unknown)}. See '{prog} --help' for valid flags.") from None
+        raise
+    return config, explicit_flags(argv) | set(file_values)
+
+
+def cmd_ppo(argv: Sequence[str]) -> int:
+    from rlhfkit.builders import build_ppo_trainer
+    from rlhfkit.config import PPOConfig
+
+    args, explicit = parse_config(PPOConfig, argv, "rlhfkit ppo")
+    trainer = build_ppo_trainer(args, explicit)
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        print(f"Run directory: {args.output_dir}")
+    return 0
+
+
+def cmd_build_tiny(argv: Sequence[str]) -> int:
+    from rlhfkit.tasks import build_tiny
+
+    parser = argparse.ArgumentParser(prog="rlhfkit build-tiny", description="Build the built-in task's assets offline.")
+    parser.add_argument("out_dir", help="Directory to write tokenizer/, sft/, reward/, prompts/ and task.json into.")
+    parser.add_argument("--seed", type=int, default=0, help="Seed; the same seed gives the same files.")
+    parser.add_argument("--preset", default="default", choices=["default", "test"], help="'test' builds in seconds (lower quality).")
+    ns = parser.parse_args(argv)
+    summary = build_tiny(ns.out_dir, seed=ns.seed, preset=ns.preset)
+    print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+COMMANDS = {"ppo": cmd_ppo, "build-tiny": cmd_build_tiny}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    argv = [a for a in argv if a != "--debug"]
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"rlhfkit: unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[command](rest)
+    except Exception as e:
+        from rlhfkit.config import ConfigError
+        from rlhfkit.data import DataError
+        from rlhfkit.models import ModelLoadError
+
+        if debug or not isinstance(e, (UsageError, ConfigError, DataError, ModelLoadError)):
+            raise
+        print(f"rlhfkit {command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Prompt datasets from local files: loading, tokenization, left-padded batches, a seeded endless iterator."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import torch
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from transformers import PreTrainedTokenizerBase
+
+_FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+class DataError(ValueError):
+    """The dataset cannot be used; the message names the flag and the fix."""
+
+
+def load_prompt_splits(path: str, train_split: str, test_split: str | None) -> tuple[Dataset, Dataset | None]:
+    """Train and (optional) test splits from a save_to_disk directory or a data file. Nothing is downloaded."""
+    if not os.path.exists(path):
+        raise DataError(
+            f"--dataset_name {path!r} does not exist. Pass a directory saved with datasets' save_to_disk or a "
+            f"{'/'.join(_FILE_TYPES)} file (datasets are read locally, never downloaded)."
+        )
+    if os.path.isdir(path):
+        data = load_from_disk(path)
+    else:
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in _FILE_TYPES:
+            raise DataError(f"--dataset_name {path!r}: unsupported file type {ext!r}; use one of {', '.join(_FILE_TYPES)}.")
+        data = load_dataset(_FILE_TYPES[ext], data_files={train_split: path})
+    if isinstance(data, Dataset):
+        return data, None
+    assert isinstance(data, DatasetDict)
+    if train_split not in data:
+        raise DataError(f"--dataset_train_split {train_split!r} is not in {path!r} (splits: {', '.join(data)}).")
+    test = data[test_split] if test_split and test_split in data else None
+    return data[train_split], test
+
+
+def tokenize_prompts(
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, text_field: str, max_prompt_length: int | None, flag_prefix: str = ""
+) -> Dataset:
+    """Adds ``input_ids`` (prompt tokens, no padding). Rows longer than ``max_prompt_length`` are dropped."""
+    if len(dataset) == 0:
+        raise DataError(f"The {flag_prefix}dataset is empty: it needs at least one prompt.")
+    if "input_ids" not in dataset.column_names:
+        if text_field not in dataset.column_names:
+            raise DataError(
+                f"The {flag_prefix}dataset has no {text_field!r} column (columns: {', '.join(dataset.column_names)}). "
+                f"Rename the prompt column or pass --dataset_text_field NAME."
+            )
+        dataset = dataset.map(
+            lambda batch: {"input_ids": tokenizer(batch[text_field], add_special_tokens=False)["input_ids"]},
+            batched=True,
+        )
+    if max_prompt_length is not None:
+        dataset = dataset.filter(lambda row: len(row["input_ids"]) <= max_prompt_length)
+        if len(dataset) == 0:
+            raise DataError(f"No prompt of the {flag_prefix}dataset fits in --max_prompt_length {max_prompt_length}.")
+    return dataset
+
+
+def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, L) token ids and bool mask (True = real token), padded on the left."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
+    for i, seq in enumerate(sequences):
+        if seq:
+            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
+            mask[i, width - len(seq) :] = True
+    return ids, mask
+
+
+def endless_batches(num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> Iterator[list[int]]:
+    """Row indices of this process's share of each global batch, reshuffled every pass over the data.
+
+    All processes draw the same permutation (same seed) and take disjoint slices of each global batch,
+    so together they see each prompt once per pass, like a distributed sampler.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    global_batch = batch_size * world_size
+    buffer: list[int] = []
+    while True:
+        while len(buffer) < global_batch:
+            buffer.extend(torch.randperm(num_rows, generator=generator).tolist())
+        batch, buffer = buffer[:global_batch], buffer[global_batch:]
+        yield batch[rank * batch_size : (rank + 1) * batch_size]

@@ -1,0 +1,92 @@
+"""Sampling responses and turning them into masked token tensors.
+
+Shapes: B sequences, Lq query tokens (left-padded), T response tokens (right-padded), V vocabulary.
+Masks are bool, True = a real token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from rlhfkit import ops
+
+
+class Responses(NamedTuple):
+    """Sampled responses, truncated after their first terminator token."""
+
+    ids: torch.Tensor  # (B, T) long, pad_token_id after the end
+    mask: torch.Tensor  # (B, T) bool, True up to and including the terminator
+    terminated: torch.Tensor  # (B,) bool, True if the response ends with a terminator (EOS or the stop token)
+
+
+def terminator_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module | None = None, stop_token_id: int | None = None) -> list[int]:
+    """Every token id that ends a response: all EOS ids of the tokenizer and generation config, plus the stop token.
+
+    Models such as Phi-3.5 declare several EOS ids; counting only tokenizer.eos_token_id miscounts
+    terminated responses (TRL PR #7039).
+    """
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_config = getattr(model, "generation_config", None)
+    eos = getattr(gen_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, Iterable):
+        ids.update(int(i) for i in eos)
+    if stop_token_id is not None:
+        ids.add(int(stop_token_id))
+    return sorted(ids)
+
+
+def sampling_config(max_new_tokens: int, temperature: float | None, pad_token_id: int, stop_ids: list[int]) -> GenerationConfig:
+    """Pure sampling from the full distribution (top_k=0, top_p=1), or greedy when temperature is None."""
+    common = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=stop_ids)
+    if temperature is None:
+        return GenerationConfig(do_sample=False, **common)
+    return GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, **common)
+
+
+@torch.inference_mode()
+def generate(
+    model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
+) -> torch.Tensor:
+    """Raw response tokens (B, T'), T' <= max_new_tokens (generation stops when every row has ended)."""
+    out = model.generate(input_ids=query_ids, attention_mask=query_mask.long(), generation_config=config)
+    return out[:, query_ids.shape[1] :]
+
+
+def truncate_responses(raw: torch.Tensor, stop_ids: list[int], pad_token_id: int) -> Responses:
+    """Cut each response after its first terminator; everything after becomes padding."""
+    ids = ops.truncate_after_stop_token(raw, stop_ids, pad_token_id)
+    is_stop = torch.isin(raw, torch.tensor(stop_ids, device=raw.device))
+    first_stop = ops.first_true_index(is_stop)  # T when there is none
+    lengths = torch.where(first_stop < raw.shape[1], first_stop + 1, torch.full_like(first_stop, raw.shape[1]))
+    mask = torch.arange(raw.shape[1], device=raw.device)[None, :] < lengths[:, None]
+    return Responses(ids=ids.masked_fill(~mask, pad_token_id), mask=mask, terminated=first_stop < raw.shape[1])
+
+
+def pad_right(tensors: list[torch.Tensor], value: int | bool | float) -> torch.Tensor:
+    """Concatenate (B_i, T_i) tensors along the batch, padding on the right to the widest."""
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
+
+
+def response_logprobs(
+    logits: torch.Tensor, query_width: int, response_ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """Log-probs (B, T) of the response tokens under temperature-scaled logits of the full sequence (B, Lq+T, V)."""
+    response_logits = logits[:, query_width - 1 : -1]
+    return ops.logprobs_from_logits(response_logits, response_ids, temperature)
+
+
+def decode(
+    tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor, mask: torch.Tensor, skip_special_tokens: bool = True
+) -> list[str]:
+    """Text of the real tokens of each row (special tokens removed unless asked)."""
+    return [tokenizer.decode(row[m].tolist(), skip_special_tokens=skip_special_tokens) for row, m in zip(ids, mask)]

@@ -1,0 +1,123 @@
+"""The `Task` record shared by the built-in tasks, and the rule-based reward helpers they reuse.
+
+A task is a prompt generator plus a checker. `check(prompt, completion)` re-derives the answer from the
+prompt, so reward functions need no extra dataset columns (TRL passes only prompts and completions).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RewardFunc = Callable[..., list[float]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One built-in task.
+
+    name: short id ("sort", "reverse", "addition").
+    make_example(rng) -> (prompt, answer): draws one example from a `random.Random`.
+    answer(prompt) -> str: the unique correct completion text (without EOS).
+    check(prompt, completion) -> bool: True iff `completion.strip() == answer(prompt)`; the completion is the decoded
+        response with special tokens removed, so anything generated before the EOS counts (trailing junk is wrong).
+    reward_funcs: name -> f(prompts, completions, **kwargs) -> list[float] (TRL's convention).
+    corrupt(prompt, answer, rng) -> str: one plausible wrong completion (near-miss negatives for the reward model).
+    max_new_tokens: a response length that fits the longest answer plus EOS with a little slack.
+    """
+
+    name: str
+    make_example: Callable[[random.Random], tuple[str, str]]
+    answer: Callable[[str], str]
+    check: Callable[[str, str], bool]
+    reward_funcs: dict[str, RewardFunc]
+    corrupt: Callable[[str, str, random.Random], str]
+    max_new_tokens: int
+    refs: dict[str, str] = field(default_factory=dict)  # "check" and reward names -> "module:function"
+
+    def make_prompts(self, n: int, rng: random.Random, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """`n` distinct prompts not in `exclude` (raises if the space is too small to find them)."""
+        out: list[str] = []
+        seen = set(exclude)
+        for _ in range(100 * n + 1000):
+            if len(out) == n:
+                return out
+            prompt, _ = self.make_example(rng)
+            if prompt not in seen:
+                seen.add(prompt)
+                out.append(prompt)
+        raise ValueError(f"task {self.name!r}: could not draw {n} distinct prompts")
+
+
+def import_ref(ref: str):
+    """Import "package.module:attribute" and return the attribute."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"expected 'module:function', got {ref!r}")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def load_task(path: str | Path) -> Task:
+    """Read `task.json` from an assets dir (or the file itself) and return the registered `Task`.
+
+    The check function is imported from its "module:function" reference, and the reward functions from theirs, so
+    a task.json written by another version (or by hand) is honoured as written.
+    """
+    from . import TASKS  # late: the registry imports this module
+
+    path = Path(path)
+    meta = json.loads((path / "task.json" if path.is_dir() else path).read_text())
+    base = TASKS[meta["name"]]
+    check = import_ref(meta["check"])
+    reward_funcs = {name: import_ref(ref) for name, ref in meta.get("reward_funcs", {}).items()}
+    return Task(
+        name=base.name,
+        make_example=base.make_example,
+        answer=base.answer,
+        check=check,
+        reward_funcs=reward_funcs or dict(base.reward_funcs),
+        corrupt=base.corrupt,
+        max_new_tokens=int(meta.get("max_new_tokens", base.max_new_tokens)),
+        refs={"check": meta["check"], **meta.get("reward_funcs", {})},
+    )
+
+
+def positional_credit(completion: str, answer: str) -> float:
+    """Shaped reward in [0, 1]: matching characters at the same position / max(len(completion), len(answer)).
+
+    1.0 iff the stripped completion equals the answer; extra or missing characters cost as much as wrong ones.
+    """
+    text = completion.strip()
+    longest = max(len(text), len(answer))
+    if longest == 0:
+        return 1.0
+    return sum(a == b for a, b in zip(text, answer)) / longest
+
+
+def generic_corruption(answer: str, alphabet: str, rng: random.Random) -> str:
+    """A near-miss of `answer`: substitute, swap, drop, insert, truncate or append characters. Never equals `answer`."""
+    for _ in range(100):
+        kind = rng.randrange(6)
+        chars = list(answer)
+        i = rng.randrange(len(chars)) if chars else 0
+        if kind == 0 and chars:  # one character replaced
+            chars[i] = rng.choice(alphabet)
+        elif kind == 1 and len(chars) >= 2:  # adjacent swap
+            j = min(i, len(chars) - 2)
+            chars[j], chars[j + 1] = chars[j + 1], chars[j]
+        elif kind == 2 and chars:  # one character dropped
+            del chars[i]
+        elif kind == 3:  # one character inserted (often a duplicate)
+            chars.insert(i, rng.choice([rng.choice(alphabet), chars[i] if chars else "0"]))
+        elif kind == 4 and chars:  # truncated
+            chars = chars[: rng.randrange(len(chars))]
+        else:  # trailing junk
+            chars += [rng.choice(alphabet) for _ in range(rng.randint(1, 3))]
+        text = "".join(chars)
+        if text != answer:
+            return text
+    return answer + alphabet[0]

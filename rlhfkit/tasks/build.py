@@ -1,0 +1,436 @@
+"""Build the built-in task's assets offline: tokenizer, SFT model, reward model, prompts and task.json.
+
+Layout of an assets dir (all standard transformers / datasets formats):
+    tokenizer/   character tokenizer (save_pretrained)
+    sft/         LlamaForCausalLM after a supervised warm start (+ a tokenizer copy)
+    reward/      LlamaForSequenceClassification, num_labels=1, initialised from sft/ (+ a tokenizer copy)
+    prompts/     datasets.DatasetDict {"train", "test"} with columns "prompt", "answer" (save_to_disk)
+    task.json    task name, check/reward function references, build measurements
+
+Reward-model loss (per batch of P pairs, r = score at the last non-pad token):
+    L = mean_p[-log sigmoid(r_chosen - r_rejected)]                                   (Bradley-Terry)
+      + calib_coef * mean_p[0.5 * ((r_chosen - m)^2 + (r_rejected + m)^2)]            (pointwise calibration)
+The calibration term pins correct answers near +m and every wrong answer near -m. Why: with a ranking loss alone the
+model orders one wrong answer against another arbitrarily, and RL exploits that noise (DESIGN section 4); a flat
+floor for wrong answers leaves the policy only one way up: be correct. Pairs mix synthetic near misses with
+completions sampled from the SFT model at several temperatures, so the model is trained on what a policy emits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .generation import generate_completions
+from .tokenizer import build_tokenizer
+
+BUILDER_VERSION = 1
+DEFAULT_TASK = "sort"
+
+
+@dataclass(frozen=True)
+class BuildPreset:
+    """Sizes and step budgets of one build (budgets are steps, not seconds: machine speed varies)."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 512
+    num_layers: int = 3
+    num_heads: int = 4
+    n_train_prompts: int = 4000
+    n_test_prompts: int = 256
+    sft_steps: int = 250
+    sft_batch: int = 64
+    sft_lr: float = 1e-3
+    rm_sample_prompts: int = 512  # train prompts whose SFT samples become reward-model negatives
+    rm_sample_temperatures: tuple[float, ...] = (0.7, 1.0, 1.4)
+    rm_samples_per_prompt: int = 4  # per temperature
+    rm_synthetic_pairs: int = 8000
+    rm_steps: int = 400
+    rm_batch: int = 64  # pairs
+    rm_lr: float = 3e-4
+    rm_margin: float = 1.0  # m in the calibration term
+    rm_calib_coef: float = 1.0
+    eval_prompts: int = 256
+    best_of: int = 8
+    temperature: float = 0.7  # rollout temperature the success numbers are measured at
+
+
+PRESETS: dict[str, BuildPreset] = {
+    "default": BuildPreset(),
+    "test": BuildPreset(
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=1,
+        num_heads=2,
+        n_train_prompts=256,
+        n_test_prompts=32,
+        sft_steps=40,
+        sft_batch=32,
+        rm_sample_prompts=32,
+        rm_sample_temperatures=(1.0,),
+        rm_samples_per_prompt=2,
+        rm_synthetic_pairs=256,
+        rm_steps=40,
+        rm_batch=32,
+        rm_lr=1e-3,
+        eval_prompts=32,
+        best_of=4,
+    ),
+}
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _pad_right(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) ids padded on the right and the (B, T) bool attention mask (True = real token)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return ids, ids != pad_id
+
+
+def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
+    """Linear warmup, then linear decay to 10% of the peak."""
+    return lambda step: min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, total - warmup))
+
+
+def _model_config(tokenizer, preset: BuildPreset, max_positions: int, **extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=preset.hidden_size,
+        intermediate_size=preset.intermediate_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        **extra,
+    )
+
+
+def train_sft(task, tokenizer, train_examples, preset: BuildPreset, seed: int, log):
+    """Supervised warm start on "prompt + answer + EOS"; cross-entropy on the answer and EOS tokens only."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(_model_config(tokenizer, preset, tokenizer.model_max_length))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bos_token_id = None
+    encoded = []
+    for prompt, answer in train_examples:
+        p, a = tokenizer(prompt)["input_ids"], tokenizer(answer)["input_ids"]
+        encoded.append((p + a + [tokenizer.eos_token_id], len(p)))
+    opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(preset.sft_steps, max(1, preset.sft_steps // 10)))
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    for step in range(preset.sft_steps):
+        idx = torch.randint(len(encoded), (preset.sft_batch,), generator=gen).tolist()
+        ids, mask = _pad_right([encoded[i][0] for i in idx], tokenizer.pad_token_id)
+        labels = ids.clone()
+        for row, i in enumerate(idx):
+            labels[row, : encoded[i][1]] = -100  # no loss on the prompt
+        labels[~mask] = -100
+        loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 50 == 0 or step == preset.sft_steps - 1:
+            log(f"  sft step {step + 1}/{preset.sft_steps} loss {loss.item():.4f}")
+    model.eval()
+    return model
+
+
+def encode_completion(tokenizer, prompt: str, completion: str, ended: bool = True) -> list[int]:
+    """Token ids of prompt + completion (+ EOS when the response ended with one): what a reward model scores."""
+    ids = tokenizer(prompt + completion)["input_ids"]
+    return ids + [tokenizer.eos_token_id] if ended else ids
+
+
+@torch.no_grad()
+def score_sequences(reward_model, seqs: list[list[int]], pad_id: int, batch_size: int = 256) -> torch.Tensor:
+    """(N,) reward-model scores, read at each sequence's last non-pad token (right padding, positions from 0)."""
+    was_training = reward_model.training
+    reward_model.eval()
+    out = []
+    for start in range(0, len(seqs), batch_size):
+        ids, mask = _pad_right(seqs[start : start + batch_size], pad_id)
+        out.append(reward_model(input_ids=ids, attention_mask=mask.long()).logits[:, 0].float())
+    reward_model.train(was_training)
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def _synthetic_pairs(task, tokenizer, prompts: list[str], n: int, rng: random.Random) -> list[tuple[list, list]]:
+    """(chosen, rejected) token-id pairs: the gold answer vs a near miss; 15% of rejections also lack the EOS."""
+    pairs = []
+    for i in range(n):
+        prompt = prompts[i % len(prompts)]
+        gold = task.answer(prompt)
+        wrong = task.corrupt(prompt, gold, rng)
+        ended = rng.random() >= 0.15
+        pairs.append((encode_completion(tokenizer, prompt, gold), encode_completion(tokenizer, prompt, wrong, ended)))
+    return pairs
+
+
+def _policy_pairs(task, tokenizer, prompts, comps, num_samples: int) -> list[tuple[list, list]]:
+    """(gold, sampled wrong completion) pairs from `num_samples` samples per prompt (duplicates kept: frequent
+    mistakes weigh more, as they would in RL)."""
+    pairs = []
+    for i, prompt in enumerate(prompts):
+        gold = encode_completion(tokenizer, prompt, task.answer(prompt))
+        for j in range(num_samples):
+            k = i * num_samples + j
+            if not (comps.ended[k] and task.check(prompt, comps.texts[k])):
+                pairs.append((gold, encode_completion(tokenizer, prompt, comps.texts[k], comps.ended[k])))
+    return pairs
+
+
+def pair_accuracy(reward_model, pairs, pad_id: int) -> float:
+    """Fraction of pairs with score(chosen) > score(rejected); ties count as wrong."""
+    if not pairs:
+        return float("nan")
+    chosen = score_sequences(reward_model, [c for c, _ in pairs], pad_id)
+    rejected = score_sequences(reward_model, [r for _, r in pairs], pad_id)
+    return (chosen > rejected).float().mean().item()
+
+
+def train_reward_model(sft_model, tokenizer, pairs, preset: BuildPreset, seed: int, log):
+    """LlamaForSequenceClassification (1 label) from the SFT weights with a zero-initialised score head, trained
+    with Bradley-Terry + calibration (module docstring)."""
+    from transformers import LlamaForSequenceClassification
+
+    torch.manual_seed(seed + 1)
+    config = _model_config(tokenizer, preset, tokenizer.model_max_length, num_labels=1)
+    rm = LlamaForSequenceClassification(config)
+    rm.model.load_state_dict(sft_model.model.state_dict())
+    torch.nn.init.zeros_(rm.score.weight)  # start neutral: every sequence scores 0
+    opt = torch.optim.AdamW(rm.parameters(), lr=preset.rm_lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(preset.rm_steps, max(1, preset.rm_steps // 10)))
+    gen = torch.Generator().manual_seed(seed + 1)
+    m, pad_id = preset.rm_margin, tokenizer.pad_token_id
+    rm.train()
+    for step in range(preset.rm_steps):
+        idx = torch.randint(len(pairs), (preset.rm_batch,), generator=gen).tolist()
+        ids, mask = _pad_right([pairs[i][0] for i in idx] + [pairs[i][1] for i in idx], pad_id)
+        scores = rm(input_ids=ids, attention_mask=mask.long()).logits[:, 0]
+        chosen, rejected = scores[: len(idx)], scores[len(idx) :]
+        bt = -F.logsigmoid(chosen - rejected).mean()
+        calib = 0.5 * ((chosen - m) ** 2 + (rejected + m) ** 2).mean()
+        loss = bt + preset.rm_calib_coef * calib
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == preset.rm_steps - 1:
+            acc = (chosen > rejected).float().mean().item()
+            log(f"  rm step {step + 1}/{preset.rm_steps} bt {bt.item():.4f} calib {calib.item():.4f} acc {acc:.3f}")
+    rm.eval()
+    return rm
+
+
+def _write_assets(tmp: Path, tokenizer, sft, rm, train_examples, test_examples, meta: dict) -> None:
+    from datasets import Dataset, DatasetDict
+
+    tokenizer.save_pretrained(tmp / "tokenizer")
+    for name, model in (("sft", sft), ("reward", rm)):
+        model.save_pretrained(tmp / name)
+        tokenizer.save_pretrained(tmp / name)
+    DatasetDict(
+        {
+            split: Dataset.from_dict({"prompt": [p for p, _ in ex], "answer": [a for _, a in ex]})
+            for split, ex in (("train", train_examples), ("test", test_examples))
+        }
+    ).save_to_disk(str(tmp / "prompts"))
+    (tmp / "task.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _install(tmp: Path, out_dir: Path) -> None:
+    """Move the finished build into place; replaces a previous build (a dir with task.json), never other data."""
+    if out_dir.exists():
+        if not (out_dir / "task.json").exists() and any(out_dir.iterdir()):
+            raise FileExistsError(f"{out_dir} exists, is not empty and is not an rlhfkit assets dir")
+        trash = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out_dir, trash)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)
+
+
+def build_tiny(
+    out_dir: str | Path, seed: int = 0, preset: str | BuildPreset = "default", log=print, task: str = DEFAULT_TASK
+) -> dict:
+    """Build the built-in task's assets into `out_dir` (layout in the module docstring); returns task.json's dict.
+
+    Deterministic from `seed` on a given machine and torch build. Written into a temporary sibling dir first and
+    renamed into place, so readers never see a half-written build.
+    """
+    from . import TASKS
+
+    t0 = time.perf_counter()
+    cfg = PRESETS[preset] if isinstance(preset, str) else preset
+    preset_name = preset if isinstance(preset, str) else "custom"
+    spec = TASKS[task]
+    out_dir = Path(out_dir).expanduser().absolute()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    _seed_everything(seed)
+    rng = random.Random(seed)
+    tokenizer = build_tokenizer()
+
+    # 1. prompts: train and test disjoint
+    train_prompts = spec.make_prompts(cfg.n_train_prompts, rng)
+    test_prompts = spec.make_prompts(cfg.n_test_prompts, rng, exclude=set(train_prompts))
+    train_examples = [(p, spec.answer(p)) for p in train_prompts]
+    test_examples = [(p, spec.answer(p)) for p in test_prompts]
+    log(f"[build-tiny] task {spec.name}, preset {preset_name}, seed {seed}: {len(train_prompts)} train prompts")
+
+    # 2. supervised warm start
+    sft = train_sft(spec, tokenizer, train_examples, cfg, seed, log)
+    t_sft = time.perf_counter() - t0
+
+    # 3. reward-model pairs: synthetic near misses + wrong completions sampled from the SFT model
+    pairs = _synthetic_pairs(spec, tokenizer, train_prompts, cfg.rm_synthetic_pairs, rng)
+    sample_prompts = train_prompts[: cfg.rm_sample_prompts]
+    for i, temp in enumerate(cfg.rm_sample_temperatures):
+        comps = generate_completions(
+            sft, tokenizer, sample_prompts, spec.max_new_tokens, temp, cfg.rm_samples_per_prompt, 256, seed + 10 + i
+        )
+        pairs += _policy_pairs(spec, tokenizer, sample_prompts, comps, cfg.rm_samples_per_prompt)
+    log(f"  {len(pairs)} preference pairs ({len(pairs) - cfg.rm_synthetic_pairs} from SFT samples)")
+    rm = train_reward_model(sft, tokenizer, pairs, cfg, seed, log)
+    t_rm = time.perf_counter() - t0 - t_sft
+
+    # 4. measurements on held-out test prompts
+    eval_prompts = test_prompts[: cfg.eval_prompts]
+    greedy = generate_completions(sft, tokenizer, eval_prompts, spec.max_new_tokens, None, 1, 256, seed)
+    greedy_success = float(np.mean([spec.check(p, c) for p, c in zip(eval_prompts, greedy.texts)]))
+    n = cfg.best_of
+    sampled = generate_completions(sft, tokenizer, eval_prompts, spec.max_new_tokens, cfg.temperature, n, 256, seed + 1)
+    correct = np.array(
+        [sampled.ended[k] and spec.check(eval_prompts[k // n], sampled.texts[k]) for k in range(len(sampled.texts))]
+    ).reshape(-1, n)
+    seqs = [
+        encode_completion(tokenizer, eval_prompts[k // n], sampled.texts[k], sampled.ended[k])
+        for k in range(len(sampled.texts))
+    ]
+    scores = score_sequences(rm, seqs, tokenizer.pad_token_id).view(-1, n)
+    best_of_n = float(correct[np.arange(len(eval_prompts)), scores.argmax(1).numpy()].mean())
+    test_synth = _synthetic_pairs(spec, tokenizer, eval_prompts, 4 * len(eval_prompts), random.Random(seed + 99))
+    acc_synth = pair_accuracy(rm, test_synth, tokenizer.pad_token_id)
+    acc_policy = pair_accuracy(rm, _policy_pairs(spec, tokenizer, eval_prompts, sampled, n), tokenizer.pad_token_id)
+    wrong_scores = scores.numpy()[~correct]
+    right_scores = scores.numpy()[correct]
+
+    meta = {
+        "name": spec.name,
+        "check": spec.refs["check"],
+        "reward_funcs": {k: v for k, v in spec.refs.items() if k != "check"},
+        "seed": seed,
+        "preset": preset_name,
+        "builder_version": BUILDER_VERSION,
+        "max_new_tokens": spec.max_new_tokens,
+        "sft": {
+            "greedy_success": greedy_success,
+            "sampled_success": float(correct.mean()),
+            "temperature": cfg.temperature,
+            "eval_prompts": len(eval_prompts),
+        },
+        "reward": {
+            "pair_accuracy_synthetic": acc_synth,
+            "pair_accuracy_policy": acc_policy,
+            f"best_of_{n}_success": best_of_n,
+            "best_of_8_success": best_of_n if n == 8 else None,
+            "score_mean_correct": float(right_scores.mean()) if right_scores.size else None,
+            "score_mean_incorrect": float(wrong_scores.mean()) if wrong_scores.size else None,
+            "score_std_incorrect": float(wrong_scores.std()) if wrong_scores.size else None,
+            "loss": f"bradley_terry + {cfg.rm_calib_coef} * calibration(margin={cfg.rm_margin})",
+            "train_pairs": len(pairs),
+        },
+        "config": asdict(cfg),
+        "seconds": {"sft": round(t_sft, 2), "reward": round(t_rm, 2)},
+    }
+    meta["build_seconds"] = round(time.perf_counter() - t0, 2)
+    log(
+        f"[build-tiny] SFT success greedy {greedy_success:.3f}, sampled@{cfg.temperature} {correct.mean():.3f}; "
+        f"RM pair acc synthetic {acc_synth:.3f}, policy {acc_policy:.3f}; best-of-{n} {best_of_n:.3f}; "
+        f"{meta['build_seconds']:.1f}s"
+    )
+
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        _write_assets(tmp, tokenizer, sft, rm, train_examples, test_examples, meta)
+        _install(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {**meta, "out_dir": str(out_dir)}
+
+
+def cache_root() -> Path:
+    """$RLHFKIT_CACHE, else ~/.cache/rlhfkit."""
+    return Path(os.environ.get("RLHFKIT_CACHE") or Path.home() / ".cache" / "rlhfkit").expanduser()
+
+
+@contextmanager
+def _file_lock(path: Path):
+    """Exclusive advisory lock (POSIX flock); elsewhere a no-op, the atomic rename still prevents torn builds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            import fcntl
+        except ImportError:  # Windows
+            yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def builtin_assets(preset: str = "default", seed: int = 0, log=print, task: str = DEFAULT_TASK) -> Path:
+    """Path of the cached built-in assets, building them on first use.
+
+    Cache dir: cache_root() / f"{task}-{preset}-seed{seed}-v{BUILDER_VERSION}". Concurrent callers (e.g. several
+    accelerate processes) serialise on a lock file; the first builds, the others find task.json and reuse it.
+    """
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    target = cache_root() / f"{task}-{preset}-seed{seed}-v{BUILDER_VERSION}"
+    if (target / "task.json").exists():
+        return target
+    with _file_lock(target.with_name(target.name + ".lock")):
+        if not (target / "task.json").exists():
+            log(f"[rlhfkit] building the built-in task assets into {target} (first use; cached afterwards)")
+            build_tiny(target, seed=seed, preset=preset, log=log, task=task)
+    return target
+
+
+def with_overrides(preset: str, **overrides) -> BuildPreset:
+    """A named preset with some fields replaced (for experiments)."""
+    return replace(PRESETS[preset], **overrides)

@@ -1,0 +1,425 @@
+"""PPO for language models with a learned value model and a per-token KL penalty to a frozen reference.
+
+Variant: "The N+ Implementation Details of RLHF with PPO" (Huang et al., 2024), the design behind TRL's
+PPOv2 trainer, itself following Ziegler et al. (2019) and Stiennon et al. (2020):
+
+* reward_t = -kl_coef * KL_t(policy || reference) on every response token, plus the reward-model score on the
+  last real response token; optional EOS trick (non_eos_penalty / missing_eos_penalty);
+* GAE(gamma, lam) over response tokens with the value model (initialised from the reward model);
+  advantages whitened over the rollout batch;
+* clipped policy surrogate and clipped value loss; num_ppo_epochs x num_mini_batches optimizer steps per
+  rollout batch, each mini-batch accumulated from per_device_train_batch_size micro-batches;
+* learning rate decayed linearly to 0 over the updates; optional adaptive KL controller (Ziegler et al.).
+
+Deviations from TRL's trainer, each deliberate (docs/algorithms/ppo.md gives the details):
+* the score is added on the last real response token, not on the first padding position after it (TRL #3750);
+* every per-token statistic is a masked mean over real response tokens, pooled over micro-batches and
+  processes (no sentinel values leak into objective/entropy, val/ratio or policy/approxkl_avg);
+* one optimizer step per mini-batch (TRL steps once per gradient_accumulation_steps micro-batches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from datasets import Dataset
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from rlhfkit import ops
+from rlhfkit.config import PPOConfig, ppo_batch_sizes, resolve_output_dir
+from rlhfkit.data import endless_batches, left_pad, tokenize_prompts
+from rlhfkit.metrics import registry as M
+from rlhfkit.metrics.accumulate import MetricAccumulator
+from rlhfkit.models import disable_dropout, frozen_copy, policy_logits, token_values
+from rlhfkit.rewards import apply_eos_trick, reward_model_scores
+from rlhfkit.rollout import (
+    decode,
+    generate,
+    pad_right,
+    response_logprobs,
+    sampling_config,
+    terminator_ids,
+    truncate_responses,
+)
+from rlhfkit.tracking import RunLogger, resolve_report_to
+
+
+class PolicyAndValue(nn.Module):
+    """Policy and value model behind one forward, so one DDP wrapper synchronises both gradients."""
+
+    def __init__(self, policy: nn.Module, value_model: nn.Module):
+        super().__init__()
+        self.policy = policy
+        self.value_model = value_model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return policy_logits(self.policy, input_ids, attention_mask), token_values(self.value_model, input_ids, attention_mask)
+
+
+@dataclass
+class RolloutBatch:
+    """One update's rollouts on this process. B rollouts, Lq query width, T response width."""
+
+    query_ids: torch.Tensor  # (B, Lq) long, left-padded
+    query_mask: torch.Tensor  # (B, Lq) bool
+    response_ids: torch.Tensor  # (B, T) long, right-padded
+    response_mask: torch.Tensor  # (B, T) bool, True up to and including the terminator
+    terminated: torch.Tensor  # (B,) bool
+    logprobs: torch.Tensor  # (B, T) policy log-probs at rollout time (temperature-scaled)
+    ref_logprobs: torch.Tensor  # (B, T)
+    values: torch.Tensor  # (B, T) value predictions at rollout time
+    scores: torch.Tensor  # (B,) reward-model scores after the EOS trick
+    queries: list[str]
+    responses: list[str]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.query_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.query_mask, self.response_mask], dim=1)
+
+
+class PPOTrainer:
+    """PPO trainer; see the module docstring for the exact variant. ``train()`` runs the whole loop."""
+
+    def __init__(
+        self,
+        args: PPOConfig,
+        processing_class: PreTrainedTokenizerBase,
+        model: nn.Module,
+        ref_model: nn.Module | None,
+        reward_model: nn.Module,
+        train_dataset: Dataset,
+        value_model: nn.Module | None = None,
+        eval_dataset: Dataset | None = None,
+        task=None,
+    ):
+        self.args = args
+        resolve_output_dir(args)
+        self.accelerator = Accelerator(
+            log_with=resolve_report_to(args.report_to), project_dir=args.logging_dir or args.output_dir
+        )
+        set_seed(args.seed, device_specific=True)  # each process samples different responses
+        self.tokenizer = processing_class
+        self.task = task
+        self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
+
+        self.train_dataset = tokenize_prompts(train_dataset, processing_class, args.dataset_text_field, args.max_prompt_length)
+        self.eval_dataset = (
+            tokenize_prompts(eval_dataset, processing_class, args.dataset_text_field, args.max_prompt_length, "eval ")
+            if eval_dataset is not None
+            else None
+        )
+        self.sizes = ppo_batch_sizes(args, self.accelerator.num_processes, len(self.train_dataset))
+
+        if ref_model is None:
+            ref_model = frozen_copy(model)
+        if value_model is None:
+            value_model = frozen_copy(reward_model).requires_grad_(True).train()
+        for m in (model, ref_model, reward_model, value_model):
+            disable_dropout(m)
+        self.ref_model = ref_model.eval().requires_grad_(False).to(self.accelerator.device)
+        self.reward_model = reward_model.eval().requires_grad_(False).to(self.accelerator.device)
+        model.generation_config.pad_token_id = processing_class.pad_token_id
+        wrapper = PolicyAndValue(model, value_model)
+        optimizer = torch.optim.AdamW(
+            wrapper.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, weight_decay=args.weight_decay
+        )
+        self.model, self.optimizer = self.accelerator.prepare(wrapper, optimizer)
+        self.kl_ctl = ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
+        self.metrics = MetricAccumulator()
+        self.logger = RunLogger(
+            self.accelerator,
+            output_dir=args.output_dir,
+            config=args.to_dict(),
+            project=args.project,
+            run_name=args.run_name,
+            report_to=resolve_report_to(args.report_to),
+            logging_dir=args.logging_dir,
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    @property
+    def unwrapped(self) -> PolicyAndValue:
+        return self.accelerator.unwrap_model(self.model)
+
+    @property
+    def kl_coef(self) -> float:
+        return self.kl_ctl.value if self.kl_ctl else self.args.kl_coef
+
+    def train(self) -> None:
+        args, sizes, acc = self.args, self.sizes, self.accelerator
+        prompts = endless_batches(len(self.train_dataset), sizes.local_batch_size, args.seed, acc.process_index, acc.num_processes)
+        sample_every = max(1, sizes.num_total_batches // args.num_sample_generations) if args.num_sample_generations else 0
+        start, episode = time.time(), 0
+        if sample_every:
+            self.evaluate(step=0)
+        for update in range(1, sizes.num_total_batches + 1):
+            lr = args.learning_rate * (1.0 - (update - 1) / sizes.num_total_batches)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+
+            # 1. Rollout: sample responses to a batch of prompts from the current policy.
+            t0 = time.time()
+            batch = self.rollout([self.train_dataset[i]["input_ids"] for i in next(prompts)])
+
+            # 2. Rewards: per-token KL penalty to the reference, score on the last real response token.
+            mask = batch.response_mask
+            kl = ops.kl_per_token(batch.logprobs, batch.ref_logprobs, args.kl_estimator) * mask
+            shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, self.kl_coef)
+            rewards = shaped.rewards
+            if args.whiten_rewards:
+                rewards = ops.masked_whiten(rewards, mask, keep_mean=True)
+
+            # 3. Advantages: GAE over response tokens, then whitened over the rollout batch.
+            gae = ops.gae(rewards, batch.values, mask, args.gamma, args.lam)
+            advantages = ops.masked_whiten(gae.advantages, mask)
+            self.log_rollout(batch, kl, shaped.non_score_reward, gae)
+            t1 = time.time()
+
+            # 4. Optimise: num_ppo_epochs passes of shuffled mini-batches, one optimizer step per mini-batch.
+            self.optimize(batch, advantages, gae.returns)
+            t2 = time.time()
+
+            # 5. Adapt the KL coefficient towards kl_target (Ziegler et al. 2019), when enabled.
+            kl_coef_used = self.kl_coef
+            episode += sizes.batch_size
+            reduced = self.metrics.reduce(acc)
+            if self.kl_ctl:
+                self.kl_ctl.update(reduced.scalars[M.OBJECTIVE_KL.name], sizes.batch_size)
+
+            # 6. Log: pooled metrics, histograms, progress; samples and checkpoints on their schedule.
+            scalars = reduced.scalars
+            scalars[M.LOSS_TOTAL.name] = scalars[M.LOSS_POLICY.name] + args.vf_coef * scalars[M.LOSS_VALUE.name]
+            scalars.update({
+                M.EPS.name: episode / (time.time() - start),
+                M.EPISODE.name: episode,
+                M.LR.name: lr,
+                M.KL_COEF.name: kl_coef_used,
+                M.TIME_ROLLOUT.name: t1 - t0,
+                M.TIME_OPTIMIZATION.name: t2 - t1,
+            })
+            if update % args.logging_steps == 0 or update == sizes.num_total_batches:
+                self.logger.log(scalars, step=update)
+                self.logger.log_histograms(reduced.histograms, step=update)
+            self.logger.progress(update, sizes.num_total_batches, scalars)
+            if sample_every and (update % sample_every == 0 or update == sizes.num_total_batches):
+                self.evaluate(step=update)
+            if args.save_steps and update % args.save_steps == 0 and update < sizes.num_total_batches:
+                self.save(os.path.join(args.output_dir, f"checkpoint-{update}"))
+        self.save(args.output_dir, final=True)
+        self.logger.finish()
+
+    # ------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def rollout(self, prompt_ids: list[list[int]]) -> RolloutBatch:
+        """Generate in chunks of local_rollout_forward_batch_size, then score every chunk."""
+        args, tok, device = self.args, self.tokenizer, self.accelerator.device
+        model = self.unwrapped
+        model.eval()
+        gen_config = sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
+        parts: dict[str, list] = {k: [] for k in ("q", "qm", "r", "rm", "term", "logp", "ref", "val", "score")}
+        step = args.local_rollout_forward_batch_size
+        for i in range(0, len(prompt_ids), step):
+            query_ids, query_mask = (t.to(device) for t in left_pad(prompt_ids[i : i + step], tok.pad_token_id))
+            raw = generate(model.policy, query_ids, query_mask, gen_config)
+            resp = truncate_responses(raw, self.stop_ids, tok.pad_token_id)
+            ids, attn = torch.cat([query_ids, resp.ids], 1), torch.cat([query_mask, resp.mask], 1)
+            width = query_ids.shape[1]
+            logits, values = model(ids, attn)
+            parts["logp"].append(response_logprobs(logits, width, resp.ids, args.temperature))
+            ref_logits = policy_logits(self.ref_model, ids, attn)
+            parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
+            parts["val"].append(values[:, width - 1 : -1])
+            parts["score"].append(reward_model_scores(self.reward_model, ids, attn))
+            for key, value in (("q", query_ids), ("qm", query_mask), ("r", resp.ids), ("rm", resp.mask), ("term", resp.terminated)):
+                parts[key].append(value)
+        model.train()
+        # Chunks can differ in width: queries are re-padded on the left, responses on the right.
+        q_width = max(q.shape[1] for q in parts["q"])
+        query_ids = torch.cat([nn.functional.pad(q, (q_width - q.shape[1], 0), value=tok.pad_token_id) for q in parts["q"]])
+        query_mask = torch.cat([nn.functional.pad(q, (q_width - q.shape[1], 0), value=False) for q in parts["qm"]])
+        response_mask = pad_right(parts["rm"], False)
+        terminated = torch.cat(parts["term"])
+        scores = apply_eos_trick(
+            torch.cat(parts["score"]), terminated, args.missing_eos_penalty, args.non_eos_penalty, args.penalty_reward_value
+        )
+        batch = RolloutBatch(
+            query_ids=query_ids,
+            query_mask=query_mask,
+            response_ids=pad_right(parts["r"], tok.pad_token_id),
+            response_mask=response_mask,
+            terminated=terminated,
+            logprobs=pad_right(parts["logp"], 0.0) * response_mask,
+            ref_logprobs=pad_right(parts["ref"], 0.0) * response_mask,
+            values=pad_right(parts["val"], 0.0) * response_mask,
+            scores=scores,
+            queries=decode(tok, query_ids, query_mask),
+            responses=[],
+        )
+        batch.responses = decode(tok, batch.response_ids, batch.response_mask)
+        return batch
+
+    def log_rollout(self, batch: RolloutBatch, kl: torch.Tensor, non_score_reward: torch.Tensor, gae) -> None:
+        """Rollout statistics, pooled over processes when reduced."""
+        m, mask = self.metrics, batch.response_mask
+        n = len(batch.scores)
+        seq_kl, seq_nsr = kl.sum(1), non_score_reward.sum(1)
+        m.add(M.OBJECTIVE_KL, seq_kl.sum(), n)
+        m.add(M.OBJECTIVE_ENTROPY, (-batch.logprobs * mask).sum(), n)
+        m.add(M.OBJECTIVE_NON_SCORE_REWARD, seq_nsr.sum(), n)
+        m.add(M.OBJECTIVE_SCORES, batch.scores.sum(), n)
+        m.add_moments(M.OBJECTIVE_SCORES_STD, batch.scores.sum(), (batch.scores**2).sum(), n)
+        m.add(M.OBJECTIVE_RLHF_REWARD, (batch.scores + seq_nsr).sum(), n)
+        m.add(M.VAL_NUM_EOS_TOKENS, batch.terminated.sum())
+        tokens = mask.sum()
+        m.add(M.VAL_MEAN, (batch.values * mask).sum(), tokens)
+        m.add_moments(M.VAL_VAR, (batch.values * mask).sum(), (batch.values**2 * mask).sum(), tokens)
+        m.add(M.VAL_ERROR, ((batch.values - gae.returns) ** 2 * mask).sum(), tokens)
+        m.add(M.VAL_VAR_EXPLAINED, ops.explained_variance(batch.values, gae.returns, mask), 1)
+        m.add(M.RETURNS_MEAN, (gae.returns * mask).sum(), tokens)
+        m.add_moments(M.RETURNS_VAR, (gae.returns * mask).sum(), (gae.returns**2 * mask).sum(), tokens)
+        m.add(M.ADVANTAGES_MEAN, (gae.advantages * mask).sum(), tokens)
+        q_len, r_len = batch.query_mask.sum(1).double(), mask.sum(1).double()
+        m.add(M.QUERIES_LEN_MEAN, q_len.sum(), n)
+        m.add_moments(M.QUERIES_LEN_STD, q_len.sum(), (q_len**2).sum(), n)
+        m.add(M.RESPONSES_LEN_MEAN, r_len.sum(), n)
+        m.add_moments(M.RESPONSES_LEN_STD, r_len.sum(), (r_len**2).sum(), n)
+        m.add_values(M.HIST_SCORES, batch.scores)
+        m.add_values(M.HIST_KL, seq_kl)
+        m.add_values(M.HIST_LOGPROBS, batch.logprobs[mask])
+        m.add_values(M.HIST_REF_LOGPROBS, batch.ref_logprobs[mask])
+        m.add_values(M.HIST_QUERIES_LEN, q_len)
+        m.add_values(M.HIST_RESPONSES_LEN, r_len)
+        if self.task is not None:
+            correct = [self.task.check(q, r) for q, r in zip(batch.queries, batch.responses)]
+            m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
+
+    def optimize(self, batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor) -> None:
+        args, sizes, acc, m = self.args, self.sizes, self.accelerator, self.metrics
+        input_ids, attention_mask = batch.input_ids, batch.attention_mask
+        width = batch.query_ids.shape[1]
+        micro = args.per_device_train_batch_size
+        m.add_values(M.HIST_ADVANTAGES, advantages[batch.response_mask])
+        for _ in range(args.num_ppo_epochs):
+            order = torch.randperm(sizes.local_batch_size, device=input_ids.device)
+            for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
+                mini = order[start : start + sizes.local_mini_batch_size]
+                for k, micro_start in enumerate(range(0, len(mini), micro)):
+                    idx = mini[micro_start : micro_start + micro]
+                    mask = batch.response_mask[idx]
+                    last_micro = k == sizes.micro_batches_per_mini_batch - 1
+                    with contextlib.nullcontext() if last_micro else acc.no_sync(self.model):
+                        logits, values = self.model(input_ids[idx], attention_mask[idx])
+                        response_logits = logits[:, width - 1 : -1]
+                        new_logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
+                        vpred = values[:, width - 1 : -1]
+                        pg = ops.clipped_policy_loss(new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange)
+                        vf = ops.clipped_value_loss(vpred, batch.values[idx], returns[idx], mask, args.cliprange_value)
+                        loss = (pg.loss + args.vf_coef * vf.loss) / sizes.micro_batches_per_mini_batch
+                        acc.backward(loss)
+                    with torch.no_grad():
+                        entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
+                        tokens = mask.sum()
+                        ratio = pg.ratio.detach()
+                        m.add(M.POLICY_APPROXKL, (pg.approx_kl * mask).sum(), tokens)
+                        m.add(M.POLICY_POLICYKL, ((batch.logprobs[idx] - new_logprobs.detach()) * mask).sum(), tokens)
+                        m.add(M.POLICY_CLIPFRAC, (pg.clipped & mask).sum(), tokens)
+                        m.add(M.POLICY_ENTROPY, (entropy * mask).sum(), tokens)
+                        m.add(M.LOSS_POLICY, (pg.per_token_loss.detach() * mask).sum(), tokens)
+                        m.add(M.LOSS_VALUE, 0.5 * (vf.per_token_loss.detach() * mask).sum(), tokens)
+                        m.add(M.VAL_CLIPFRAC, (vf.clipped & mask).sum(), tokens)
+                        m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
+                        m.add_moments(M.VAL_RATIO_VAR, (ratio * mask).sum(), (ratio**2 * mask).sum(), tokens)
+                        m.add_values(M.HIST_RATIO, ratio[mask])
+                if args.max_grad_norm is not None:
+                    acc.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+
+    # ------------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def evaluate(self, step: int) -> None:
+        """Greedy completions on the eval prompts: a samples table and, with a task, true success."""
+        if self.eval_dataset is None:
+            return
+        args, acc, tok = self.args, self.accelerator, self.tokenizer
+        model = self.unwrapped
+        model.eval()
+        rows = list(range(acc.process_index, len(self.eval_dataset), acc.num_processes))
+        gen_config = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
+        table, successes, scores = [], [], []
+        for i in range(0, len(rows), args.per_device_eval_batch_size):
+            chunk = [self.eval_dataset[j]["input_ids"] for j in rows[i : i + args.per_device_eval_batch_size]]
+            query_ids, query_mask = (t.to(acc.device) for t in left_pad(chunk, tok.pad_token_id))
+            resp = truncate_responses(generate(model.policy, query_ids, query_mask, gen_config), self.stop_ids, tok.pad_token_id)
+            ids, attn = torch.cat([query_ids, resp.ids], 1), torch.cat([query_mask, resp.mask], 1)
+            score = apply_eos_trick(
+                reward_model_scores(self.reward_model, ids, attn), resp.terminated,
+                args.missing_eos_penalty, args.non_eos_penalty, args.penalty_reward_value,
+            )
+            queries, responses = decode(tok, query_ids, query_mask), decode(tok, resp.ids, resp.mask)
+            # The table shows special tokens too, so a missing EOS is visible.
+            shown = decode(tok, resp.ids, resp.mask, skip_special_tokens=False)
+            scores.append(score)
+            for q, r, text, s in zip(queries, responses, shown, score.tolist()):
+                correct = self.task.check(q, r) if self.task is not None else None
+                successes.append(correct)
+                table.append([q, text, s, correct])
+        model.train()
+        all_scores = torch.cat(scores) if scores else torch.zeros(0)
+        self.metrics.add(M.EVAL_SCORES, all_scores.sum(), len(all_scores))
+        if self.task is not None:
+            self.metrics.add(M.EVAL_TASK_SUCCESS, float(sum(bool(s) for s in successes)), len(successes))
+        reduced = self.metrics.reduce(acc)
+        self.logger.log(reduced.scalars, step=step)
+        columns = ["query", "model response", "score"] + (["correct"] if self.task is not None else [])
+        n_show = min(len(table), args.per_device_eval_batch_size, 16)
+        self.logger.log_table("completions", columns, [row[: len(columns)] for row in table[:n_show]], step=step)
+
+    def save(self, path: str, final: bool = False) -> None:
+        """Policy (and value model in value_model/) with the tokenizer, written to a temp dir then renamed."""
+        acc = self.accelerator
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            tmp = path.rstrip("/") + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            model = self.unwrapped
+            model.policy.save_pretrained(tmp)
+            model.value_model.save_pretrained(os.path.join(tmp, "value_model"))
+            self.tokenizer.save_pretrained(tmp)
+            if final:
+                # The run directory already holds logs: move only the model files in.
+                for name in os.listdir(tmp):
+                    target = os.path.join(path, name)
+                    if os.path.isdir(target):
+                        shutil.rmtree(target)
+                    os.replace(os.path.join(tmp, name), target)
+                os.rmdir(tmp)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                os.replace(tmp, path)
+                self._prune_checkpoints()
+        acc.wait_for_everyone()
+
+    def _prune_checkpoints(self) -> None:
+        limit = self.args.save_total_limit
+        if not limit:
+            return
+        root = self.args.output_dir
+        found = sorted(
+            (int(d.split("-")[1]), d) for d in os.listdir(root) if d.startswith("checkpoint-") and d.split("-")[1].isdigit()
+        )
+        for _, name in found[: max(0, len(found) - limit)]:
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
