@@ -1,0 +1,43 @@
+"""Pure tensor math for RLHF: masked statistics, log-probs, KL, advantages, losses, sequence helpers.
+
+Every function takes tensors and scalars (no config objects), imports only torch, and does no I/O.
+Shapes: B sequences, T response tokens, V vocabulary, G group size. Masks are bool, True = counts.
+"""
+
+from rlhfkit.ops.advantages import GAEOutput, gae, group_advantages
+from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
+from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
+from rlhfkit.ops.losses import (
+    PolicyLossOutput,
+    ValueLossOutput,
+    clipped_policy_loss,
+    clipped_value_loss,
+    explained_variance,
+)
+from rlhfkit.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_lengths, truncate_after_stop_token
+
+__all__ = [
+    "AdaptiveKLController",
+    "GAEOutput",
+    "PenalizedRewards",
+    "PolicyLossOutput",
+    "ValueLossOutput",
+    "clipped_policy_loss",
+    "clipped_value_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "first_true_index",
+    "gae",
+    "group_advantages",
+    "kl_penalized_rewards",
+    "kl_per_token",
+    "last_true_index",
+    "logprobs_from_logits",
+    "mask_from_lengths",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "truncate_after_stop_token",
+]

@@ -1,0 +1,83 @@
+"""Advantage estimators: GAE for PPO with a value head, group-relative advantages for GRPO."""
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+GROUP_SCALES = ("group", "batch", "none")
+
+
+class GAEOutput(NamedTuple):
+    """Both (B, T), 0 outside the mask."""
+
+    advantages: Tensor  # GAE(gamma, lam) advantage of each response token
+    returns: Tensor  # advantages + values: the value-function target (lambda-return)
+
+
+def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> GAEOutput:
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over each response.
+
+    rewards: (B, T) float, per-token rewards (e.g. `kl_penalized_rewards(...).rewards`).
+    values: (B, T) float, value estimates V(s_t) from the rollout. mask: (B, T) bool, True = real response token.
+    gamma: discount. lam: GAE lambda.
+      delta_t = r_t + gamma * V(s_{t+1}) - V(s_t);   A_t = delta_t + gamma * lam * A_{t+1}.
+    The response ends at the last True of each row: beyond it the episode is over, so V = 0 and r = 0 there
+    (whatever the padding holds) and the last real token bootstraps from nothing.
+    Assumes each row's mask is one contiguous run of True (right-padded responses: a prefix). A hole in the
+    mask would be bridged (zero reward and value inside it), not treated as an episode boundary.
+    Returns GAEOutput(advantages, returns), both 0 outside the mask.
+    """
+    rewards = torch.where(mask, rewards, 0.0)
+    values = torch.where(mask, values, 0.0)
+    T = rewards.shape[-1]
+    next_value = next_advantage = rewards.new_zeros(rewards.shape[:-1])  # nothing after the last position
+    reversed_advantages = []
+    # A reverse loop over T: responses are short, and the recursion is the definition, easy to check by eye.
+    for t in reversed(range(T)):
+        delta = rewards[..., t] + gamma * next_value - values[..., t]
+        next_advantage = delta + gamma * lam * next_advantage
+        next_value = values[..., t]
+        reversed_advantages.append(next_advantage)
+    advantages = torch.stack(reversed_advantages[::-1], dim=-1) if T > 0 else torch.zeros_like(rewards)
+    advantages = torch.where(mask, advantages, 0.0)
+    returns = torch.where(mask, advantages + values, 0.0)
+    return GAEOutput(advantages=advantages, returns=returns)
+
+
+def _std(x: Tensor, dim: int | None = None) -> Tensor:
+    """Unbiased std (torch.std's default), but 0 instead of NaN when there is a single element."""
+    n = x.numel() if dim is None else x.shape[dim]
+    if n < 2:
+        return torch.zeros_like(x.sum() if dim is None else x.sum(dim, keepdim=True))
+    return x.std() if dim is None else x.std(dim, keepdim=True)
+
+
+def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+    """GRPO advantages: each completion's reward relative to the other completions of the same prompt.
+
+    rewards: (B,) float with B = num_groups * G; the G completions of one prompt are contiguous
+    (rows [g*G, (g+1)*G) form group g). group_size: G.
+    scale: "group": A = (r - mean_group) / (std_group + eps), DeepSeekMath's GRPO;
+           "batch": A = (r - mean_group) / (std_batch + eps), one std over all B rewards (TRL
+                    scale_rewards="batch", as in "Understanding R1-Zero-Like Training" / Dr. GRPO variants);
+           "none":  A = r - mean_group (Dr. GRPO: no std division, which up-weights easy/hard prompts).
+    std is unbiased (torch.std default, as TRL); with one element it is 0. eps must be > 0 for "group"/"batch"
+    so that groups whose completions all got the same reward give A = 0 rather than 0/0.
+    Returns (B,).
+    """
+    if scale not in GROUP_SCALES:
+        raise ValueError(f"unknown advantage scale {scale!r}; expected one of {GROUP_SCALES}")
+    if group_size < 1 or rewards.shape[0] % group_size != 0:
+        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
+    grouped = rewards.reshape(-1, group_size)
+    # The group mean is refined with one correction pass (mean of the residuals): identical rewards then centre
+    # to exactly 0, instead of to a rounding error of ~1 ulp that the division by (0 + eps) would magnify 1e4-fold.
+    mean = grouped.mean(dim=1, keepdim=True)
+    mean = mean + (grouped - mean).mean(dim=1, keepdim=True)
+    centred = grouped - mean
+    if scale == "group":
+        centred = centred / (_std(centred, dim=1) + eps)
+    elif scale == "batch":
+        centred = centred / (_std(rewards) + eps)
+    return centred.reshape(rewards.shape)

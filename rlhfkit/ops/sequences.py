@@ -1,0 +1,53 @@
+"""Index and mask helpers for right-padded response batches."""
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def first_true_index(bools: Tensor) -> Tensor:
+    """Index of the first True in each row.
+
+    bools: (B, T) bool. Returns (B,) long; T for a row with no True (so `index < T` means "found", and
+    `arange(T) <= index` keeps everything up to and including the first hit).
+    """
+    T = bools.shape[-1]
+    if T == 0:
+        return torch.zeros(bools.shape[:-1], dtype=torch.long, device=bools.device)
+    positions = torch.arange(T, device=bools.device)
+    # Positions that are False become T, so the row minimum is the first True, or T when there is none.
+    return torch.where(bools, positions, T).amin(dim=-1)
+
+
+def last_true_index(mask: Tensor) -> Tensor:
+    """Index of the last True in each row.
+
+    mask: (B, T) bool. Returns (B,) long; -1 for a row with no True (an empty response).
+    """
+    T = mask.shape[-1]
+    return T - 1 - first_true_index(mask.flip(-1))
+
+
+def truncate_after_stop_token(responses: Tensor, stop_token_id: int | Sequence[int], pad_token_id: int) -> Tensor:
+    """Replace everything after the first stop token of each row with padding; the stop token itself is kept.
+
+    responses: (B, T) long token ids. stop_token_id: one id or several (e.g. EOS and an end-of-turn token); the
+    first occurrence of any of them ends the response. Rows without a stop token are returned unchanged.
+    Returns (B, T) long.
+    """
+    stop_ids = torch.as_tensor(stop_token_id, dtype=responses.dtype, device=responses.device).reshape(-1)
+    is_stop = torch.isin(responses, stop_ids)
+    positions = torch.arange(responses.shape[-1], device=responses.device)
+    keep = positions <= first_true_index(is_stop).unsqueeze(-1)
+    return torch.where(keep, responses, pad_token_id)
+
+
+def mask_from_lengths(lengths: Tensor, T: int) -> Tensor:
+    """Mask of the first `lengths[b]` positions of each row.
+
+    lengths: (B,) integer, the number of real tokens per row (clipped to [0, T]). T: row width.
+    Returns (B, T) bool, True = real token. Built from lengths rather than by comparing tokens with the pad id,
+    because the pad id is often the EOS id, and the EOS that ends a response must count.
+    """
+    return torch.arange(T, device=lengths.device) < lengths.unsqueeze(-1)

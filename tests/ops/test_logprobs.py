@@ -1,0 +1,146 @@
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from rlhfkit import ops
+
+
+def reference_logprob(logits_row, token, temperature):
+    """log softmax(z / temperature)[token] for one position, in Python floats."""
+    z = [v / temperature for v in logits_row]
+    top = max(z)
+    return z[token] - (top + math.log(math.fsum(math.exp(v - top) for v in z)))
+
+
+def reference_entropy(logits_row, temperature):
+    """-sum p log p for one position, in Python floats."""
+    z = [v / temperature for v in logits_row]
+    top = max(z)
+    log_norm = top + math.log(math.fsum(math.exp(v - top) for v in z))
+    return -math.fsum(math.exp(v - log_norm) * (v - log_norm) for v in z)
+
+
+def random_logits(B=3, T=4, V=11, seed=0, scale=3.0):
+    g = torch.Generator().manual_seed(seed)
+    logits = scale * torch.randn(B, T, V, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    return logits, tokens
+
+
+# ---- hand-computed cases ----
+
+
+def test_logprobs_hand_computed():
+    # logits [0, ln 3]: softmax = [1/4, 3/4]
+    logits = torch.tensor([[[0.0, math.log(3.0)], [0.0, math.log(3.0)]]], dtype=torch.float64)
+    tokens = torch.tensor([[1, 0]])
+    assert_close(ops.logprobs_from_logits(logits, tokens), torch.tensor([[math.log(0.75), math.log(0.25)]]).double())
+    # temperature 2: z = [0, ln 3 / 2] = [0, ln sqrt3]: softmax = [1, sqrt3] / (1 + sqrt3)
+    s3 = math.sqrt(3.0)
+    expected = torch.tensor([[math.log(s3 / (1 + s3)), math.log(1 / (1 + s3))]], dtype=torch.float64)
+    assert_close(ops.logprobs_from_logits(logits, tokens, temperature=2.0), expected)
+
+
+def test_entropy_hand_computed():
+    # uniform over V = 5: entropy ln 5; [0, ln 3]: -(1/4 ln 1/4 + 3/4 ln 3/4) = ln 4 - (3/4) ln 3
+    logits = torch.tensor([[[0.7] * 5, [0.0, math.log(3.0), -math.inf, -math.inf, -math.inf]]], dtype=torch.float64)
+    expected = torch.tensor([[math.log(5.0), math.log(4.0) - 0.75 * math.log(3.0)]], dtype=torch.float64)
+    assert_close(ops.entropy_from_logits(logits), expected)
+    # a one-hot distribution has entropy exactly 0
+    one_hot = torch.tensor([[[1e4, -1e4, -1e4]]])
+    assert ops.entropy_from_logits(one_hot).item() == 0.0
+
+
+# ---- against float64 loop references ----
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
+def test_logprobs_match_reference_loop(temperature):
+    logits, tokens = random_logits(seed=1)
+    expected = torch.tensor(
+        [
+            [reference_logprob(logits[b, t].tolist(), tokens[b, t].item(), temperature) for t in range(4)]
+            for b in range(3)
+        ],
+        dtype=torch.float64,
+    )
+    assert_close(ops.logprobs_from_logits(logits, tokens, temperature), expected)
+    # float32 input stays float32 and agrees to float32 precision
+    out32 = ops.logprobs_from_logits(logits.float(), tokens, temperature)
+    assert out32.dtype == torch.float32
+    assert_close(out32, expected.float())
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
+def test_entropy_matches_reference_loop(temperature):
+    logits, _ = random_logits(seed=2)
+    expected = torch.tensor(
+        [[reference_entropy(logits[b, t].tolist(), temperature) for t in range(4)] for b in range(3)],
+        dtype=torch.float64,
+    )
+    assert_close(ops.entropy_from_logits(logits, temperature), expected)
+    assert_close(ops.entropy_from_logits(logits.float(), temperature), expected.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_logits_give_float32_logprobs(dtype):
+    logits, tokens = random_logits(seed=3)
+    half = logits.to(dtype)
+    # reference from the same (rounded) half-precision numbers, computed in float64
+    rounded = half.double()
+    expected = torch.tensor(
+        [[reference_logprob(rounded[b, t].tolist(), tokens[b, t].item(), 1.0) for t in range(4)] for b in range(3)],
+        dtype=torch.float64,
+    )
+    out = ops.logprobs_from_logits(half, tokens)
+    assert out.dtype == torch.float32
+    assert_close(out, expected.float())
+    entropy = ops.entropy_from_logits(half)
+    assert entropy.dtype == torch.float32
+    assert_close(entropy, ops.entropy_from_logits(rounded).float())
+
+
+def test_logprobs_gradient_matches_finite_differences():
+    logits, tokens = random_logits(B=2, T=3, V=5, seed=4)
+    logits.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda z: ops.logprobs_from_logits(z, tokens, temperature=0.8), (logits,))
+    assert torch.autograd.gradcheck(lambda z: ops.entropy_from_logits(z, temperature=0.8), (logits,))
+
+
+# ---- invariances ----
+
+
+def test_logprobs_normalise_over_vocabulary():
+    # exp(log p) summed over every token of the vocabulary is 1 at every position
+    logits, _ = random_logits(B=2, T=3, V=7, seed=5, scale=10.0)
+    every_token = [ops.logprobs_from_logits(logits, torch.full((2, 3), v), temperature=0.9) for v in range(7)]
+    assert_close(torch.stack(every_token).exp().sum(0), torch.ones(2, 3, dtype=torch.float64))
+
+
+def test_shift_invariance_and_temperature_is_division():
+    logits, tokens = random_logits(seed=6)
+    shift = 1e3 * torch.randn(3, 4, 1, dtype=torch.float64)
+    assert_close(ops.logprobs_from_logits(logits + shift, tokens), ops.logprobs_from_logits(logits, tokens))
+    assert_close(ops.entropy_from_logits(logits + shift), ops.entropy_from_logits(logits))
+    assert_close(ops.logprobs_from_logits(logits, tokens, 0.5), ops.logprobs_from_logits(2.0 * logits, tokens))
+    assert_close(ops.entropy_from_logits(logits, 0.5), ops.entropy_from_logits(2.0 * logits))
+
+
+def test_banned_tokens_with_minus_inf_logits():
+    logits, tokens = random_logits(B=2, T=3, V=6, seed=7)
+    banned = logits.clone()
+    banned[..., 4:] = -math.inf
+    tokens = tokens % 4
+    # same as a vocabulary without the banned tokens
+    assert_close(ops.entropy_from_logits(banned), ops.entropy_from_logits(logits[..., :4]))
+    assert_close(ops.logprobs_from_logits(banned, tokens), ops.logprobs_from_logits(logits[..., :4], tokens))
+
+
+def test_rejects_non_positive_temperature():
+    logits, tokens = random_logits()
+    with pytest.raises(ValueError, match="temperature"):
+        ops.logprobs_from_logits(logits, tokens, temperature=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        ops.entropy_from_logits(logits, temperature=-1.0)
