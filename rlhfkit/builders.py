@@ -34,7 +34,9 @@ def uses_builtin_task(args: PPOConfig) -> bool:
     return not any(getattr(args, flag, None) for flag in MODEL_FLAGS)
 
 
-def apply_builtin_task(args: PPOConfig, explicit: set[str] | frozenset[str] = frozenset(), preset: str = "default") -> None:
+def apply_builtin_task(
+    args: PPOConfig, explicit: set[str] | frozenset[str] = frozenset(), preset: str = "default"
+) -> None:
     """Point the model/data paths at the built-in task's assets (built on first use) and apply its defaults."""
     from rlhfkit.tasks import builtin_assets, load_task
 

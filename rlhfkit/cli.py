@@ -50,14 +50,18 @@ def parse_config(cls: type, argv: Sequence[str], prog: str):
 
         unknown = sorted(set(file_values) - set(config_field_names(cls)))
         if unknown:
-            raise UsageError(f"--config {path!r} has unknown keys: {', '.join(unknown)}. See '{prog} --help' for valid names.")
+            raise UsageError(
+                f"--config {path!r} has unknown keys: {', '.join(unknown)}. See '{prog} --help' for valid names."
+            )
     parser = HfArgumentParser(cls, prog=prog)
     parser.set_defaults(**file_values)
     try:
         (config,) = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as e:
         if "not used by the HfArgumentParser" in str(e):
-            unknown = [a for a in argv if a.startswith("--") and a[2:].split("=")[0] not in {f.dest for f in parser._actions}]
+            unknown = [
+                a for a in argv if a.startswith("--") and a[2:].split("=")[0] not in {f.dest for f in parser._actions}
+            ]
             raise UsageError(f"unknown flags: {', '.join(unknown)}. See '{prog} --help' for valid flags.") from None
         raise
     return config, explicit_flags(argv) | set(file_values)
@@ -78,10 +82,14 @@ def cmd_ppo(argv: Sequence[str]) -> int:
 def cmd_build_tiny(argv: Sequence[str]) -> int:
     from rlhfkit.tasks import build_tiny
 
-    parser = argparse.ArgumentParser(prog="rlhfkit build-tiny", description="Build the built-in task's assets offline.")
+    parser = argparse.ArgumentParser(
+        prog="rlhfkit build-tiny", description="Build the built-in task's assets offline."
+    )
     parser.add_argument("out_dir", help="Directory to write tokenizer/, sft/, reward/, prompts/ and task.json into.")
     parser.add_argument("--seed", type=int, default=0, help="Seed; the same seed gives the same files.")
-    parser.add_argument("--preset", default="default", choices=["default", "test"], help="'test' builds in seconds (lower quality).")
+    parser.add_argument(
+        "--preset", default="default", choices=["default", "test"], help="'test' builds in seconds (lower quality)."
+    )
     ns = parser.parse_args(argv)
     summary = build_tiny(ns.out_dir, seed=ns.seed, preset=ns.preset)
     print(json.dumps(summary, indent=2, default=str))

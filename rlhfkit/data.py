@@ -28,7 +28,9 @@ def load_prompt_splits(path: str, train_split: str, test_split: str | None) -> t
     else:
         ext = os.path.splitext(path)[1].lower()
         if ext not in _FILE_TYPES:
-            raise DataError(f"--dataset_name {path!r}: unsupported file type {ext!r}; use one of {', '.join(_FILE_TYPES)}.")
+            raise DataError(
+                f"--dataset_name {path!r}: unsupported file type {ext!r}; use one of {', '.join(_FILE_TYPES)}."
+            )
         data = load_dataset(_FILE_TYPES[ext], data_files={train_split: path})
     if isinstance(data, Dataset):
         return data, None
@@ -40,7 +42,11 @@ def load_prompt_splits(path: str, train_split: str, test_split: str | None) -> t
 
 
 def tokenize_prompts(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, text_field: str, max_prompt_length: int | None, flag_prefix: str = ""
+    dataset: Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    text_field: str,
+    max_prompt_length: int | None,
+    flag_prefix: str = "",
 ) -> Dataset:
     """Adds ``input_ids`` (prompt tokens, no padding). Rows longer than ``max_prompt_length`` are dropped."""
     if len(dataset) == 0:
@@ -74,7 +80,9 @@ def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
     return ids, mask
 
 
-def endless_batches(num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> Iterator[list[int]]:
+def endless_batches(
+    num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+) -> Iterator[list[int]]:
     """Row indices of this process's share of each global batch, reshuffled every pass over the data.
 
     All processes draw the same permutation (same seed) and take disjoint slices of each global batch,

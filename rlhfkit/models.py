@@ -8,7 +8,12 @@ import warnings
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
 
 
 class ModelLoadError(ValueError):
@@ -35,18 +40,25 @@ def _check_path(path: str, flag: str) -> None:
         )
 
 
-def load_tokenizer(path: str, flag: str = "model_name_or_path", trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    path: str, flag: str = "model_name_or_path", trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     _check_path(path, flag)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left", trust_remote_code=trust_remote_code)
     if tokenizer.pad_token is None:
         # Generation needs a pad token for batches; the EOS token is the usual stand-in. Masks are built from
         # lengths, not from pad ids, so pad == eos does not hide real EOS tokens.
         tokenizer.pad_token = tokenizer.eos_token
-        warnings.warn(f"The tokenizer at {path} has no pad token; using its EOS token {tokenizer.eos_token!r} for padding.", stacklevel=2)
+        warnings.warn(
+            f"The tokenizer at {path} has no pad token; using its EOS token {tokenizer.eos_token!r} for padding.",
+            stacklevel=2,
+        )
     return tokenizer
 
 
-def load_policy(path: str, dtype: torch.dtype, flag: str = "sft_model_path", trust_remote_code: bool = False) -> nn.Module:
+def load_policy(
+    path: str, dtype: torch.dtype, flag: str = "sft_model_path", trust_remote_code: bool = False
+) -> nn.Module:
     _check_path(path, flag)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code)
 
@@ -97,5 +109,8 @@ def token_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
 
 def policy_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     return model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask), use_cache=False
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
     ).logits

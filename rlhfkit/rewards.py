@@ -10,7 +10,9 @@ from rlhfkit.models import token_values
 
 
 @torch.inference_mode()
-def reward_model_scores(reward_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def reward_model_scores(
+    reward_model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
     """Reward-model score (B,) read at the last real token of each sequence.
 
     input_ids, attention_mask: (B, L); attention_mask bool, True = real token. With a left-padded query and a
@@ -22,7 +24,11 @@ def reward_model_scores(reward_model: nn.Module, input_ids: torch.Tensor, attent
 
 
 def apply_eos_trick(
-    scores: torch.Tensor, terminated: torch.Tensor, missing_eos_penalty: float | None, non_eos_penalty: bool, penalty_reward_value: float
+    scores: torch.Tensor,
+    terminated: torch.Tensor,
+    missing_eos_penalty: float | None,
+    non_eos_penalty: bool,
+    penalty_reward_value: float,
 ) -> torch.Tensor:
     """Penalise responses that never produced the stop token.
 

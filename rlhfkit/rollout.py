@@ -24,7 +24,9 @@ class Responses(NamedTuple):
     terminated: torch.Tensor  # (B,) bool, True if the response ends with a terminator (EOS or the stop token)
 
 
-def terminator_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module | None = None, stop_token_id: int | None = None) -> list[int]:
+def terminator_ids(
+    tokenizer: PreTrainedTokenizerBase, model: nn.Module | None = None, stop_token_id: int | None = None
+) -> list[int]:
     """Every token id that ends a response: all EOS ids of the tokenizer and generation config, plus the stop token.
 
     Models such as Phi-3.5 declare several EOS ids; counting only tokenizer.eos_token_id miscounts
@@ -44,7 +46,9 @@ def terminator_ids(tokenizer: PreTrainedTokenizerBase, model: nn.Module | None =
     return sorted(ids)
 
 
-def sampling_config(max_new_tokens: int, temperature: float | None, pad_token_id: int, stop_ids: list[int]) -> GenerationConfig:
+def sampling_config(
+    max_new_tokens: int, temperature: float | None, pad_token_id: int, stop_ids: list[int]
+) -> GenerationConfig:
     """Pure sampling from the full distribution (top_k=0, top_p=1), or greedy when temperature is None."""
     common = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=stop_ids)
     if temperature is None:

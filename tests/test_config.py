@@ -4,7 +4,9 @@ from rlhfkit.config import ConfigError, PPOConfig, ppo_batch_sizes
 
 
 def test_batch_sizes_follow_trl_algebra():
-    args = PPOConfig(per_device_train_batch_size=16, gradient_accumulation_steps=4, num_mini_batches=2, total_episodes=1000)
+    args = PPOConfig(
+        per_device_train_batch_size=16, gradient_accumulation_steps=4, num_mini_batches=2, total_episodes=1000
+    )
     sizes = ppo_batch_sizes(args, world_size=2, dataset_size=10)
     assert sizes.local_batch_size == 64  # 16 x 4 per device
     assert sizes.batch_size == 128  # x 2 devices
@@ -19,10 +21,14 @@ def test_total_episodes_defaults_to_epochs_times_dataset():
 
 
 def test_non_dividing_batch_sizes_name_the_flags():
-    args = PPOConfig(per_device_train_batch_size=6, gradient_accumulation_steps=1, num_mini_batches=4, total_episodes=10)
+    args = PPOConfig(
+        per_device_train_batch_size=6, gradient_accumulation_steps=1, num_mini_batches=4, total_episodes=10
+    )
     with pytest.raises(ConfigError, match="num_mini_batches"):
         ppo_batch_sizes(args, 1, 10)
-    args = PPOConfig(per_device_train_batch_size=8, gradient_accumulation_steps=3, num_mini_batches=2, total_episodes=10)
+    args = PPOConfig(
+        per_device_train_batch_size=8, gradient_accumulation_steps=3, num_mini_batches=2, total_episodes=10
+    )
     with pytest.raises(ConfigError, match="gradient_accumulation_steps"):
         ppo_batch_sizes(args, 1, 10)
 
@@ -37,8 +43,12 @@ def test_older_trl_api_aliases():
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"kl_estimator": "k2"}, "kl_estimator"), ({"stop_token": "eot"}, "stop_token"), ({"temperature": 0.0}, "temperature"),
-     ({"num_ppo_epochs": 0}, "num_ppo_epochs")],
+    [
+        ({"kl_estimator": "k2"}, "kl_estimator"),
+        ({"stop_token": "eot"}, "stop_token"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"num_ppo_epochs": 0}, "num_ppo_epochs"),
+    ],
 )
 def test_bad_values_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=field):

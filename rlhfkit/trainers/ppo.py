@@ -49,7 +49,7 @@ from rlhfkit.rollout import (
     terminator_ids,
     truncate_responses,
 )
-from rlhfkit.tracking import RunLogger, resolve_report_to
+from rlhfkit.tracking import RunLogger, make_trackers, resolve_report_to
 
 
 class PolicyAndValue(nn.Module):
@@ -61,7 +61,9 @@ class PolicyAndValue(nn.Module):
         self.value_model = value_model
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return policy_logits(self.policy, input_ids, attention_mask), token_values(self.value_model, input_ids, attention_mask)
+        return policy_logits(self.policy, input_ids, attention_mask), token_values(
+            self.value_model, input_ids, attention_mask
+        )
 
 
 @dataclass
@@ -106,15 +108,23 @@ class PPOTrainer:
     ):
         self.args = args
         resolve_output_dir(args)
-        self.accelerator = Accelerator(
-            log_with=resolve_report_to(args.report_to), project_dir=args.logging_dir or args.output_dir
+        self.report_to = resolve_report_to(args.report_to)
+        trackers = make_trackers(
+            self.report_to,
+            project=args.project,
+            run_name=args.run_name,
+            output_dir=args.output_dir,
+            logging_dir=args.logging_dir,
         )
+        self.accelerator = Accelerator(log_with=trackers or None)
         set_seed(args.seed, device_specific=True)  # each process samples different responses
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
 
-        self.train_dataset = tokenize_prompts(train_dataset, processing_class, args.dataset_text_field, args.max_prompt_length)
+        self.train_dataset = tokenize_prompts(
+            train_dataset, processing_class, args.dataset_text_field, args.max_prompt_length
+        )
         self.eval_dataset = (
             tokenize_prompts(eval_dataset, processing_class, args.dataset_text_field, args.max_prompt_length, "eval ")
             if eval_dataset is not None
@@ -136,7 +146,9 @@ class PPOTrainer:
             wrapper.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, weight_decay=args.weight_decay
         )
         self.model, self.optimizer = self.accelerator.prepare(wrapper, optimizer)
-        self.kl_ctl = ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
+        self.kl_ctl = (
+            ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
+        )
         self.metrics = MetricAccumulator()
         self.logger = RunLogger(
             self.accelerator,
@@ -144,7 +156,7 @@ class PPOTrainer:
             config=args.to_dict(),
             project=args.project,
             run_name=args.run_name,
-            report_to=resolve_report_to(args.report_to),
+            report_to=self.report_to,
             logging_dir=args.logging_dir,
         )
 
@@ -159,8 +171,12 @@ class PPOTrainer:
 
     def train(self) -> None:
         args, sizes, acc = self.args, self.sizes, self.accelerator
-        prompts = endless_batches(len(self.train_dataset), sizes.local_batch_size, args.seed, acc.process_index, acc.num_processes)
-        sample_every = max(1, sizes.num_total_batches // args.num_sample_generations) if args.num_sample_generations else 0
+        prompts = endless_batches(
+            len(self.train_dataset), sizes.local_batch_size, args.seed, acc.process_index, acc.num_processes
+        )
+        sample_every = (
+            max(1, sizes.num_total_batches // args.num_sample_generations) if args.num_sample_generations else 0
+        )
         start, episode = time.time(), 0
         if sample_every:
             self.evaluate(step=0)
@@ -200,15 +216,19 @@ class PPOTrainer:
 
             # 6. Log: pooled metrics, histograms, progress; samples and checkpoints on their schedule.
             scalars = reduced.scalars
-            scalars[M.LOSS_TOTAL.name] = scalars[M.LOSS_POLICY.name] + args.vf_coef * scalars[M.LOSS_VALUE.name]
-            scalars.update({
-                M.EPS.name: episode / (time.time() - start),
-                M.EPISODE.name: episode,
-                M.LR.name: lr,
-                M.KL_COEF.name: kl_coef_used,
-                M.TIME_ROLLOUT.name: t1 - t0,
-                M.TIME_OPTIMIZATION.name: t2 - t1,
-            })
+            scalars[M.LOSS_TOTAL_AVG.name] = (
+                scalars[M.LOSS_POLICY_AVG.name] + args.vf_coef * scalars[M.LOSS_VALUE_AVG.name]
+            )
+            scalars.update(
+                {
+                    M.EPS.name: episode / (time.time() - start),
+                    M.EPISODE.name: episode,
+                    M.LR.name: lr,
+                    M.OBJECTIVE_KL_COEF.name: kl_coef_used,
+                    M.TIME_ROLLOUT.name: t1 - t0,
+                    M.TIME_OPTIMIZATION.name: t2 - t1,
+                }
+            )
             if update % args.logging_steps == 0 or update == sizes.num_total_batches:
                 self.logger.log(scalars, step=update)
                 self.logger.log_histograms(reduced.histograms, step=update)
@@ -242,17 +262,29 @@ class PPOTrainer:
             parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
             parts["val"].append(values[:, width - 1 : -1])
             parts["score"].append(reward_model_scores(self.reward_model, ids, attn))
-            for key, value in (("q", query_ids), ("qm", query_mask), ("r", resp.ids), ("rm", resp.mask), ("term", resp.terminated)):
+            for key, value in (
+                ("q", query_ids),
+                ("qm", query_mask),
+                ("r", resp.ids),
+                ("rm", resp.mask),
+                ("term", resp.terminated),
+            ):
                 parts[key].append(value)
         model.train()
         # Chunks can differ in width: queries are re-padded on the left, responses on the right.
         q_width = max(q.shape[1] for q in parts["q"])
-        query_ids = torch.cat([nn.functional.pad(q, (q_width - q.shape[1], 0), value=tok.pad_token_id) for q in parts["q"]])
+        query_ids = torch.cat(
+            [nn.functional.pad(q, (q_width - q.shape[1], 0), value=tok.pad_token_id) for q in parts["q"]]
+        )
         query_mask = torch.cat([nn.functional.pad(q, (q_width - q.shape[1], 0), value=False) for q in parts["qm"]])
         response_mask = pad_right(parts["rm"], False)
         terminated = torch.cat(parts["term"])
         scores = apply_eos_trick(
-            torch.cat(parts["score"]), terminated, args.missing_eos_penalty, args.non_eos_penalty, args.penalty_reward_value
+            torch.cat(parts["score"]),
+            terminated,
+            args.missing_eos_penalty,
+            args.non_eos_penalty,
+            args.penalty_reward_value,
         )
         batch = RolloutBatch(
             query_ids=query_ids,
@@ -279,28 +311,28 @@ class PPOTrainer:
         m.add(M.OBJECTIVE_ENTROPY, (-batch.logprobs * mask).sum(), n)
         m.add(M.OBJECTIVE_NON_SCORE_REWARD, seq_nsr.sum(), n)
         m.add(M.OBJECTIVE_SCORES, batch.scores.sum(), n)
-        m.add_moments(M.OBJECTIVE_SCORES_STD, batch.scores.sum(), (batch.scores**2).sum(), n)
+        m.add_tensor(M.OBJECTIVE_SCORES_STD, batch.scores)
         m.add(M.OBJECTIVE_RLHF_REWARD, (batch.scores + seq_nsr).sum(), n)
         m.add(M.VAL_NUM_EOS_TOKENS, batch.terminated.sum())
         tokens = mask.sum()
         m.add(M.VAL_MEAN, (batch.values * mask).sum(), tokens)
-        m.add_moments(M.VAL_VAR, (batch.values * mask).sum(), (batch.values**2 * mask).sum(), tokens)
+        m.add_tensor(M.VAL_VAR, batch.values, mask)
         m.add(M.VAL_ERROR, ((batch.values - gae.returns) ** 2 * mask).sum(), tokens)
         m.add(M.VAL_VAR_EXPLAINED, ops.explained_variance(batch.values, gae.returns, mask), 1)
         m.add(M.RETURNS_MEAN, (gae.returns * mask).sum(), tokens)
-        m.add_moments(M.RETURNS_VAR, (gae.returns * mask).sum(), (gae.returns**2 * mask).sum(), tokens)
-        m.add(M.ADVANTAGES_MEAN, (gae.advantages * mask).sum(), tokens)
+        m.add_tensor(M.RETURNS_VAR, gae.returns, mask)
+        m.add(M.POLICY_ADVANTAGES_MEAN, (gae.advantages * mask).sum(), tokens)
         q_len, r_len = batch.query_mask.sum(1).double(), mask.sum(1).double()
-        m.add(M.QUERIES_LEN_MEAN, q_len.sum(), n)
-        m.add_moments(M.QUERIES_LEN_STD, q_len.sum(), (q_len**2).sum(), n)
-        m.add(M.RESPONSES_LEN_MEAN, r_len.sum(), n)
-        m.add_moments(M.RESPONSES_LEN_STD, r_len.sum(), (r_len**2).sum(), n)
-        m.add_values(M.HIST_SCORES, batch.scores)
-        m.add_values(M.HIST_KL, seq_kl)
-        m.add_values(M.HIST_LOGPROBS, batch.logprobs[mask])
-        m.add_values(M.HIST_REF_LOGPROBS, batch.ref_logprobs[mask])
-        m.add_values(M.HIST_QUERIES_LEN, q_len)
-        m.add_values(M.HIST_RESPONSES_LEN, r_len)
+        m.add(M.TOKENS_QUERIES_LEN_MEAN, q_len.sum(), n)
+        m.add_tensor(M.TOKENS_QUERIES_LEN_STD, q_len)
+        m.add(M.TOKENS_RESPONSES_LEN_MEAN, r_len.sum(), n)
+        m.add_tensor(M.TOKENS_RESPONSES_LEN_STD, r_len)
+        m.add_values(M.ENV_REWARD_DIST, batch.scores)
+        m.add_values(M.OBJECTIVE_KL_DIST, seq_kl)
+        m.add_values(M.OBJECTIVE_LOGPROBS, batch.logprobs[mask])
+        m.add_values(M.OBJECTIVE_REF_LOGPROBS, batch.ref_logprobs[mask])
+        m.add_values(M.TOKENS_QUERIES_DIST, q_len)
+        m.add_values(M.TOKENS_RESPONSES_DIST, r_len)
         if self.task is not None:
             correct = [self.task.check(q, r) for q, r in zip(batch.queries, batch.responses)]
             m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
@@ -310,7 +342,7 @@ class PPOTrainer:
         input_ids, attention_mask = batch.input_ids, batch.attention_mask
         width = batch.query_ids.shape[1]
         micro = args.per_device_train_batch_size
-        m.add_values(M.HIST_ADVANTAGES, advantages[batch.response_mask])
+        m.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.response_mask])
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(sizes.local_batch_size, device=input_ids.device)
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
@@ -322,9 +354,13 @@ class PPOTrainer:
                     with contextlib.nullcontext() if last_micro else acc.no_sync(self.model):
                         logits, values = self.model(input_ids[idx], attention_mask[idx])
                         response_logits = logits[:, width - 1 : -1]
-                        new_logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
+                        new_logprobs = ops.logprobs_from_logits(
+                            response_logits, batch.response_ids[idx], args.temperature
+                        )
                         vpred = values[:, width - 1 : -1]
-                        pg = ops.clipped_policy_loss(new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange)
+                        pg = ops.clipped_policy_loss(
+                            new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange
+                        )
                         vf = ops.clipped_value_loss(vpred, batch.values[idx], returns[idx], mask, args.cliprange_value)
                         loss = (pg.loss + args.vf_coef * vf.loss) / sizes.micro_batches_per_mini_batch
                         acc.backward(loss)
@@ -332,16 +368,18 @@ class PPOTrainer:
                         entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
                         tokens = mask.sum()
                         ratio = pg.ratio.detach()
-                        m.add(M.POLICY_APPROXKL, (pg.approx_kl * mask).sum(), tokens)
-                        m.add(M.POLICY_POLICYKL, ((batch.logprobs[idx] - new_logprobs.detach()) * mask).sum(), tokens)
-                        m.add(M.POLICY_CLIPFRAC, (pg.clipped & mask).sum(), tokens)
-                        m.add(M.POLICY_ENTROPY, (entropy * mask).sum(), tokens)
-                        m.add(M.LOSS_POLICY, (pg.per_token_loss.detach() * mask).sum(), tokens)
-                        m.add(M.LOSS_VALUE, 0.5 * (vf.per_token_loss.detach() * mask).sum(), tokens)
-                        m.add(M.VAL_CLIPFRAC, (vf.clipped & mask).sum(), tokens)
+                        m.add(M.POLICY_APPROXKL_AVG, (pg.approx_kl * mask).sum(), tokens)
+                        m.add(
+                            M.POLICY_POLICYKL_AVG, ((batch.logprobs[idx] - new_logprobs.detach()) * mask).sum(), tokens
+                        )
+                        m.add(M.POLICY_CLIPFRAC_AVG, (pg.clipped & mask).sum(), tokens)
+                        m.add(M.POLICY_ENTROPY_AVG, (entropy * mask).sum(), tokens)
+                        m.add(M.LOSS_POLICY_AVG, (pg.per_token_loss.detach() * mask).sum(), tokens)
+                        m.add(M.LOSS_VALUE_AVG, 0.5 * (vf.per_token_loss.detach() * mask).sum(), tokens)
+                        m.add(M.VAL_CLIPFRAC_AVG, (vf.clipped & mask).sum(), tokens)
                         m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
-                        m.add_moments(M.VAL_RATIO_VAR, (ratio * mask).sum(), (ratio**2 * mask).sum(), tokens)
-                        m.add_values(M.HIST_RATIO, ratio[mask])
+                        m.add_tensor(M.VAL_RATIO_VAR, ratio, mask)
+                        m.add_values(M.POLICY_RATIO_DIST, ratio[mask])
                 if args.max_grad_norm is not None:
                     acc.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
                 self.optimizer.step()
@@ -362,11 +400,16 @@ class PPOTrainer:
         for i in range(0, len(rows), args.per_device_eval_batch_size):
             chunk = [self.eval_dataset[j]["input_ids"] for j in rows[i : i + args.per_device_eval_batch_size]]
             query_ids, query_mask = (t.to(acc.device) for t in left_pad(chunk, tok.pad_token_id))
-            resp = truncate_responses(generate(model.policy, query_ids, query_mask, gen_config), self.stop_ids, tok.pad_token_id)
+            resp = truncate_responses(
+                generate(model.policy, query_ids, query_mask, gen_config), self.stop_ids, tok.pad_token_id
+            )
             ids, attn = torch.cat([query_ids, resp.ids], 1), torch.cat([query_mask, resp.mask], 1)
             score = apply_eos_trick(
-                reward_model_scores(self.reward_model, ids, attn), resp.terminated,
-                args.missing_eos_penalty, args.non_eos_penalty, args.penalty_reward_value,
+                reward_model_scores(self.reward_model, ids, attn),
+                resp.terminated,
+                args.missing_eos_penalty,
+                args.non_eos_penalty,
+                args.penalty_reward_value,
             )
             queries, responses = decode(tok, query_ids, query_mask), decode(tok, resp.ids, resp.mask)
             # The table shows special tokens too, so a missing EOS is visible.
@@ -418,8 +461,9 @@ class PPOTrainer:
             return
         root = self.args.output_dir
         found = sorted(
-            (int(d.split("-")[1]), d) for d in os.listdir(root) if d.startswith("checkpoint-") and d.split("-")[1].isdigit()
+            (int(d.split("-")[1]), d)
+            for d in os.listdir(root)
+            if d.startswith("checkpoint-") and d.split("-")[1].isdigit()
         )
         for _, name in found[: max(0, len(found) - limit)]:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-

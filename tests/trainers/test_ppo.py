@@ -74,7 +74,9 @@ def test_invariants_hold_on_every_update(run):
         assert all(math.isfinite(v) for k, v in r.items() if isinstance(v, float)), r
         assert r["episode"] == r["step"] * batch
         assert 0 <= r["val/num_eos_tokens"] <= batch
-        assert r["objective/rlhf_reward"] == pytest.approx(r["objective/scores"] + r["objective/non_score_reward"], abs=1e-5)
+        assert r["objective/rlhf_reward"] == pytest.approx(
+            r["objective/scores"] + r["objective/non_score_reward"], abs=1e-5
+        )
         assert r["objective/non_score_reward"] == pytest.approx(-r["objective/kl_coef"] * r["objective/kl"], abs=1e-5)
         for name in ("policy/clipfrac_avg", "val/clipfrac_avg", "rollout/task_success"):
             assert 0.0 <= r[name] <= 1.0
@@ -108,7 +110,9 @@ def test_first_minibatch_ratio_is_one(tiny_assets, tmp_path):
     This catches any mismatch between rollout and training log-probs (position ids with left padding,
     dropout, temperature), which would show up as val/ratio != 1 and approxkl > 0.
     """
-    args = small_config(tiny_assets, tmp_path, num_ppo_epochs=1, num_mini_batches=1, total_episodes=32, num_sample_generations=0)
+    args = small_config(
+        tiny_assets, tmp_path, num_ppo_epochs=1, num_mini_batches=1, total_episodes=32, num_sample_generations=0
+    )
     trainer = build_ppo_trainer(args)
     trainer.train()
     for r in update_rows(read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))):

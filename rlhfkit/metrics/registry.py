@@ -1,0 +1,749 @@
+"""Every metric rlhfkit logs, declared once: name, meaning, exact formula, unit and reduction.
+
+This module is data, not dispatch (stdlib only). Trainers reference the constants
+(``M.OBJECTIVE_KL``) instead of string literals, so a misspelt metric is an AttributeError at the
+first run rather than a silently new dashboard panel. The same declarations produce
+``docs/metrics.md`` (``python -m rlhfkit.metrics.registry > docs/metrics.md``; a test keeps the file
+fresh) and tell :class:`rlhfkit.metrics.accumulate.MetricAccumulator` how to pool each value across
+micro-batches and processes.
+
+Names are the reference documents' names verbatim (TRL's PPO docs); quantities the older TRL
+trainer logged under other names keep those as ``aliases``.
+
+Notation used in the formulas (one PPO update; b indexes responses, t response tokens):
+  m_bt      response mask, True on real response tokens up to and including the stop token
+  logp_bt   log-prob of the sampled token under the policy that generated it (sampling temperature)
+  ref_bt    log-prob of the same token under the frozen reference model (same temperature)
+  kl_bt     per-token KL estimate: k1 = logp - ref, or k3 = exp(ref - logp) - 1 - (ref - logp)
+  R_b       score of response b (reward model or reward function), after the EOS trick
+  V_bt, G_bt, A_bt   value prediction at rollout, GAE return, GAE advantage
+  r_bt      exp(logp_new - logp_old), the PPO probability ratio during optimisation
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+Reduction = Literal["mean", "sum", "var", "std", "min", "max", "last", "histogram"]
+Kind = Literal["scalar", "histogram"]
+
+REDUCTIONS: tuple[str, ...] = ("mean", "sum", "var", "std", "min", "max", "last", "histogram")
+KINDS: tuple[str, ...] = ("scalar", "histogram")
+TRAINERS: tuple[str, ...] = ("ppo", "grpo")
+IMPORTANCE: tuple[str, ...] = ("crucial", "stability", "")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One logged quantity.
+
+    name: the key sent to the trackers, spelled as in the reference docs.
+    meaning: one line, what the number tells you.
+    formula: plain-text definition in the module's notation.
+    unit: e.g. "nats/sequence", "nats/token", "fraction", "episodes/s", "count".
+    reduction: how values from micro-batches, epochs and processes combine into the logged number:
+        "mean" pooled sum/count, "sum", "var"/"std" pooled moments (unbiased), "min", "max",
+        "last" (the main process's value as set), "histogram" (raw values gathered from all processes).
+    trainers: which trainers log it ("ppo", later "grpo").
+    kind: "scalar" or "histogram".
+    aliases: older names of the same quantity (TRL's original PPOTrainer), emitted only on request.
+    when: condition under which it is logged ("always", "task has a checker", ...).
+    importance: "crucial" (the objective), "stability" (watch for divergence) or "".
+    watch: what healthy looks like, for the docs and the health checks.
+    vs_trl: where our definition deliberately differs from TRL's, and why.
+    """
+
+    name: str
+    meaning: str
+    formula: str
+    unit: str
+    reduction: Reduction
+    trainers: frozenset[str] = field(default_factory=lambda: frozenset({"ppo"}))
+    kind: Kind = "scalar"
+    aliases: tuple[str, ...] = ()
+    when: str = "always"
+    importance: str = ""
+    watch: str = ""
+    vs_trl: str = ""
+
+    def __post_init__(self) -> None:
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"{self.name}: reduction {self.reduction!r} is not one of {REDUCTIONS}")
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind {self.kind!r} is not one of {KINDS}")
+        # A histogram is a distribution of raw values; any other reduction yields one number.
+        if (self.kind == "histogram") != (self.reduction == "histogram"):
+            raise ValueError(f"{self.name}: kind 'histogram' goes with reduction 'histogram' and only with it")
+        if not self.trainers or not set(self.trainers) <= set(TRAINERS):
+            raise ValueError(f"{self.name}: trainers {sorted(self.trainers)} must be a non-empty subset of {TRAINERS}")
+        if self.importance not in IMPORTANCE:
+            raise ValueError(f"{self.name}: importance {self.importance!r} is not one of {IMPORTANCE}")
+        for text_field in ("name", "meaning", "formula", "unit", "when"):
+            if not getattr(self, text_field).strip():
+                raise ValueError(f"{self.name or '<unnamed>'}: {text_field} must not be empty")
+        if "\n" in self.meaning:
+            raise ValueError(f"{self.name}: meaning must be one line")
+
+
+PPO = frozenset({"ppo"})
+
+# ----------------------------------------------------------------------------------------------
+# PPO scalars, once per update (step = update index, 1-based)
+# ----------------------------------------------------------------------------------------------
+
+# Run progress
+EPS = Metric(
+    name="eps",
+    meaning="Throughput: episodes (sampled responses) completed per second since train() started.",
+    formula="episode / (wall-clock seconds since train() started); covers generation, scoring, optimisation and "
+    "sample generation",
+    unit="episodes/s",
+    reduction="last",
+    trainers=PPO,
+    vs_trl="TRL truncates this to an integer; we log the float.",
+)
+EPISODE = Metric(
+    name="episode",
+    meaning="Number of episodes (sampled responses) processed so far, counted over all processes.",
+    formula="sum over finished updates, this one included, of the global rollout batch size (all processes)",
+    unit="episodes",
+    reduction="last",
+    trainers=PPO,
+)
+LR = Metric(
+    name="lr",
+    meaning="Learning rate the optimizer used for this update.",
+    formula="the optimizer's learning rate during this update's optimizer steps (after the schedule is applied)",
+    unit="dimensionless",
+    reduction="last",
+    trainers=PPO,
+    aliases=("ppo/learning_rate",),
+)
+
+# What RL maximises (measured on the rollout, before the PPO epochs)
+OBJECTIVE_RLHF_REWARD = Metric(
+    name="objective/rlhf_reward",
+    meaning="The quantity PPO maximises: score plus KL penalty per response; it should rise while training works.",
+    formula="objective/scores + objective/non_score_reward = mean_b (R_b - kl_coef * sum_t m_bt * kl_bt)",
+    unit="reward/sequence",
+    reduction="mean",
+    trainers=PPO,
+    importance="crucial",
+    watch="Should trend upward; a rise driven only by objective/scores while task success falls is reward hacking.",
+    vs_trl="TRL's docs describe it as score - non_score_reward; like TRL's code we add the (already negative) "
+    "penalty.",
+)
+OBJECTIVE_SCORES = Metric(
+    name="objective/scores",
+    meaning="Mean score the reward model (or reward function) gave the sampled responses.",
+    formula="mean_b R_b; R_b = score of response b, minus missing_eos_penalty when the response has no stop token",
+    unit="reward",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("env/reward_mean", "ppo/mean_scores"),
+    importance="crucial",
+    watch="Rises with training; compare with rollout/task_success to spot over-optimisation of the reward model.",
+    vs_trl="In the per-token rewards the score sits on the last real response token (the stop token), not on "
+    "the first padding position after it as in TRL (#3750); the logged mean is the same.",
+)
+OBJECTIVE_NON_SCORE_REWARD = Metric(
+    name="objective/non_score_reward",
+    meaning="KL-penalty part of the reward per response; a reward, so usually at or below zero.",
+    formula="mean_b sum_t m_bt * (-kl_coef * kl_bt) = -kl_coef * objective/kl",
+    unit="reward/sequence",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/mean_non_score_reward",),
+    importance="crucial",
+    watch="Drifts below zero as the policy leaves the reference; a steep fall means the KL budget is being spent fast.",
+    vs_trl="Same value as TRL's code; TRL's docs write it as beta * kl.sum(1), dropping the sign.",
+)
+OBJECTIVE_KL = Metric(
+    name="objective/kl",
+    meaning="KL divergence of the sampling policy from the frozen reference, summed over each response.",
+    formula="mean_b sum_t m_bt * kl_bt, kl_bt by kl_estimator (k1 default, k3 optional), computed at rollout",
+    unit="nats/sequence",
+    reduction="mean",
+    trainers=PPO,
+    importance="crucial",
+    watch="Should stay positive and moderate; negative values (k1) or fast growth mean the policy is escaping "
+    "the reference.",
+)
+OBJECTIVE_ENTROPY = Metric(
+    name="objective/entropy",
+    meaning="Sampled estimate of the policy's entropy per response: negative log-probability of each response.",
+    formula="mean_b sum_t m_bt * (-logp_bt)",
+    unit="nats/sequence",
+    reduction="mean",
+    trainers=PPO,
+    vs_trl="TRL lets padding positions contribute their +1 log-prob sentinel (-1 each), biasing it down and "
+    "even below zero (#2022); we sum real response tokens only.",
+)
+OBJECTIVE_SCORES_STD = Metric(
+    name="objective/scores_std",
+    meaning="Spread of the scores across the sampled responses.",
+    formula="sqrt of the unbiased variance of R_b over all responses of the update (all processes)",
+    unit="reward",
+    reduction="std",
+    trainers=PPO,
+    aliases=("env/reward_std", "ppo/std_scores"),
+)
+OBJECTIVE_KL_COEF = Metric(
+    name="objective/kl_coef",
+    meaning="KL penalty coefficient (beta) used for this update, fixed or set by the adaptive controller.",
+    formula="kl_coef when kl_target is unset; otherwise after each update beta <- beta * (1 + clip(objective/kl / "
+    "kl_target - 1, -0.2, 0.2) * n_episodes / kl_horizon) (Ziegler et al. 2019)",
+    unit="reward/nat",
+    reduction="last",
+    trainers=PPO,
+    importance="stability",
+    watch="With the adaptive controller a steady climb often comes before numerical trouble.",
+    vs_trl="TRL's current PPO has a fixed coefficient and does not log it.",
+)
+
+# The PPO optimisation (pooled over every micro-batch, mini-batch, PPO epoch and process of the update)
+POLICY_APPROXKL_AVG = Metric(
+    name="policy/approxkl_avg",
+    meaning="How far the optimisation moved the policy from the rollout policy: k2 estimate of KL per token.",
+    formula="pooled token mean of 0.5 * (logp_new - logp_old)^2",
+    unit="nats/token",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/policy/approxkl",),
+    importance="stability",
+    watch="Small; high together with high policy/clipfrac_avg means the updates are too large.",
+    vs_trl="TRL averages over all padded positions (padding adds 0 to the sum but counts in the denominator) and "
+    "then averages per-micro-batch means; we pool over real response tokens.",
+)
+POLICY_POLICYKL_AVG = Metric(
+    name="policy/policykl_avg",
+    meaning="k1 estimate of the KL per token between rollout and current policy during optimisation.",
+    formula="pooled token mean of (logp_old - logp_new)",
+    unit="nats/token",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/policy/policykl",),
+)
+POLICY_CLIPFRAC_AVG = Metric(
+    name="policy/clipfrac_avg",
+    meaning="Share of response tokens where the clipped term is the active one in PPO's surrogate loss.",
+    formula="pooled token mean of 1[-A_bt * clip(r_bt, 1 - cliprange, 1 + cliprange) > -A_bt * r_bt]",
+    unit="fraction",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/policy/clipfrac",),
+    importance="stability",
+    watch="A large share means the updates keep pushing against the trust region.",
+)
+POLICY_ENTROPY_AVG = Metric(
+    name="policy/entropy_avg",
+    meaning="Exact entropy of the current policy's next-token distribution on response tokens.",
+    formula="pooled token mean of logsumexp(z_bt) - sum_v softmax(z_bt)_v * z_btv, z = logits / temperature",
+    unit="nats/token",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/policy/entropy",),
+    vs_trl="TRL averages over every position, padding included; we average over real response tokens.",
+)
+POLICY_ADVANTAGES_MEAN = Metric(
+    name="policy/advantages_mean",
+    meaning="Mean GAE advantage on response tokens, before whitening.",
+    formula="pooled token mean of A_bt (GAE with gamma and lam, computed at rollout)",
+    unit="reward",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/policy/advantages_mean",),
+)
+LOSS_POLICY_AVG = Metric(
+    name="loss/policy_avg",
+    meaning="Clipped surrogate policy loss.",
+    formula="pooled token mean of max(-A_bt * r_bt, -A_bt * clip(r_bt, 1 - cliprange, 1 + cliprange)), A = "
+    "whitened advantages",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/loss/policy",),
+    vs_trl="TRL averages per-micro-batch means; we weight every real response token equally.",
+)
+LOSS_VALUE_AVG = Metric(
+    name="loss/value_avg",
+    meaning="Clipped value-function loss, without the vf_coef factor.",
+    formula="0.5 * pooled token mean of max((V_new - G)^2, (clip(V_new, V_bt - cliprange_value, V_bt + "
+    "cliprange_value) - G)^2)",
+    unit="reward^2",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/loss/value",),
+    importance="stability",
+    watch="Spikes or NaN when training goes wrong.",
+    vs_trl="TRL's mask includes one position past the last response token; we use real response tokens only.",
+)
+LOSS_TOTAL_AVG = Metric(
+    name="loss/total_avg",
+    meaning="The loss the optimizer minimises: policy loss plus weighted value loss.",
+    formula="loss/policy_avg + vf_coef * loss/value_avg (pooled token mean of the per-token sum)",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/loss/total",),
+)
+VAL_CLIPFRAC_AVG = Metric(
+    name="val/clipfrac_avg",
+    meaning="Share of response tokens where the clipped value error is the larger (active) term.",
+    formula="pooled token mean of 1[(clip(V_new, V_bt - cliprange_value, V_bt + cliprange_value) - G)^2 > "
+    "(V_new - G)^2]",
+    unit="fraction",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/val/clipfrac",),
+    vs_trl="Same mask difference as loss/value_avg.",
+)
+VAL_RATIO = Metric(
+    name="val/ratio",
+    meaning="Mean probability ratio between current and rollout policy on response tokens.",
+    formula="pooled token mean of r_bt = exp(logp_new - logp_old); exactly 1 on the first minibatch of the first "
+    "PPO epoch",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=PPO,
+    importance="stability",
+    watch="Should stay close to 1.0; values like 2 or 1000 (or 0.1) mean consecutive policies differ too much.",
+    vs_trl="TRL's unmasked mean counts each padding position as exactly 1, pulling the value toward 1.",
+)
+VAL_RATIO_VAR = Metric(
+    name="val/ratio_var",
+    meaning="Variance of the probability ratio across response tokens.",
+    formula="pooled unbiased variance of r_bt over all real response tokens of the update: (sum r^2 - (sum r)^2 / "
+    "n) / (n - 1)",
+    unit="dimensionless",
+    reduction="var",
+    trainers=PPO,
+    vs_trl="TRL reports the variance of the per-micro-batch mean ratios; ours is the token-level variance.",
+)
+VAL_NUM_EOS_TOKENS = Metric(
+    name="val/num_eos_tokens",
+    meaning="Number of sampled responses that contain the stop token, i.e. finished before the length limit.",
+    formula="sum over processes and responses of 1[stop token in the truncated response]",
+    unit="count",
+    reduction="sum",
+    trainers=PPO,
+    vs_trl="TRL counts EOS tokens in the raw responses of the main process only (padding too when pad == eos); "
+    "we count responses, summed over all processes.",
+)
+
+# The value model and GAE (measured at rollout)
+VAL_MEAN = Metric(
+    name="val/mean",
+    meaning="Mean value prediction on response tokens at rollout.",
+    formula="pooled token mean of V_bt",
+    unit="reward",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/val/mean",),
+)
+VAL_VAR = Metric(
+    name="val/var",
+    meaning="Variance of the value predictions on response tokens at rollout.",
+    formula="pooled unbiased variance of V_bt over real response tokens",
+    unit="reward^2",
+    reduction="var",
+    trainers=PPO,
+    aliases=("ppo/val/var",),
+)
+VAL_VAR_EXPLAINED = Metric(
+    name="val/var_explained",
+    meaning="Share of the return variance the value model explains: 1 is perfect, 0 or below is useless.",
+    formula="1 - Var[G_bt - V_bt] / Var[G_bt] over the real response tokens of each process's rollout batch (0 when "
+    "Var[G] = 0), averaged over processes",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/val/var_explained",),
+)
+VAL_ERROR = Metric(
+    name="val/error",
+    meaning="Mean squared error of the rollout value predictions against the GAE returns.",
+    formula="pooled token mean of (V_bt - G_bt)^2",
+    unit="reward^2",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/val/error",),
+)
+RETURNS_MEAN = Metric(
+    name="returns/mean",
+    meaning="Mean GAE return (the value targets) on response tokens.",
+    formula="pooled token mean of G_bt = A_bt + V_bt",
+    unit="reward",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/returns/mean",),
+)
+RETURNS_VAR = Metric(
+    name="returns/var",
+    meaning="Variance of the GAE returns on response tokens.",
+    formula="pooled unbiased variance of G_bt over real response tokens",
+    unit="reward^2",
+    reduction="var",
+    trainers=PPO,
+    aliases=("ppo/returns/var",),
+)
+
+# Lengths
+TOKENS_QUERIES_LEN_MEAN = Metric(
+    name="tokens/queries_len_mean",
+    meaning="Mean prompt length.",
+    formula="mean_b (number of non-padding query tokens)",
+    unit="tokens",
+    reduction="mean",
+    trainers=PPO,
+)
+TOKENS_QUERIES_LEN_STD = Metric(
+    name="tokens/queries_len_std",
+    meaning="Spread of the prompt lengths.",
+    formula="sqrt of the unbiased variance over responses of the non-padding query token count",
+    unit="tokens",
+    reduction="std",
+    trainers=PPO,
+)
+TOKENS_RESPONSES_LEN_MEAN = Metric(
+    name="tokens/responses_len_mean",
+    meaning="Mean response length after truncation at the stop token.",
+    formula="mean_b sum_t m_bt (stop token included)",
+    unit="tokens",
+    reduction="mean",
+    trainers=PPO,
+)
+TOKENS_RESPONSES_LEN_STD = Metric(
+    name="tokens/responses_len_std",
+    meaning="Spread of the response lengths.",
+    formula="sqrt of the unbiased variance over responses of sum_t m_bt",
+    unit="tokens",
+    reduction="std",
+    trainers=PPO,
+)
+
+# True task success (independent of the reward model)
+ROLLOUT_TASK_SUCCESS = Metric(
+    name="rollout/task_success",
+    meaning="Share of this update's sampled responses that pass the task's own correctness check.",
+    formula="mean_b 1[task.check(prompt_b, response_b)]",
+    unit="fraction",
+    reduction="mean",
+    trainers=PPO,
+    when="the task has a checker",
+    importance="crucial",
+    watch="The ground truth beside objective/scores: if the score rises while this falls, the policy is "
+    "over-optimising the reward model.",
+)
+EVAL_TASK_SUCCESS = Metric(
+    name="eval/task_success",
+    meaning="Share of evaluation prompts whose greedy completion passes the task's correctness check.",
+    formula="mean over eval prompts of 1[task.check(prompt, greedy completion)]",
+    unit="fraction",
+    reduction="mean",
+    trainers=PPO,
+    when="the task has a checker and an eval dataset is given; at sample-generation steps (num_sample_generations)",
+    importance="crucial",
+    watch="Should rise over training; the least noisy view of what the policy has learned.",
+)
+
+EVAL_SCORES = Metric(
+    name="eval/scores",
+    meaning="Mean score of the greedy completions of the evaluation prompts (same scoring and EOS trick as training).",
+    formula="mean over eval prompts of R(prompt, greedy completion)",
+    unit="reward",
+    reduction="mean",
+    trainers=PPO,
+    when="an eval dataset is given; at sample-generation steps (num_sample_generations)",
+)
+
+# Wall time
+TIME_ROLLOUT = Metric(
+    name="time/rollout",
+    meaning="Wall-clock seconds of this update's rollout: generation, reference and value passes, scoring.",
+    formula="seconds between the start of the update and the start of its first PPO epoch (main process)",
+    unit="s",
+    reduction="last",
+    trainers=PPO,
+)
+TIME_OPTIMIZATION = Metric(
+    name="time/optimization",
+    meaning="Wall-clock seconds of this update's PPO epochs (forward, backward and optimizer steps).",
+    formula="seconds from the start of the first PPO epoch to the end of the last one (main process)",
+    unit="s",
+    reduction="last",
+    trainers=PPO,
+)
+
+# ----------------------------------------------------------------------------------------------
+# PPO histograms, once per update (raw values from all processes)
+# ----------------------------------------------------------------------------------------------
+
+ENV_REWARD_DIST = Metric(
+    name="env/reward_dist",
+    meaning="Distribution of the scores of the sampled responses.",
+    formula="{R_b} over all responses of the update",
+    unit="reward",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+)
+OBJECTIVE_KL_DIST = Metric(
+    name="objective/kl_dist",
+    meaning="Distribution over responses of the summed KL to the reference.",
+    formula="{sum_t m_bt * kl_bt} over all responses",
+    unit="nats/sequence",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+)
+OBJECTIVE_LOGPROBS = Metric(
+    name="objective/logprobs",
+    meaning="Distribution of the sampled tokens' log-probabilities under the sampling policy.",
+    formula="{logp_bt : m_bt}",
+    unit="nats/token",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+)
+OBJECTIVE_REF_LOGPROBS = Metric(
+    name="objective/ref_logprobs",
+    meaning="Distribution of the sampled tokens' log-probabilities under the reference model.",
+    formula="{ref_bt : m_bt}",
+    unit="nats/token",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+)
+POLICY_RATIO_DIST = Metric(
+    name="policy/ratio_dist",
+    meaning="Distribution of the per-token probability ratio over all minibatches and epochs of the update.",
+    formula="{r_bt : m_bt}",
+    unit="dimensionless",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+    aliases=("ppo/policy/ratio",),
+)
+POLICY_ADVANTAGES_DIST = Metric(
+    name="policy/advantages_dist",
+    meaning="Distribution of the whitened per-token advantages used in the policy loss.",
+    formula="{whiten(A)_bt : m_bt}",
+    unit="dimensionless",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+    aliases=("ppo/policy/advantages",),
+)
+TOKENS_QUERIES_DIST = Metric(
+    name="tokens/queries_dist",
+    meaning="Distribution of prompt lengths.",
+    formula="{number of non-padding query tokens of b}",
+    unit="tokens",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+)
+TOKENS_RESPONSES_DIST = Metric(
+    name="tokens/responses_dist",
+    meaning="Distribution of response lengths after truncation at the stop token.",
+    formula="{sum_t m_bt}",
+    unit="tokens",
+    reduction="histogram",
+    trainers=PPO,
+    kind="histogram",
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# The registry
+# ----------------------------------------------------------------------------------------------
+
+
+def _build_registry(metrics: list[Metric]) -> dict[str, Metric]:
+    """Index metrics by name, refusing any name or alias that is used twice."""
+    registry: dict[str, Metric] = {}
+    seen: dict[str, str] = {}
+    for metric in metrics:
+        for key in (metric.name, *metric.aliases):
+            if key in seen:
+                raise ValueError(f"metric name {key!r} is used by both {seen[key]!r} and {metric.name!r}")
+            seen[key] = metric.name
+        registry[metric.name] = metric
+    return registry
+
+
+# Declaration order is the logging and documentation order.
+REGISTRY: dict[str, Metric] = _build_registry([v for v in list(globals().values()) if isinstance(v, Metric)])
+
+# Older name -> current name.
+ALIASES: dict[str, str] = {alias: m.name for m in REGISTRY.values() for alias in m.aliases}
+
+
+def metrics_for(trainer: str, kind: str | None = "scalar") -> list[Metric]:
+    """Metrics a trainer logs, in declaration order; kind "scalar", "histogram" or None for both."""
+    if trainer not in TRAINERS:
+        raise ValueError(f"unknown trainer {trainer!r}; known trainers: {', '.join(TRAINERS)}")
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)} or None")
+    return [m for m in REGISTRY.values() if trainer in m.trainers and (kind is None or m.kind == kind)]
+
+
+def with_aliases(values: dict[str, float]) -> dict[str, float]:
+    """Return `values` plus a copy of each registered value under its older names (for old dashboards)."""
+    out = dict(values)
+    for name, value in values.items():
+        metric = REGISTRY.get(name)
+        if metric is not None:
+            for alias in metric.aliases:
+                out[alias] = value
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# docs/metrics.md
+# ----------------------------------------------------------------------------------------------
+
+_CONVENTIONS = """\
+## Conventions
+
+- **Step.** The tracker step is the update index, starting at 1; training metrics are logged once per
+  update (every `logging_steps` updates). `eval/*` metrics and completion tables are logged at
+  sample-generation steps, step 0 being the policy before training.
+- **Masking.** Per-token statistics count real response tokens only: the mask is True from the first
+  response token up to and including the stop token, False on padding and on anything generated after
+  the stop token. Padded positions never carry sentinel values and never enter a numerator or a
+  denominator. A response without a stop token is masked up to the length limit.
+- **Per sequence vs per token.** Names that sum over a response (`objective/kl`, `objective/entropy`,
+  `objective/non_score_reward`, `objective/rlhf_reward`) are in units per sequence; `*_avg` statistics
+  of the optimisation are per token.
+- **Pooling.** A metric's reduction says how values from micro-batches, mini-batches, PPO epochs and
+  processes combine:
+  - `mean`: sum of values and count of items are added up everywhere first, then divided once
+    (a token-weighted mean for per-token metrics, a response-weighted mean for per-sequence ones).
+    Splitting a batch into micro-batches or across processes does not change the result.
+  - `var` / `std`: count, sum and sum of squares are pooled the same way, then the unbiased variance
+    `(sum x^2 - (sum x)^2 / n) / (n - 1)` is formed (0 when n < 2); `std` is its square root.
+  - `sum`: summed over everything, including processes.
+  - `min` / `max`: over everything.
+  - `last`: the main process's value for this update (learning rate, counters, timings).
+  - `histogram`: the raw values of all processes, gathered.
+  An empty pool (no tokens) gives 0, not NaN.
+- **Units.** Log-probabilities and KL are in nats. `reward` is the unit of the reward model's or
+  reward function's score; `reward^2` for squared errors and variances of rewards, values and returns.
+- **Older names.** Metrics that TRL's original `PPOTrainer` logged under a different name list that name
+  as an alias; rlhfkit emits aliases only when asked (`rlhfkit.metrics.registry.with_aliases`).
+- **Notation.** `b` indexes responses and `t` response tokens; `m_bt` is the response mask; `logp_bt`
+  and `ref_bt` are the sampled token's log-probabilities under the sampling policy and the frozen
+  reference (at the sampling temperature); `kl_bt` is `logp - ref` (k1, default) or
+  `exp(ref - logp) - 1 - (ref - logp)` (k3); `R_b` is the score after the EOS trick; `V_bt`, `G_bt`, `A_bt`
+  are rollout values, GAE returns and GAE advantages; `r_bt = exp(logp_new - logp_old)` during
+  optimisation; `V_new` is the value model's prediction during optimisation.
+"""
+
+_SECTION_TITLES = {
+    "": "Run progress",
+    "objective": "Objective (rollout, before the PPO epochs)",
+    "policy": "Policy optimisation",
+    "loss": "Losses",
+    "val": "Value model and ratio",
+    "returns": "Returns",
+    "tokens": "Lengths",
+    "rollout": "Task success",
+    "eval": "Task success",
+    "time": "Wall time",
+    "env": "Rewards",
+}
+
+
+def _section(metric: Metric) -> str:
+    prefix = metric.name.split("/", 1)[0] if "/" in metric.name else ""
+    return _SECTION_TITLES.get(prefix, prefix)
+
+
+def _cell(text: str) -> str:
+    """Make text safe inside a markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _name_cell(metric: Metric) -> str:
+    cell = f"`{metric.name}`"
+    if metric.aliases:
+        cell += "<br>was " + ", ".join(f"`{a}`" for a in metric.aliases)
+    return cell
+
+
+def _table(metrics: list[Metric]) -> list[str]:
+    lines = [
+        "| Metric | Meaning | Formula | Unit | Reduction | Logged |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m in metrics:
+        cells = [_name_cell(m), _cell(m.meaning), f"`{_cell(m.formula)}`", m.unit, f"`{m.reduction}`", _cell(m.when)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _trainer_section(trainer: str) -> list[str]:
+    scalars = metrics_for(trainer, "scalar")
+    histograms = metrics_for(trainer, "histogram")
+    everything = scalars + histograms
+    lines = [f"## {trainer.upper()}", ""]
+
+    lines += ["### Crucial values", ""]
+    for m in (m for m in everything if m.importance == "crucial"):
+        lines.append(f"- `{m.name}`: {m.meaning} {m.watch}".rstrip())
+    lines += ["", "### Watch for stability", ""]
+    for m in (m for m in everything if m.importance == "stability"):
+        lines.append(f"- `{m.name}`: {m.meaning} {m.watch}".rstrip())
+
+    lines += ["", "### Scalars", ""]
+    sections: dict[str, list[Metric]] = {}
+    for m in scalars:
+        sections.setdefault(_section(m), []).append(m)
+    for title, members in sections.items():
+        lines += [f"#### {title}", "", *_table(members), ""]
+
+    if histograms:
+        lines += ["### Histograms", "", *_table(histograms), ""]
+
+    differing = [m for m in everything if m.vs_trl]
+    if differing:
+        lines += ["### Where rlhfkit deliberately differs from TRL", ""]
+        lines += [f"- `{m.name}`: {m.vs_trl}" for m in differing]
+        lines.append("")
+
+    aliased = [m for m in everything if m.aliases]
+    if aliased:
+        lines += ["### Older names", "", "| Older name | Current name |", "|---|---|"]
+        lines += [f"| `{alias}` | `{m.name}` |" for m in aliased for alias in m.aliases]
+        lines.append("")
+    return lines
+
+
+def render_markdown() -> str:
+    """The text of docs/metrics.md, generated from the registry."""
+    lines = [
+        "# Metrics",
+        "",
+        "<!-- Generated by `python -m rlhfkit.metrics.registry > docs/metrics.md` from",
+        "     rlhfkit/metrics/registry.py. Do not edit by hand; tests/metrics/test_registry.py checks it. -->",
+        "",
+        "Every number rlhfkit sends to Trackio, Weights & Biases or TensorBoard (and writes to",
+        "`metrics.jsonl` in the run directory) is listed here with its exact formula, unit and the way it",
+        "is pooled across micro-batches and processes. Names follow TRL's documentation, so dashboards and",
+        "comparisons built for TRL keep working; where the numbers differ from TRL's, the difference is",
+        "listed and explained.",
+        "",
+        _CONVENTIONS,
+    ]
+    for trainer in TRAINERS:
+        if metrics_for(trainer, None):
+            lines += _trainer_section(trainer)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_markdown())

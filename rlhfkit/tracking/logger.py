@@ -1,0 +1,234 @@
+"""RunLogger: one object per training run that sends metrics, histograms and completion tables to
+the trackers (through accelerate) and keeps the run directory's own record.
+
+    trackers = make_trackers(cfg.report_to, project=cfg.project, run_name=cfg.run_name,
+                             output_dir=cfg.output_dir, logging_dir=cfg.logging_dir)
+    accelerator = Accelerator(log_with=trackers, ...)
+    logger = RunLogger(accelerator, cfg.output_dir, config, cfg.project, cfg.run_name, cfg.report_to,
+                       cfg.logging_dir)
+    logger.log(reduced.scalars, step)
+    logger.log_histograms(reduced.histograms, step)
+    logger.log_table("samples", ["query", "model response", "score"], rows, step)
+    logger.finish()
+
+Every method may be called on every process; only the main process writes files, prints or talks
+to a tracker.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlhfkit.metrics.registry import REGISTRY
+from rlhfkit.tracking.rundir import RunDirectory, to_jsonable
+from rlhfkit.tracking.tables import format_cell, markdown_table, rich_table
+from rlhfkit.tracking.trackers import (
+    flatten_config,
+    resolve_report_to,
+    trackio_init_kwargs,
+    wandb_init_kwargs,
+)
+
+
+def _number(value: Any) -> int | float:
+    """A plain int/float: accelerate's TensorBoard tracker silently skips NumPy floats and tensors."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    item = getattr(value, "item", None)
+    return item() if callable(item) else float(value)
+
+
+def _finite_values(values: Any) -> np.ndarray:
+    """1-D float64 array without NaN/inf: histogram binning needs a finite range."""
+    if hasattr(values, "detach"):  # torch.Tensor, possibly on an accelerator device
+        values = values.detach().cpu().numpy()
+    array = np.asarray(values, dtype=np.float64).reshape(-1)
+    return array[np.isfinite(array)]
+
+
+def _tracker_name(tracker: Any) -> str:
+    """Name of an entry of Accelerator.log_with: a GeneralTracker object or a LoggerType (a str enum)."""
+    from accelerate.tracking import GeneralTracker
+
+    return tracker.name if isinstance(tracker, GeneralTracker) else str(tracker)
+
+
+def _wandb_table_key(key: str, step: int) -> str:
+    # W&B shows only the latest table logged under a key; a key per step keeps every step's samples.
+    return f"{key}/step_{step:06d}"
+
+
+class RunLogger:
+    """Trackers plus run directory for one training run.
+
+    accelerator: an ``accelerate.Accelerator`` whose ``log_with`` holds the run's trackers, ideally
+        built by :func:`rlhfkit.tracking.make_trackers` (per-run TensorBoard directory). Tracker names
+        (``log_with=["wandb"]``) also work; TensorBoard then writes to <accelerator logging_dir>/<project>.
+    output_dir: run directory (config.json, metrics.jsonl, samples.jsonl; W&B files under output_dir/wandb).
+    config: the resolved config, JSON-able after conversion of tensors/paths; flattened for the trackers.
+    project, run_name: tracker project and run name (Trackio project, W&B project; both show run_name).
+    report_to: the run's report_to setting; must name the same trackers the accelerator holds.
+    logging_dir: TensorBoard root; kept for reference (make_trackers is where it takes effect).
+    resume: append to metrics.jsonl/samples.jsonl instead of starting them afresh, and continue the
+        Trackio run of the same name (W&B continues a run only when $WANDB_RUN_ID names it).
+    """
+
+    def __init__(
+        self,
+        accelerator: Any,
+        output_dir: str | os.PathLike,
+        config: Mapping[str, Any],
+        project: str,
+        run_name: str,
+        report_to: str | Sequence[str] | None,
+        logging_dir: str | os.PathLike | None = None,
+        *,
+        resume: bool = False,
+    ):
+        self.accelerator = accelerator
+        self.output_dir = Path(output_dir)
+        self.project = project
+        self.run_name = run_name
+        self.logging_dir = logging_dir
+        self.is_main = accelerator.is_main_process
+        self.run_dir = RunDirectory(self.output_dir)
+        self._console = None
+
+        wanted = resolve_report_to(report_to)
+        held = sorted(_tracker_name(t) for t in accelerator.log_with)
+        if sorted(wanted) != held:
+            raise ValueError(
+                f"report_to resolves to {wanted} but the Accelerator was created with trackers {held}; "
+                "create it with Accelerator(log_with=rlhfkit.tracking.make_trackers(report_to, ...))"
+            )
+        self.tracker_names = wanted
+
+        if self.is_main:
+            self.run_dir.prepare(config, resume=resume)  # also creates output_dir, which W&B writes into
+        # Used only for trackers given by name; tracker objects from make_trackers carry their settings.
+        init_kwargs = {
+            "wandb": wandb_init_kwargs(run_name, self.output_dir, resume),
+            "trackio": trackio_init_kwargs(run_name, resume),
+        }
+        accelerator.init_trackers(project, config=None, init_kwargs=init_kwargs)  # main process only
+        if self.is_main:
+            self._store_config(flatten_config(to_jsonable(config)))
+            self._announce()
+
+    # ------------------------------------------------------------------------------------------
+
+    def _tracker(self, name: str):
+        """The tracker library's own run object (wandb Run, trackio Run, SummaryWriter) or None."""
+        if not self.is_main or name not in self.tracker_names:
+            return None
+        return self.accelerator.get_tracker(name, unwrap=True)
+
+    def _store_config(self, flat: dict[str, Any]) -> None:
+        for tracker in self.accelerator.trackers:
+            if tracker.name == "trackio":
+                # accelerate's TrackioTracker.store_init_configuration calls dict.update(values,
+                # allow_val_change=True), which stores a stray "allow_val_change" key in the run config.
+                # The run's config dict is sent with its first log, so updating it here is enough.
+                tracker.tracker.config.update(flat)
+            else:
+                tracker.store_init_configuration(flat)
+
+    def _announce(self) -> None:
+        run = self._tracker("wandb")
+        if run is not None and getattr(run, "offline", False):
+            self.console.print(
+                f"W&B run is offline; upload it later with: wandb sync {Path(run.dir).parent}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    @property
+    def console(self):
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console()
+        return self._console
+
+    # ------------------------------------------------------------------------------------------
+
+    def log(self, scalars: Mapping[str, Any], step: int) -> None:
+        """Log scalar metrics at `step` to every tracker and as one line of metrics.jsonl."""
+        values = {str(k): _number(v) for k, v in scalars.items()}
+        self.accelerator.log(values, step=step)  # main process only (accelerate)
+        if self.is_main:
+            self.run_dir.append_metrics(step, values)
+
+    def log_histograms(self, histograms: Mapping[str, Any], step: int) -> None:
+        """Log distributions with each tracker's own histogram type.
+
+        Non-finite values are dropped (they cannot be binned; the scalar metrics show NaN). A histogram
+        left empty is skipped.
+        """
+        if not self.is_main:
+            return
+        arrays = {k: v for k, v in ((str(k), _finite_values(v)) for k, v in histograms.items()) if v.size}
+        if not arrays:
+            return
+        if (writer := self._tracker("tensorboard")) is not None:
+            for key, values in arrays.items():
+                writer.add_histogram(key, values, global_step=step)
+            writer.flush()
+        if (run := self._tracker("wandb")) is not None:
+            import wandb
+
+            run.log({key: wandb.Histogram(values) for key, values in arrays.items()}, step=step)
+        if (run := self._tracker("trackio")) is not None:
+            import trackio
+
+            run.log({key: trackio.Histogram(values) for key, values in arrays.items()}, step=step)
+
+    def log_table(self, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
+        """Show a table of completions at `step`: console, samples.jsonl and every tracker that can show one.
+
+        Trackio keeps each step's table under `key`; W&B gets `key`/step_NNNNNN (it would show only the
+        latest under a fixed key); TensorBoard gets a markdown table as text under `key` at `step`.
+        """
+        if not self.is_main:
+            return
+        columns = [str(c) for c in columns]
+        if {"step", "key"} & set(columns):
+            raise ValueError("table columns 'step' and 'key' are reserved for samples.jsonl")
+        rows = [to_jsonable(list(row)) for row in rows]
+        if any(len(row) != len(columns) for row in rows):
+            raise ValueError(f"every row of table {key!r} must have {len(columns)} cells ({columns})")
+
+        self.console.print(rich_table(f"{key} (step {step})", columns, rows))
+        self.run_dir.append_samples(step, key, columns, rows)
+        if (writer := self._tracker("tensorboard")) is not None:
+            writer.add_text(key, markdown_table(columns, rows), global_step=step)
+            writer.flush()
+        if (run := self._tracker("wandb")) is not None:
+            import wandb
+
+            run.log({_wandb_table_key(key, step): wandb.Table(columns=columns, data=rows)}, step=step)
+        if (run := self._tracker("trackio")) is not None:
+            import trackio
+
+            run.log({key: trackio.Table(columns=columns, data=rows)}, step=step)
+
+    def progress(self, update: int, total: int, scalars: Mapping[str, Any]) -> None:
+        """Print one console line per update: the registry's crucial and stability metrics, then eps."""
+        if not self.is_main:
+            return
+        watched = [m.name for m in REGISTRY.values() if m.importance and m.kind == "scalar"] + ["eps"]
+        parts = [f"{name} {format_cell(float(scalars[name]))}" for name in watched if name in scalars]
+        line = f"update {update}/{total} | " + " | ".join(parts)
+        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    def finish(self) -> None:
+        """End the tracker runs (accelerator.end_training; it also tears down the process group)."""
+        self.accelerator.end_training()

@@ -1,0 +1,66 @@
+"""The run directory: the run's own record, readable without any tracker.
+
+output_dir/
+  config.json     the resolved config
+  metrics.jsonl   one line per RunLogger.log() call: {"step": int, metric: value, ...}
+  samples.jsonl   one line per completion-table row: {"step": int, "key": str, column: value, ...}
+
+Lines are appended and the file closed at once, so a crash loses at most the line being written.
+Non-finite floats are written as NaN / Infinity, as Python's json module does (and reads back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
+
+
+def to_jsonable(value: Any) -> Any:
+    """Plain Python version of `value`: tensors and NumPy scalars/arrays become numbers and lists."""
+    if isinstance(value, (str, bool, int, float)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    tolist = getattr(value, "tolist", None)  # torch.Tensor, numpy.ndarray and numpy scalars
+    if callable(tolist):
+        return to_jsonable(tolist())
+    return str(value)
+
+
+class RunDirectory:
+    """Writer for the files of one run directory (use it on the main process only)."""
+
+    def __init__(self, output_dir: str | os.PathLike):
+        self.path = Path(output_dir)
+
+    def prepare(self, config: Mapping[str, Any], resume: bool = False) -> None:
+        """Create the directory and write config.json; a fresh run also empties the JSONL files."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(to_jsonable(config), indent=2)
+        (self.path / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")
+        if not resume:
+            # A reused output_dir must not mix an old run's lines into the new run's record.
+            for name in (METRICS_FILE, SAMPLES_FILE):
+                (self.path / name).write_text("", encoding="utf-8")
+
+    def _append(self, name: str, records: Sequence[Mapping[str, Any]]) -> None:
+        with open(self.path / name, "a", encoding="utf-8") as f:
+            for record in records:
+                f.write(json.dumps(to_jsonable(record)) + "\n")
+
+    def append_metrics(self, step: int, values: Mapping[str, Any]) -> None:
+        self._append(METRICS_FILE, [{"step": step, **values}])
+
+    def append_samples(self, step: int, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self._append(SAMPLES_FILE, [{"step": step, "key": key, **dict(zip(columns, row))} for row in rows])

@@ -1,0 +1,182 @@
+"""The command line, run as a user runs it (subprocesses), plus flag parsing."""
+
+import json
+import os
+import subprocess
+import sys
+
+from rlhfkit.cli import parse_config
+from rlhfkit.config import PPOConfig
+
+
+def rlhfkit(*args, cwd=None, timeout=300):
+    return subprocess.run(
+        [sys.executable, "-m", "rlhfkit.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+
+
+def test_help_lists_commands_and_ppo_flags():
+    top = rlhfkit("--help")
+    assert top.returncode == 0 and "ppo" in top.stdout and "build-tiny" in top.stdout
+    ppo = rlhfkit("ppo", "--help")
+    assert ppo.returncode == 0
+    for flag in (
+        "--learning_rate",
+        "--per_device_train_batch_size",
+        "--total_episodes",
+        "--num_ppo_epochs",
+        "--non_eos_penalty",
+        "--penalty_reward_value",
+        "--kl_estimator",
+        "--kl_target",
+        "--report_to",
+    ):
+        assert flag in ppo.stdout
+    assert "Passes over each rollout batch" in ppo.stdout  # help text, not just names
+    assert rlhfkit("build-tiny", "--help").returncode == 0
+
+
+def test_unknown_flag_is_named_and_exits_2():
+    result = rlhfkit("ppo", "--learning_rat", "1e-5", "--bogus_flag")
+    assert result.returncode == 2
+    assert "--learning_rat" in result.stderr and "--bogus_flag" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_command_exits_2():
+    assert rlhfkit("dpo").returncode == 2
+
+
+def test_trl_getting_started_and_tldr_commands_parse_unchanged():
+    # Seed 003 "Get started" command, flags verbatim.
+    args, explicit = parse_config(
+        PPOConfig,
+        [
+            "--learning_rate",
+            "3e-6",
+            "--num_ppo_epochs",
+            "1",
+            "--num_mini_batches",
+            "1",
+            "--output_dir",
+            "models/minimal/ppo",
+            "--per_device_train_batch_size",
+            "64",
+            "--gradient_accumulation_steps",
+            "1",
+            "--total_episodes",
+            "10000",
+            "--model_name_or_path",
+            "EleutherAI/pythia-1b-deduped",
+            "--non_eos_penalty",
+        ],
+        "rlhfkit ppo",
+    )
+    assert args.non_eos_penalty is True and args.total_episodes == 10000 and args.learning_rate == 3e-6
+    assert {"learning_rate", "non_eos_penalty", "model_name_or_path"} <= explicit
+    # Seed 003 TL;DR benchmark command.
+    args, _ = parse_config(
+        PPOConfig,
+        [
+            "--output_dir",
+            "models/minimal/ppo_tldr",
+            "--learning_rate",
+            "3e-6",
+            "--per_device_train_batch_size",
+            "16",
+            "--gradient_accumulation_steps",
+            "4",
+            "--total_episodes",
+            "1000000",
+            "--model_name_or_path",
+            "a",
+            "--sft_model_path",
+            "b",
+            "--reward_model_path",
+            "c",
+            "--local_rollout_forward_batch_size",
+            "16",
+            "--non_eos_penalty",
+            "--stop_token",
+            "eos",
+        ],
+        "rlhfkit ppo",
+    )
+    assert args.stop_token == "eos" and args.gradient_accumulation_steps == 4 and args.sft_model_path == "b"
+
+
+def test_yaml_config_with_flag_override(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 1.0e-5\nkl_coef: 0.1\nreport_to: [tensorboard, wandb]\n")
+    args, explicit = parse_config(PPOConfig, ["--config", str(path), "--kl_coef", "0.2"], "rlhfkit ppo")
+    assert args.learning_rate == 1e-5 and args.kl_coef == 0.2 and args.report_to == ["tensorboard", "wandb"]
+    assert {"learning_rate", "kl_coef", "report_to"} <= explicit
+    path.write_text("learning_rte: 1.0e-5\n")
+    result = rlhfkit("ppo", "--config", str(path))
+    assert result.returncode == 2 and "learning_rte" in result.stderr
+
+
+def test_non_dividing_batch_sizes_fail_naming_the_flags(tiny_assets, tmp_path):
+    result = rlhfkit(
+        "ppo",
+        "--model_name_or_path",
+        str(tiny_assets / "tokenizer"),
+        "--sft_model_path",
+        str(tiny_assets / "sft"),
+        "--reward_model_path",
+        str(tiny_assets / "reward"),
+        "--dataset_name",
+        str(tiny_assets / "prompts"),
+        "--output_dir",
+        str(tmp_path / "run"),
+        "--report_to",
+        "none",
+        "--per_device_train_batch_size",
+        "6",
+        "--num_mini_batches",
+        "4",
+    )
+    assert result.returncode == 2, result.stderr
+    assert "num_mini_batches" in result.stderr and "per_device_train_batch_size" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_model_directory_is_a_clear_error(tmp_path):
+    result = rlhfkit("ppo", "--model_name_or_path", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "run"))
+    assert result.returncode == 2 and "--model_name_or_path" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_getting_started_command_runs_on_local_checkpoints(tiny_assets, tmp_path):
+    """Seed 003's command with the model path pointing at a local checkpoint (and fewer episodes)."""
+    result = rlhfkit(
+        "ppo",
+        "--learning_rate",
+        "3e-6",
+        "--num_ppo_epochs",
+        "1",
+        "--num_mini_batches",
+        "1",
+        "--output_dir",
+        str(tmp_path / "models/minimal/ppo"),
+        "--per_device_train_batch_size",
+        "64",
+        "--gradient_accumulation_steps",
+        "1",
+        "--total_episodes",
+        "64",
+        "--model_name_or_path",
+        str(tiny_assets / "sft"),
+        "--non_eos_penalty",
+        "--dataset_name",
+        str(tiny_assets / "prompts"),
+        "--report_to",
+        "none",
+        "--response_length",
+        "8",
+        "--num_sample_generations",
+        "0",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in open(tmp_path / "models/minimal/ppo/metrics.jsonl")]
+    assert rows[-1]["episode"] == 64
+    assert os.path.exists(tmp_path / "models/minimal/ppo/model.safetensors")

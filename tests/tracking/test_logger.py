@@ -1,0 +1,221 @@
+"""RunLogger: the run directory in-process, and real Trackio, W&B and TensorBoard runs read back with
+each tracker's own reader (TensorBoard's EventAccumulator, `wandb leet inspect` on the offline
+transaction log, trackio's SQLiteStorage)."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+
+from rlhfkit.tracking import RunLogger
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = Path(__file__).with_name("demo_run.py")
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_run_directory_and_console_without_trackers(tmp_path, capsys):
+    out = tmp_path / "run"
+    config = {"learning_rate": 3e-6, "report_to": [], "nested": {"kl_coef": 0.05}}
+    logger = RunLogger(Accelerator(), out, config, project="p", run_name="r", report_to="none")
+    logger.log({"objective/kl": torch.tensor(0.5), "episode": np.int64(64), "val/ratio": np.float32(1.0)}, step=1)
+    logger.log({"objective/kl": 0.25}, step=2)
+    logger.log_histograms({"env/reward_dist": np.arange(4.0)}, step=2)  # no tracker: nothing to do
+    logger.log_table("completions", ["query", "model response", "score"], [["1+1=", "2[EOS]", np.float64(0.5)]], 2)
+    logger.progress(2, 10, {"objective/rlhf_reward": 1.25, "val/ratio": 1.0, "eps": 3.5, "lr": 0.1})
+    logger.finish()
+
+    assert json.loads((out / "config.json").read_text()) == config
+    assert read_jsonl(out / "metrics.jsonl") == [
+        {"step": 1, "objective/kl": 0.5, "episode": 64, "val/ratio": 1.0},
+        {"step": 2, "objective/kl": 0.25},
+    ]
+    assert read_jsonl(out / "samples.jsonl") == [
+        {"step": 2, "key": "completions", "query": "1+1=", "model response": "2[EOS]", "score": 0.5}
+    ]
+    printed = capsys.readouterr().out
+    assert "completions (step 2)" in printed and "2[EOS]" in printed
+    assert "update 2/10 | objective/rlhf_reward 1.25 | val/ratio 1 | eps 3.5" in printed
+
+
+def test_report_to_must_match_the_accelerator_trackers(tmp_path):
+    with pytest.raises(ValueError, match="make_trackers"):
+        RunLogger(Accelerator(), tmp_path, {}, project="p", run_name="r", report_to=["tensorboard"])
+
+
+def test_table_rows_must_match_the_columns(tmp_path):
+    logger = RunLogger(Accelerator(), tmp_path, {}, project="p", run_name="r", report_to=None)
+    with pytest.raises(ValueError, match="2 cells"):
+        logger.log_table("completions", ["query", "score"], [["only one"]], 1)
+    with pytest.raises(ValueError, match="reserved"):
+        logger.log_table("completions", ["step", "score"], [[1, 2]], 1)
+
+
+# ------------------------------------------------------------------------------------------------
+# Real trackers
+# ------------------------------------------------------------------------------------------------
+
+COLUMNS = ["query", "model response", "score"]
+STEPS = [
+    {
+        "step": 1,
+        "scalars": {"objective/kl": 0.5, "episode": 8.0},
+        "histograms": {"env/reward_dist": [1.0, 2.0, 3.0, 4.0, float("nan")]},  # NaN cannot be binned: dropped
+        "table": {"key": "completions", "columns": COLUMNS, "rows": [["1+1=", "2 | [PAD]\nx", 0.5]]},
+    },
+    {
+        "step": 2,
+        "scalars": {"objective/kl": 0.75, "episode": 16.0},
+        "histograms": {"env/reward_dist": [2.0, 3.0, 4.0, 5.0, 6.0]},
+        "table": {"key": "completions", "columns": COLUMNS, "rows": [["2+2=", "4", 1.5], ["3+3=", "5", -1.0]]},
+    },
+]
+CONFIG = {"learning_rate": 0.001, "report_to": ["wandb"], "nested": {"kl_coef": 0.05, "stop": None}}
+FLAT_CONFIG = {"learning_rate": 0.001, "report_to": '["wandb"]', "nested/kl_coef": 0.05, "nested/stop": "None"}
+
+
+def finite(values):
+    return [v for v in values if math.isfinite(v)]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    """Run tests/tracking/demo_run.py once in a fresh process with all three trackers."""
+    tmp = tmp_path_factory.mktemp("trackers")
+    spec = {
+        "output_dir": str(tmp / "out"),
+        "project": "rlhfkit-test",
+        "run_name": "demo",
+        "report_to": ["tensorboard", "wandb", "trackio"],
+        "config": CONFIG,
+        "steps": STEPS,
+    }
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(ROOT),
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="offline",
+        WANDB_SILENT="true",
+        WANDB_CACHE_DIR=str(tmp / "wandb-cache"),
+        WANDB_DATA_DIR=str(tmp / "wandb-data"),
+        WANDB_CONFIG_DIR=str(tmp / "wandb-config"),
+        TRACKIO_DIR=str(tmp / "trackio"),
+    )
+    result = subprocess.run(
+        [sys.executable, str(DEMO), str(tmp / "spec.json")], cwd=tmp, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return tmp / "out", env, result.stdout
+
+
+def test_real_run_directory(demo_run):
+    out, _, stdout = demo_run
+    assert read_jsonl(out / "metrics.jsonl") == [{"step": e["step"], **e["scalars"]} for e in STEPS]
+    assert read_jsonl(out / "samples.jsonl") == [
+        {"step": e["step"], "key": "completions", **dict(zip(COLUMNS, row))}
+        for e in STEPS
+        for row in e["table"]["rows"]
+    ]
+    assert json.loads((out / "config.json").read_text()) == CONFIG
+    assert "completions (step 2)" in stdout and "wandb sync" in stdout
+
+
+def test_tensorboard_reads_back(demo_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, _, _ = demo_run
+    events = EventAccumulator(str(out / "runs" / "demo"), size_guidance={"tensors": 0, "histograms": 0})
+    events.Reload()
+    for name in STEPS[0]["scalars"]:
+        assert [(e.step, e.value) for e in events.Scalars(name)] == [(s["step"], s["scalars"][name]) for s in STEPS]
+    for event, entry in zip(events.Histograms("env/reward_dist"), STEPS):
+        values = finite(entry["histograms"]["env/reward_dist"])
+        h = event.histogram_value
+        assert event.step == entry["step"]
+        assert (h.num, h.sum, h.min, h.max) == (len(values), sum(values), min(values), max(values))
+    texts = events.Tensors("completions/text_summary")
+    assert [t.step for t in texts] == [1, 2]
+    markdown = texts[0].tensor_proto.string_val[0].decode()
+    assert markdown.splitlines() == [
+        "| query | model response | score |",
+        "|---|---|---|",
+        "| 1+1= | 2 \\| [PAD]<br>x | 0.5 |",
+    ]
+
+
+def test_wandb_offline_run_reads_back(demo_run):
+    out, env, _ = demo_run
+    (run_dir,) = (out / "wandb").glob("offline-run-*")
+    # wandb's own reader of the .wandb transaction log.
+    result = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    run = next(r["run"] for r in records if r["type"] == "run")
+    assert (run["project"], run["display_name"]) == ("rlhfkit-test", "demo")
+    config = {}
+    for r in records:
+        if r["type"] == "config":
+            config.update(r["config"].get("update", {}))
+    assert {k: config[k] for k in FLAT_CONFIG} == FLAT_CONFIG
+
+    history = {r["history"]["item"]["_step"]: r["history"]["item"] for r in records if r["type"] == "history"}
+    assert sorted(history) == [1, 2]
+    for entry in STEPS:
+        row = history[entry["step"]]
+        for name, value in entry["scalars"].items():
+            assert row[name] == value
+        values = finite(entry["histograms"]["env/reward_dist"])
+        assert row["env/reward_dist._type"] == "histogram"
+        assert sum(row["env/reward_dist.values"]) == len(values)
+        assert (row["env/reward_dist.bins"][0], row["env/reward_dist.bins"][-1]) == (min(values), max(values))
+        # One table per step, so every step's samples stay visible in W&B.
+        key = f"completions/step_{entry['step']:06d}"
+        assert row[f"{key}._type"] == "table-file"
+        table = json.loads((run_dir / "files" / row[f"{key}.path"]).read_text())
+        assert table["columns"] == COLUMNS and table["data"] == entry["table"]["rows"]
+
+
+def test_trackio_store_reads_back(demo_run):
+    _, env, _ = demo_run
+    # trackio fixes its storage directory at import, so read its store in a process that imports it
+    # under the test's TRACKIO_DIR.
+    code = (
+        "import json; from trackio.sqlite_storage import SQLiteStorage as S; "
+        "print(json.dumps({'runs': S.get_runs('rlhfkit-test'), 'logs': S.get_logs('rlhfkit-test', 'demo'), "
+        "'config': S.get_run_config('rlhfkit-test', 'demo')}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    store = json.loads(result.stdout.strip().splitlines()[-1])
+    assert store["runs"] == ["demo"]
+    assert {k: store["config"][k] for k in FLAT_CONFIG} == FLAT_CONFIG
+    assert "allow_val_change" not in store["config"]
+
+    logs = store["logs"]
+    for entry in STEPS:
+        at_step = [log for log in logs if log["step"] == entry["step"]]
+        scalars = {k: v for log in at_step for k, v in log.items() if k in entry["scalars"]}
+        assert scalars == entry["scalars"]
+        (hist,) = [log["env/reward_dist"] for log in at_step if "env/reward_dist" in log]
+        values = finite(entry["histograms"]["env/reward_dist"])
+        assert hist["_type"] == "trackio.histogram" and sum(hist["values"]) == len(values)
+        assert (hist["bins"][0], hist["bins"][-1]) == (min(values), max(values))
+        # Trackio keeps every step's table under the same key.
+        (table,) = [log["completions"] for log in at_step if "completions" in log]
+        assert table["_type"] == "trackio.table"
+        assert table["_value"] == [dict(zip(COLUMNS, row)) for row in entry["table"]["rows"]]
