@@ -116,7 +116,10 @@ class PPOTrainer:
             output_dir=args.output_dir,
             logging_dir=args.logging_dir,
         )
-        self.accelerator = Accelerator(log_with=trackers or None)
+        # Without CUDA, accelerate only forms a process group (gloo) for torchrun-launched processes when told
+        # cpu=True; a single process keeps its default device (e.g. MPS).
+        multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        self.accelerator = Accelerator(log_with=trackers or None, cpu=multi_cpu)
         set_seed(args.seed, device_specific=True)  # each process samples different responses
         self.tokenizer = processing_class
         self.task = task
