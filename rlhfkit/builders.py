@@ -14,12 +14,12 @@ MODEL_FLAGS = ("model_name_or_path", "sft_model_path", "reward_model_path", "val
 # Settings that make PPO on the built-in task learn within ~2 minutes on 2 CPU cores. They apply only to
 # flags the user did not set, and only when no model flag is given (see docs/builtin_task.md).
 BUILTIN_PPO_DEFAULTS = {
-    "learning_rate": 3e-5,
+    "learning_rate": 6e-5,
     "per_device_train_batch_size": 64,
     "gradient_accumulation_steps": 1,
     "num_mini_batches": 1,
     "num_ppo_epochs": 4,
-    "total_episodes": 16384,
+    "total_episodes": 10240,
     "local_rollout_forward_batch_size": 64,
     "per_device_eval_batch_size": 128,
     "stop_token": "eos",

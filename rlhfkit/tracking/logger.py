@@ -100,6 +100,7 @@ class RunLogger:
         self.is_main = accelerator.is_main_process
         self.run_dir = RunDirectory(self.output_dir)
         self._console = None
+        self._progress = None
 
         wanted = resolve_report_to(report_to)
         held = sorted(_tracker_name(t) for t in accelerator.log_with)
@@ -221,14 +222,41 @@ class RunLogger:
             run.log({key: trackio.Table(columns=columns, data=rows)}, step=step)
 
     def progress(self, update: int, total: int, scalars: Mapping[str, Any]) -> None:
-        """Print one console line per update: the registry's crucial and stability metrics, then eps."""
+        """Progress of training: episodes, eps and the registry's crucial values.
+
+        On a terminal, a live rich progress bar (tables printed meanwhile appear above it); in a log file,
+        one line every 5% of the updates (and the last), so logs stay readable.
+        """
         if not self.is_main:
             return
-        watched = [m.name for m in REGISTRY.values() if m.importance and m.kind == "scalar"] + ["eps"]
-        parts = [f"{name} {format_cell(float(scalars[name]))}" for name in watched if name in scalars]
-        line = f"update {update}/{total} | " + " | ".join(parts)
-        self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        crucial = [m.name for m in REGISTRY.values() if m.importance == "crucial" and m.kind == "scalar"]
+        parts = [f"{name} {format_cell(float(scalars[name]))}" for name in crucial if name in scalars]
+        episode = int(scalars.get("episode", 0))
+        status = f"episode {episode} | eps {format_cell(float(scalars.get('eps', 0.0)))} | " + " | ".join(parts)
+        if self.console.is_terminal:
+            if self._progress is None:
+                from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+                self._progress = Progress(
+                    TextColumn("updates"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeRemainingColumn(),
+                    TextColumn("{task.description}"),
+                    console=self.console,
+                )
+                self._progress.start()
+                self._task = self._progress.add_task("", total=total)
+            self._progress.update(self._task, completed=update, description=status)
+            if update >= total:
+                self._progress.stop()
+                self._progress = None
+        elif update == total or update % max(1, total // 20) == 0:
+            self.console.print(f"update {update}/{total} | {status}", markup=False, highlight=False, soft_wrap=True)
 
     def finish(self) -> None:
         """End the tracker runs (accelerator.end_training; it also tears down the process group)."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
         self.accelerator.end_training()
