@@ -71,7 +71,7 @@ class RunLogger:
     accelerator: an ``accelerate.Accelerator`` whose ``log_with`` holds the run's trackers, ideally
         built by :func:`rlhfkit.tracking.make_trackers` (per-run TensorBoard directory). Tracker names
         (``log_with=["wandb"]``) also work; TensorBoard then writes to <accelerator logging_dir>/<project>.
-    output_dir: run directory (config.json, metrics.jsonl, samples.jsonl; W&B files under output_dir/wandb).
+    output_dir: run directory (run_config.json, metrics.jsonl, samples.jsonl; W&B files under output_dir/wandb).
     config: the resolved config, JSON-able after conversion of tensors/paths; flattened for the trackers.
     project, run_name: tracker project and run name (Trackio project, W&B project; both show run_name).
     report_to: the run's report_to setting; must name the same trackers the accelerator holds.

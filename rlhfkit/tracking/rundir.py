@@ -1,7 +1,7 @@
 """The run directory: the run's own record, readable without any tracker.
 
 output_dir/
-  config.json     the resolved config
+  run_config.json the resolved config
   metrics.jsonl   one line per RunLogger.log() call: {"step": int, metric: value, ...}
   samples.jsonl   one line per completion-table row: {"step": int, "key": str, column: value, ...}
 
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-CONFIG_FILE = "config.json"
+CONFIG_FILE = "run_config.json"  # not config.json: the final model saved in the same directory writes that
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 
@@ -45,7 +45,7 @@ class RunDirectory:
         self.path = Path(output_dir)
 
     def prepare(self, config: Mapping[str, Any], resume: bool = False) -> None:
-        """Create the directory and write config.json; a fresh run also empties the JSONL files."""
+        """Create the directory and write run_config.json; a fresh run also empties the JSONL files."""
         self.path.mkdir(parents=True, exist_ok=True)
         text = json.dumps(to_jsonable(config), indent=2)
         (self.path / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")

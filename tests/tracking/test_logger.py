@@ -35,7 +35,7 @@ def test_run_directory_and_console_without_trackers(tmp_path, capsys):
     logger.progress(2, 10, {"objective/rlhf_reward": 1.25, "val/ratio": 1.0, "eps": 3.5, "lr": 0.1})
     logger.finish()
 
-    assert json.loads((out / "config.json").read_text()) == config
+    assert json.loads((out / "run_config.json").read_text()) == config
     assert read_jsonl(out / "metrics.jsonl") == [
         {"step": 1, "objective/kl": 0.5, "episode": 64, "val/ratio": 1.0},
         {"step": 2, "objective/kl": 0.25},
@@ -45,7 +45,7 @@ def test_run_directory_and_console_without_trackers(tmp_path, capsys):
     ]
     printed = capsys.readouterr().out
     assert "completions (step 2)" in printed and "2[EOS]" in printed
-    assert "update 2/10 | objective/rlhf_reward 1.25 | val/ratio 1 | eps 3.5" in printed
+    assert "update 2/10 | episode 0 | eps 3.5 | objective/rlhf_reward 1.25" in printed
 
 
 def test_report_to_must_match_the_accelerator_trackers(tmp_path):
@@ -127,7 +127,7 @@ def test_real_run_directory(demo_run):
         for e in STEPS
         for row in e["table"]["rows"]
     ]
-    assert json.loads((out / "config.json").read_text()) == CONFIG
+    assert json.loads((out / "run_config.json").read_text()) == CONFIG
     assert "completions (step 2)" in stdout and "wandb sync" in stdout
 
 

@@ -1,4 +1,4 @@
-"""The run directory files: config.json, metrics.jsonl, samples.jsonl."""
+"""The run directory files: run_config.json, metrics.jsonl, samples.jsonl."""
 
 import json
 from pathlib import Path
@@ -23,7 +23,7 @@ def test_fresh_run_empties_old_records_and_resume_keeps_them(tmp_path):
     run.prepare({"lr": 0.1})
     run.append_metrics(1, {"a": 1.0})
     run.append_samples(1, "completions", ["q", "r"], [["x", "y"], ["z", "w"]])
-    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {"lr": 0.1}
+    assert json.loads((tmp_path / "out" / "run_config.json").read_text()) == {"lr": 0.1}
     assert read_jsonl(tmp_path / "out" / "metrics.jsonl") == [{"step": 1, "a": 1.0}]
     assert read_jsonl(tmp_path / "out" / "samples.jsonl") == [
         {"step": 1, "key": "completions", "q": "x", "r": "y"},
@@ -34,4 +34,4 @@ def test_fresh_run_empties_old_records_and_resume_keeps_them(tmp_path):
     assert len(read_jsonl(tmp_path / "out" / "metrics.jsonl")) == 1
     RunDirectory(tmp_path / "out").prepare({"lr": 0.3})
     assert read_jsonl(tmp_path / "out" / "metrics.jsonl") == []
-    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {"lr": 0.3}
+    assert json.loads((tmp_path / "out" / "run_config.json").read_text()) == {"lr": 0.3}

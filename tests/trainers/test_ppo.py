@@ -94,6 +94,9 @@ def test_parameters_change_and_final_model_is_saved(run):
     out = trainer.args.output_dir
     for name in ("config.json", "model.safetensors", "value_model/model.safetensors", "tokenizer_config.json"):
         assert os.path.exists(os.path.join(out, name)), name
+    # The run's own config survives the model save beside it.
+    with open(os.path.join(out, "run_config.json")) as f:
+        assert json.load(f)["learning_rate"] == trainer.args.learning_rate
 
 
 def test_samples_and_eval_are_logged(run):
