@@ -12,6 +12,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 RewardFunc = Callable[..., list[float]]
 
@@ -84,6 +85,32 @@ def load_task(path: str | Path) -> Task:
         max_new_tokens=int(meta.get("max_new_tokens", base.max_new_tokens)),
         refs={"check": meta["check"], **meta.get("reward_funcs", {})},
     )
+
+
+class AnswerRules(NamedTuple):
+    """The checker and rule-based rewards every built-in task derives from its `answer(prompt)`."""
+
+    check: Callable[[str, str], bool]
+    correctness: RewardFunc
+    partial_credit: RewardFunc
+
+
+def answer_rules(answer: Callable[[str], str]) -> AnswerRules:
+    """check: the stripped completion equals the answer; correctness: 1.0/0.0; partial_credit: `positional_credit`.
+
+    Tasks bind the results to module-level names, so task.json can reference them as "module:function".
+    """
+
+    def check(prompt: str, completion: str) -> bool:
+        return completion.strip() == answer(prompt)
+
+    def correctness(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
+        return [float(check(p, c)) for p, c in zip(prompts, completions, strict=True)]
+
+    def partial_credit(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
+        return [positional_credit(c, answer(p)) for p, c in zip(prompts, completions, strict=True)]
+
+    return AnswerRules(check, correctness, partial_credit)
 
 
 def positional_credit(completion: str, answer: str) -> float:

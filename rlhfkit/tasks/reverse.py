@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import string
 
-from .base import Task, generic_corruption, positional_credit
+from .base import Task, answer_rules, generic_corruption
 
 PREFIX = "rev "
 SUFFIX = "="
@@ -27,19 +27,8 @@ def answer(prompt: str) -> str:
     return body[len(PREFIX) : -len(SUFFIX)][::-1]
 
 
-def check(prompt: str, completion: str) -> bool:
-    """True iff the completion, stripped of surrounding whitespace, is exactly the reversed letters."""
-    return completion.strip() == answer(prompt)
-
-
-def correctness(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
-    """1.0 for a correct completion, else 0.0."""
-    return [float(check(p, c)) for p, c in zip(prompts, completions, strict=True)]
-
-
-def partial_credit(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
-    """Fraction of positions matching the reversed letters (see `positional_credit`); 1.0 iff correct."""
-    return [positional_credit(c, answer(p)) for p, c in zip(prompts, completions, strict=True)]
+# check: the stripped completion equals answer(prompt) (the reversed letters); rewards as TRL expects.
+check, correctness, partial_credit = answer_rules(answer)
 
 
 def corrupt(prompt: str, answer_text: str, rng: random.Random) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from .base import Task, generic_corruption, positional_credit
+from .base import Task, answer_rules, generic_corruption
 
 PREFIX = "sort "
 SUFFIX = "="
@@ -31,19 +31,8 @@ def answer(prompt: str) -> str:
     return "".join(sorted(body[len(PREFIX) : -len(SUFFIX)]))
 
 
-def check(prompt: str, completion: str) -> bool:
-    """True iff the completion, stripped of surrounding whitespace, is exactly the sorted digits."""
-    return completion.strip() == answer(prompt)
-
-
-def correctness(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
-    """1.0 for a correct completion, else 0.0."""
-    return [float(check(p, c)) for p, c in zip(prompts, completions, strict=True)]
-
-
-def partial_credit(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
-    """Fraction of positions matching the sorted digits (see `positional_credit`); 1.0 iff correct."""
-    return [positional_credit(c, answer(p)) for p, c in zip(prompts, completions, strict=True)]
+# check: the stripped completion equals answer(prompt) (the sorted digits); rewards as TRL expects.
+check, correctness, partial_credit = answer_rules(answer)
 
 
 def corrupt(prompt: str, answer_text: str, rng: random.Random) -> str:
