@@ -7,6 +7,7 @@ import sys
 
 from rlhfkit.cli import parse_config
 from rlhfkit.config import PPOConfig
+from tests.helpers import asset_flags
 
 
 def rlhfkit(*args, cwd=None, timeout=300):
@@ -119,14 +120,7 @@ def test_yaml_config_with_flag_override(tmp_path):
 def test_non_dividing_batch_sizes_fail_naming_the_flags(tiny_assets, tmp_path):
     result = rlhfkit(
         "ppo",
-        "--model_name_or_path",
-        str(tiny_assets / "tokenizer"),
-        "--sft_model_path",
-        str(tiny_assets / "sft"),
-        "--reward_model_path",
-        str(tiny_assets / "reward"),
-        "--dataset_name",
-        str(tiny_assets / "prompts"),
+        *asset_flags(tiny_assets, task=False),
         "--output_dir",
         str(tmp_path / "run"),
         "--report_to",

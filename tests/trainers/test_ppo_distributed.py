@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from tests.helpers import asset_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -21,16 +23,7 @@ def test_two_processes_pool_metrics(tiny_assets, tmp_path):
         "-m",
         "rlhfkit.cli",
         "ppo",
-        "--model_name_or_path",
-        str(tiny_assets / "tokenizer"),
-        "--sft_model_path",
-        str(tiny_assets / "sft"),
-        "--reward_model_path",
-        str(tiny_assets / "reward"),
-        "--dataset_name",
-        str(tiny_assets / "prompts"),
-        "--task",
-        str(tiny_assets),
+        *asset_flags(tiny_assets),
         "--output_dir",
         str(out),
         "--report_to",

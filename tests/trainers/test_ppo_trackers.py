@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from rlhfkit.metrics import registry
+from tests.helpers import asset_flags
 
 PPO_SCALARS = {m.name for m in registry.metrics_for("ppo", kind="scalar")}
 PPO_HISTOGRAMS = {m.name for m in registry.metrics_for("ppo", kind="histogram")}
@@ -31,16 +32,7 @@ def tracked_run(tiny_assets, tmp_path_factory):
         "-m",
         "rlhfkit.cli",
         "ppo",
-        "--model_name_or_path",
-        str(tiny_assets / "tokenizer"),
-        "--sft_model_path",
-        str(tiny_assets / "sft"),
-        "--reward_model_path",
-        str(tiny_assets / "reward"),
-        "--dataset_name",
-        str(tiny_assets / "prompts"),
-        "--task",
-        str(tiny_assets),
+        *asset_flags(tiny_assets),
         "--output_dir",
         str(out),
         "--run_name",
