@@ -1,0 +1,102 @@
+"""HealthMonitor: runs the rules on each logged row and reports each episode of trouble once.
+
+    monitor = HealthMonitor(parse_thresholds(cfg.health_thresholds))
+    for step ...:
+        findings = monitor.observe(step, scalars)      # only NEW findings
+        scalars.update(monitor.summary_metrics())      # health/warnings, health/critical
+        ...
+
+A rule that keeps firing step after step is one problem, not a hundred: it is reported when it starts,
+again if it escalates (warning -> critical), and again only after it has been quiet for
+``quiet_observations`` evaluations. A rule is evaluated only on rows that carry one of its metrics;
+on other rows (eval-only rows, say) it keeps its previous state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rlhfkit.health.rules import CRITICAL, RULES, SEVERITIES, WARNING, History, Rule, Thresholds
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One reported problem: where, which rule, how bad, the numbers, what happened and what to try."""
+
+    step: int
+    rule: str
+    severity: str
+    metrics: dict[str, float]
+    message: str
+    advice: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """The health.jsonl record: {"step", "rule", "severity", "metrics", "message", "advice"}."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> Finding:
+        return cls(
+            step=int(record["step"]),
+            rule=str(record["rule"]),
+            severity=str(record["severity"]),
+            metrics={str(k): float(v) for k, v in record["metrics"].items()},
+            message=str(record["message"]),
+            advice=str(record["advice"]),
+        )
+
+
+def _rank(severity: str | None) -> int:
+    return -1 if severity is None else SEVERITIES.index(severity)
+
+
+@dataclass
+class _RuleState:
+    firing: str | None = None  # severity at the rule's latest evaluation, None when silent
+    reported: str | None = None  # highest severity reported in the open episode; None: no open episode
+    quiet: int = 0  # evaluations without firing since the episode's last hit
+
+
+class HealthMonitor:
+    """Feed it every logged row; it returns the findings worth telling the user about now."""
+
+    def __init__(self, thresholds: Thresholds | None = None, rules: Iterable[Rule] = RULES):
+        self.thresholds = thresholds or Thresholds()
+        self.rules = tuple(rules)
+        names = [rule.name for rule in self.rules]
+        if len(names) != len(set(names)):
+            raise ValueError(f"health rule names must be unique, got {names}")
+        self.history = History(self.thresholds.history_length(), self.thresholds.smooth_window)
+        self._states = {rule.name: _RuleState() for rule in self.rules}
+
+    def observe(self, step: int, scalars: Mapping[str, Any]) -> list[Finding]:
+        """Add one logged row (non-numeric values are ignored) and return the new findings, if any."""
+        self.history.add(step, scalars)
+        new = []
+        for rule in self.rules:
+            if not rule.applies_to(self.history.row):
+                continue
+            hit = rule.check(self.history, self.thresholds)
+            state = self._states[rule.name]
+            if hit is None:
+                state.firing = None
+                state.quiet += 1
+                if state.quiet >= self.thresholds.quiet_observations:
+                    state.reported = None  # the episode is over; the next hit is news again
+                continue
+            state.firing, state.quiet = hit.severity, 0
+            if _rank(hit.severity) > _rank(state.reported):  # a new episode, or an escalation
+                state.reported = hit.severity
+                new.append(Finding(step, rule.name, hit.severity, dict(hit.metrics), hit.message, rule.advice))
+        return new
+
+    def firing(self) -> dict[str, str]:
+        """Rules firing as of the last observed row: rule name -> severity."""
+        return {name: state.firing for name, state in self._states.items() if state.firing is not None}
+
+    def summary_metrics(self) -> dict[str, int]:
+        """The two scalars the trainer logs each step: how many rules fire at each severity right now."""
+        severities = list(self.firing().values())
+        return {"health/warnings": severities.count(WARNING), "health/critical": severities.count(CRITICAL)}

@@ -1,0 +1,112 @@
+"""doctor(): replay a run directory's metrics.jsonl; cmd_doctor(): table, exit status, errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlhfkit.health import CRITICAL, WARNING, Thresholds, cmd_doctor, doctor
+
+ROOT = Path(__file__).resolve().parents[2]
+HEALTHY_PPO = Path(__file__).with_name("healthy_ppo_metrics.jsonl")
+
+
+def write_run(run_dir: Path, ratios, torn_tail: str | None = None) -> Path:
+    """A run directory whose metrics.jsonl has one row per ratio (steps 1..n) and an eval row at step 0."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": 0, "eval/task_success": 0.4})]
+    lines += [json.dumps({"step": i, "val/ratio": r, "loss/value_avg": 0.2}) for i, r in enumerate(ratios, 1)]
+    text = "\n".join(lines) + "\n" + (torn_tail or "")
+    (run_dir / "metrics.jsonl").write_text(text)
+    return run_dir
+
+
+def test_doctor_on_a_crashed_run_skips_the_torn_last_line(tmp_path):
+    run = write_run(tmp_path / "run", [1.0] * 30 + [3.0] * 5 + [15.0], torn_tail='{"step": 37, "val/rat')
+    d = doctor(run)
+    assert (d.rows, d.skipped_lines, d.last_step) == (37, [38], 36)
+    assert [(f.step, f.rule, f.severity) for f in d.findings] == [
+        (31, "ratio_far_from_one", WARNING),
+        (36, "ratio_far_from_one", CRITICAL),
+    ]
+    assert d.firing_at_end == {"ratio_far_from_one": CRITICAL}
+
+
+def test_doctor_applies_thresholds(tmp_path):
+    run = write_run(tmp_path / "run", [1.0, 3.0])
+    assert doctor(run, Thresholds(ratio_warning_high=4.0)).findings == []
+
+
+def test_doctor_on_the_healthy_run(tmp_path):
+    run = tmp_path / "healthy"
+    run.mkdir()
+    shutil.copy(HEALTHY_PPO, run / "metrics.jsonl")
+    d = doctor(run)
+    assert (d.findings, d.rows, d.skipped_lines, d.last_step) == ([], 171, [], 160)
+
+
+def test_cmd_doctor_no_findings_exit_0(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [1.0] * 5)
+    assert cmd_doctor([str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "6 rows up to step 5" in out and "No findings" in out
+
+
+def test_cmd_doctor_warnings_only_exit_0_critical_exit_1(tmp_path, capsys):
+    assert cmd_doctor([str(write_run(tmp_path / "warn", [1.0, 3.0]))]) == 0
+    out = capsys.readouterr().out
+    assert "ratio_far_from_one" in out and "0 critical, 1 warning finding(s)" in out and "What to try" in out
+    assert cmd_doctor([str(write_run(tmp_path / "crit", [1.0, 3.0, 20.0]))]) == 1
+    out = capsys.readouterr().out
+    assert "1 critical, 1 warning finding(s)" in out and "Still firing at the last row: ratio_far_from_one" in out
+
+
+def test_cmd_doctor_mentions_the_torn_line(tmp_path, capsys):
+    run = write_run(tmp_path / "run", [1.0] * 3, torn_tail='{"step": 4, "val')
+    assert cmd_doctor([str(run)]) == 0
+    assert "skipped unreadable line(s) 5" in capsys.readouterr().out
+
+
+def test_cmd_doctor_json_output(tmp_path, capsys):
+    assert cmd_doctor([str(write_run(tmp_path / "run", [1.0, 3.0])), "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["rule"] == "ratio_far_from_one" and json.loads(line)["step"] == 2
+
+
+def test_cmd_doctor_thresholds_flag(tmp_path, capsys):
+    run = str(write_run(tmp_path / "run", [1.0, 3.0]))
+    assert cmd_doctor([run, "--health_thresholds", "ratio_warning_high=4"]) == 0
+    assert "No findings" in capsys.readouterr().out
+    assert cmd_doctor([run, "--health_thresholds", "ratio_high=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rlhfkit doctor: error: unknown health threshold(s) ratio_high") and err.count("\n") == 1
+
+
+def test_cmd_doctor_missing_directory_or_metrics_exit_2(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    assert cmd_doctor([str(missing)]) == 2
+    assert capsys.readouterr().err == f"rlhfkit doctor: error: run directory {str(missing)!r} does not exist\n"
+    (tmp_path / "empty").mkdir()
+    assert cmd_doctor([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert "no metrics.jsonl" in err and str(tmp_path / "empty" / "metrics.jsonl") in err
+
+
+def test_cmd_doctor_without_run_dir_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cmd_doctor([])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "usage: rlhfkit doctor" in err and "run_dir" in err
+
+
+def test_cmd_doctor_in_a_subprocess(tmp_path):
+    run = write_run(tmp_path / "run", [1.0, 20.0])
+    code = "import sys; from rlhfkit.health import cmd_doctor; sys.exit(cmd_doctor(sys.argv[1:]))"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120")
+    result = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, env=env)
+    assert result.returncode == 1, result.stderr
+    assert "ratio_far_from_one" in result.stdout and "critical" in result.stdout
