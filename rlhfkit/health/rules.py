@@ -81,13 +81,10 @@ class Thresholds:
         for f in fields(self):
             if isinstance(f.default, int) and getattr(self, f.name) < 1:
                 raise ValueError(f"health threshold {f.name} must be a positive integer, got {getattr(self, f.name)}")
-        if (
-            not self.ratio_critical_low
-            <= self.ratio_warning_low
-            < 1
-            < self.ratio_warning_high
-            <= self.ratio_critical_high
-        ):
+        low_c, low_w, high_w, high_c = (
+            self.ratio_critical_low, self.ratio_warning_low, self.ratio_warning_high, self.ratio_critical_high
+        )  # fmt: skip
+        if not low_c <= low_w < 1 < high_w <= high_c:
             raise ValueError(
                 "health thresholds must satisfy ratio_critical_low <= ratio_warning_low < 1 < ratio_warning_high "
                 "<= ratio_critical_high"
@@ -95,8 +92,8 @@ class Thresholds:
 
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
-        return max(self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1,
-                   self.reward_window)  # fmt: skip
+        windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
+        return max(*windows, self.reward_window)
 
 
 def parse_thresholds(spec: Thresholds | Mapping[str, Any] | str | None) -> Thresholds:
@@ -112,7 +109,10 @@ def parse_thresholds(spec: Thresholds | Mapping[str, Any] | str | None) -> Thres
     if isinstance(spec, str):
         text = spec.strip()
         if text.startswith("{"):
-            values = json.loads(text)
+            try:
+                values = json.loads(text)
+            except ValueError as e:
+                raise ValueError(f"health thresholds are not valid JSON: {e}") from None
         else:
             values = {}
             for part in filter(None, (p.strip() for p in text.split(","))):
@@ -122,6 +122,8 @@ def parse_thresholds(spec: Thresholds | Mapping[str, Any] | str | None) -> Thres
                 values[name.strip()] = value.strip()
     else:
         values = dict(spec)
+    if not isinstance(values, dict):
+        raise ValueError(f"health thresholds must be name=value pairs or a JSON object, got {spec!r}")
     defaults = {f.name: f.default for f in fields(Thresholds)}
     unknown = sorted(set(values) - set(defaults))
     if unknown:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.health import CRITICAL, WARNING, Thresholds, cmd_doctor, doctor
+from rlhfkit.health import CRITICAL, WARNING, Thresholds, cmd_doctor, doctor, resume_monitor
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHY_PPO = Path(__file__).with_name("healthy_ppo_metrics.jsonl")
@@ -110,3 +110,24 @@ def test_cmd_doctor_in_a_subprocess(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, env=env)
     assert result.returncode == 1, result.stderr
     assert "ratio_far_from_one" in result.stdout and "critical" in result.stdout
+
+
+def test_resume_monitor_continues_the_episode_and_keeps_the_start_level(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [
+        {"step": s, "val/ratio": 3.0 if s >= 25 else 1.0, "policy/entropy_avg": 2.0 if s <= 5 else 0.5}
+        for s in range(1, 41)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monitor = resume_monitor(run, until_step=30)  # rows 31..40 were logged after the last checkpoint
+    assert monitor.history.step == 30 and monitor.firing() == {"ratio_far_from_one": WARNING}
+    assert monitor.observe(31, {"val/ratio": 3.0}) == []  # the episode reported at step 25 goes on
+    # The entropy start level is the run's (2.0), not the resume point's (0.5): 0.15 < 0.1 * 2.0 fires.
+    found = [monitor.observe(s, {"policy/entropy_avg": 0.15}) for s in range(32, 37)]
+    assert [f.rule for fs in found for f in fs] == ["entropy_collapse"]
+
+
+def test_resume_monitor_without_metrics_is_fresh(tmp_path):
+    monitor = resume_monitor(tmp_path, until_step=10)
+    assert monitor.history.step is None and monitor.firing() == {}

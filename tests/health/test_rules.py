@@ -269,6 +269,7 @@ def test_parse_thresholds_from_text_json_and_mapping():
         ("smooth_window=2.5", "smooth_window='2.5' is not an integer"),
         ({"smooth_window": 2.5}, "smooth_window=2.5 is not an integer"),
         ("kl_floor=high", "kl_floor='high' is not a number"),
+        ('{"kl_floor": 7', "not valid JSON"),
         ("smooth_window=0", "positive integer"),
         ("ratio_warning_high=0.9", "ratio_critical_low <= ratio_warning_low < 1"),
     ],
