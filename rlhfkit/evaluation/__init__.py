@@ -1,0 +1,47 @@
+"""Evaluation by pairwise judges: a model's win rate against a baseline (`rlhfkit eval`).
+
+from rlhfkit.evaluation import TaskJudge, RewardModelJudge, compare
+win = compare("runs/ppo/policy", "assets/sft", TaskJudge.from_dir("assets"), prompts, max_new_tokens=8)
+print(f"{win.rate:.1%} (95% CI {win.ci[0]:.1%}-{win.ci[1]:.1%})")
+"""
+
+from .cli import cmd_eval
+from .compare import Comparison, compare, compare_judges, judge_completions, load_eval_prompts
+from .errors import EvalError, JudgeError
+from .generation import Generations, generate_texts
+from .judges import (
+    OpenAIJudge,
+    Outcome,
+    PairwiseJudge,
+    RewardModelJudge,
+    TaskJudge,
+    Verdict,
+    make_judge,
+    parse_index,
+)
+from .winrate import WinRate, format_report, tally, win_rate_interval
+
+__all__ = [
+    "Comparison",
+    "EvalError",
+    "Generations",
+    "JudgeError",
+    "OpenAIJudge",
+    "Outcome",
+    "PairwiseJudge",
+    "RewardModelJudge",
+    "TaskJudge",
+    "Verdict",
+    "WinRate",
+    "cmd_eval",
+    "compare",
+    "compare_judges",
+    "format_report",
+    "generate_texts",
+    "judge_completions",
+    "load_eval_prompts",
+    "make_judge",
+    "parse_index",
+    "tally",
+    "win_rate_interval",
+]

@@ -1,0 +1,191 @@
+"""`rlhfkit eval`: the model's win rate against a baseline on held-out prompts, by a judge.
+
+    rlhfkit eval --model runs/ppo/policy --baseline ASSETS/sft --judge task --num_examples 256
+    rlhfkit eval --model M --baseline B --judge reward-model:ASSETS/reward --judge task
+    rlhfkit eval --model M --baseline B --dataset data/tldr --judge openai:gpt-4o-mini --num_examples 1000
+
+Prints TRL's "Model win rate: X%" line per judge, then ties, the baseline's rate, a confidence interval, the
+decisive-only rate and any malformed verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import EvalError
+
+DEFAULT_MAX_NEW_TOKENS = 128  # for datasets other than the built-in task's
+
+
+class _Parser(argparse.ArgumentParser):
+    """Raises instead of exiting, so cmd_eval reports usage errors like every other error (exit status 2)."""
+
+    def error(self, message: str):
+        raise EvalError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="rlhfkit eval",
+        description="Generate completions from a model and a baseline on held-out prompts and report the model's "
+        "win rate by a pairwise judge. Win rate = (wins + ties/2) / judged: 50% means no better than the baseline.",
+    )
+    p.add_argument(
+        "--model", required=True, metavar="PATH", help="Model to evaluate: a save_pretrained dir with its tokenizer."
+    )
+    p.add_argument(
+        "--baseline", required=True, metavar="PATH", help="Model to compare against (e.g. the SFT model), same format."
+    )
+    p.add_argument(
+        "--judge",
+        action="append",
+        metavar="JUDGE",
+        help="'task' (the built-in task's checker; the default), 'reward-model:PATH' (a 1-label sequence-"
+        "classification model) or 'openai:MODEL' (an OpenAI-compatible chat model). Repeat to use several judges "
+        "on the same completions.",
+    )
+    p.add_argument(
+        "--num_examples", type=int, metavar="N", help="Evaluate on the first N prompts of the split (default: all)."
+    )
+    p.add_argument(
+        "--dataset",
+        "--dataset_name",
+        metavar="PATH",
+        help="Local prompts: a save_to_disk dir or a .json/.jsonl/.csv/.parquet file (default: the built-in task's "
+        "prompts, from --task).",
+    )
+    p.add_argument("--dataset_test_split", default="test", metavar="SPLIT", help="Split of --dataset to evaluate on.")
+    p.add_argument(
+        "--dataset_text_field", default="prompt", metavar="COLUMN", help="Column of --dataset holding the prompt text."
+    )
+    p.add_argument(
+        "--task",
+        metavar="DIR",
+        help="Built-in task assets dir (task.json, prompts/) from 'rlhfkit build-tiny' (default: the cached "
+        "built-in assets, built on first use).",
+    )
+    p.add_argument(
+        "--max_new_tokens",
+        type=int,
+        metavar="N",
+        help=f"Response length limit (default: the task's own on its prompts, else {DEFAULT_MAX_NEW_TOKENS}).",
+    )
+    p.add_argument(
+        "--temperature", type=float, default=0.0, metavar="T", help="0: greedy (the default); > 0: seeded sampling."
+    )
+    p.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="Seed of sampling and of the LLM judge's order shuffle."
+    )
+    p.add_argument(
+        "--batch_size", type=int, default=64, metavar="B", help="Prompts per generation / reward-model batch."
+    )
+    p.add_argument(
+        "--judge_base_url", metavar="URL", help="Base URL of an OpenAI-compatible server (e.g. http://host:8000/v1)."
+    )
+    p.add_argument(
+        "--judge_api_key_env",
+        default="OPENAI_API_KEY",
+        metavar="VAR",
+        help="Environment variable holding the judge's API key (default: OPENAI_API_KEY).",
+    )
+    return p
+
+
+def _validate(args: argparse.Namespace) -> None:
+    """Cheap checks first, so a typo fails in a second rather than after minutes of generation."""
+    for flag in ("model", "baseline"):
+        path = getattr(args, flag)
+        if not os.path.isdir(path):
+            raise EvalError(
+                f"--{flag} {path!r} is not a directory. Pass a causal language model saved with save_pretrained, "
+                f"with its tokenizer in the same directory."
+            )
+    if args.task is not None and not (Path(args.task) / "task.json").is_file():
+        raise EvalError(f"--task {args.task!r} has no task.json: pass a directory built by 'rlhfkit build-tiny'.")
+    for flag in ("num_examples", "max_new_tokens", "batch_size"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise EvalError(f"--{flag} must be at least 1, got {value}.")
+    if args.temperature < 0:
+        raise EvalError(f"--temperature must be 0 (greedy) or positive, got {args.temperature}.")
+    uses_openai = any(spec.startswith("openai:") for spec in args.judge or [])
+    if args.judge_base_url is not None and not uses_openai:
+        raise EvalError("--judge_base_url is only used by openai:MODEL judges; add --judge openai:MODEL or drop it.")
+
+
+def _run(argv: Sequence[str]) -> int:
+    from rlhfkit.tasks import builtin_assets, load_task
+
+    from .compare import compare_judges, load_eval_prompts
+    from .judges import make_judge
+    from .winrate import format_report
+
+    args = build_parser().parse_args(list(argv))
+    _validate(args)
+    task_dir = functools.cache(lambda: Path(args.task) if args.task else builtin_assets())
+    judge_specs = args.judge or ["task"]
+    judges = [
+        make_judge(
+            spec,
+            task_dir,
+            seed=args.seed,
+            batch_size=args.batch_size,
+            base_url=args.judge_base_url,
+            api_key_env=args.judge_api_key_env,
+        )
+        for spec in judge_specs
+    ]
+    if args.dataset is None:
+        source = task_dir() / "prompts"
+        prompts = load_eval_prompts(source, "test", "prompt", args.num_examples)
+    else:
+        source = Path(args.dataset)
+        prompts = load_eval_prompts(source, args.dataset_test_split, args.dataset_text_field, args.num_examples)
+    max_new_tokens = args.max_new_tokens or (
+        load_task(task_dir()).max_new_tokens if args.dataset is None else DEFAULT_MAX_NEW_TOKENS
+    )
+    temperature = args.temperature or None
+    decoding = f"sampling at temperature {temperature}" if temperature else "greedy"
+    shortfall = f" (only {len(prompts)} available)" if args.num_examples and args.num_examples > len(prompts) else ""
+    print(
+        f"rlhfkit eval: {len(prompts)} prompts{shortfall} from {source}; {decoding}, up to {max_new_tokens} new tokens"
+    )
+
+    comparison = compare_judges(
+        args.model,
+        args.baseline,
+        judges,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=args.seed,
+        batch_size=args.batch_size,
+    )
+    for label, path, gen in (
+        ("model", args.model, comparison.model),
+        ("baseline", args.baseline, comparison.baseline),
+    ):
+        print(f"  {label + ':':9} {path} ({sum(gen.truncated)} of {len(prompts)} completions cut off at the limit)")
+    for win_rate in comparison.win_rates:
+        print()
+        print(format_report(win_rate))
+    return 0 if all(w.judged for w in comparison.win_rates) else 1
+
+
+def cmd_eval(argv: Sequence[str]) -> int:
+    """Entry point of `rlhfkit eval`; errors print one line naming the flag and return 2 (no traceback)."""
+    from rlhfkit.data import DataError
+    from rlhfkit.models import ModelLoadError
+
+    try:
+        return _run(argv)
+    except (EvalError, DataError, ModelLoadError) as e:
+        print(f"rlhfkit eval: error: {e}", file=sys.stderr)
+        return 2
+    except SystemExit as e:  # --help
+        return int(e.code or 0)
