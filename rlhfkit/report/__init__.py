@@ -1,0 +1,13 @@
+"""Reports of training runs: `rlhfkit report RUN [RUN ...] --out DIR`.
+
+Reads only the run directories (run_config.json, metrics.jsonl, samples.jsonl, health.jsonl) and
+writes a self-contained report.html plus one PNG per chart:
+
+    from rlhfkit.report import build_report
+    build_report(["runs/a", "runs/b"], "report/", smooth=0.6)
+"""
+
+from rlhfkit.report.build import build_report, cmd_report
+from rlhfkit.report.rundata import ReportError, Run, load_run
+
+__all__ = ["ReportError", "Run", "build_report", "cmd_report", "load_run"]

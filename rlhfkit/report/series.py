@@ -1,0 +1,220 @@
+"""From metric rows to curves: which metrics matter most, the x-axis, EMA smoothing, first-vs-last.
+
+Ordering follows the reference docs' own advice ("Crucial values", then "useful to monitor for
+stability"), so the first charts a user sees are the ones the TRL docs tell them to look at. On the
+built-in task `eval/task_success` (greedy success on held-out prompts) comes before everything: it is
+the one curve that cannot be fooled by an over-optimised reward model.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlhfkit.metrics.registry import REGISTRY
+from rlhfkit.report.rundata import Run
+
+HEADLINE = "eval/task_success"
+
+# The seeds' "Crucial values" lists, in their order (PPO: 002/004; GRPO: 004 "Crucial GRPO values").
+CRUCIAL = {
+    "ppo": ["objective/rlhf_reward", "objective/scores", "objective/kl", "objective/entropy"],
+    "grpo": ["reward", "kl", "entropy", "completions/clipped_ratio"],
+}
+# Next to the crucial values: true success on the rollout, the KL penalty, per-function GRPO rewards.
+CRUCIAL_EXTRA = ["rollout/task_success", "objective/non_score_reward", "rewards/*/mean"]
+# The seeds' "useful to monitor for stability" lists; the registry adds what it marks as stability.
+STABILITY = [
+    "loss/value_avg",
+    "val/ratio",
+    "policy/clipfrac_avg",
+    "policy/approxkl_avg",
+    "objective/kl_coef",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio",
+    "reward_std",
+]
+# Higher is better for these; the summary colours their change green or red. Others (KL, entropy) get
+# no colour: whether they should rise or fall depends on the run.
+HIGHER_IS_BETTER = ["eval/task_success", "rollout/task_success", "objective/rlhf_reward", "objective/scores"]
+HIGHER_IS_BETTER += ["reward", "eval/scores", "rewards/*/mean"]
+# Axes, not curves.
+NOT_CHARTED = {"step", "episode"}
+
+
+def metric_names(run: Run) -> list[str]:
+    """Metric names of a run in order of first appearance."""
+    names: dict[str, None] = {}
+    for row in run.metrics:
+        names.update(dict.fromkeys(row))
+    return [n for n in names if n not in NOT_CHARTED]
+
+
+def detect_trainer(names: list[str] | set[str]) -> str:
+    """'ppo', 'grpo' or 'unknown', from the metric names a run logged (the config may not say)."""
+    names = set(names)
+    if names & {"objective/rlhf_reward", "objective/scores", "objective/kl"}:
+        return "ppo"
+    if names & {"reward", "completions/clipped_ratio", "num_tokens"} or any(n.startswith("rewards/") for n in names):
+        return "grpo"
+    return "unknown"
+
+
+def _matching(patterns: list[str], names: list[str]) -> list[str]:
+    """Names matching the patterns, in pattern order (a pattern may be a glob such as rewards/*/mean)."""
+    out: dict[str, None] = {}
+    for pattern in patterns:
+        out.update(dict.fromkeys(n for n in names if fnmatch.fnmatchcase(n, pattern)))
+    return list(out)
+
+
+def crucial_metrics(trainers: set[str], names: list[str]) -> list[str]:
+    """The headline and crucial metrics present, headline first."""
+    patterns = [HEADLINE]
+    for trainer in ("ppo", "grpo"):
+        if trainer in trainers:
+            patterns += CRUCIAL[trainer]
+    patterns += CRUCIAL_EXTRA
+    patterns += [m.name for m in REGISTRY.values() if m.importance == "crucial"]
+    return _matching(patterns, names)
+
+
+def summary_metrics(trainers: set[str], names: list[str]) -> list[str]:
+    """The few metrics of the one-glance summary: the headline, the seeds' crucial list and rollout success."""
+    patterns = [HEADLINE]
+    for trainer in ("ppo", "grpo"):
+        if trainer in trainers:
+            patterns += CRUCIAL[trainer]
+    return _matching(patterns + ["rollout/task_success"], names)
+
+
+def chart_sections(
+    names: list[str], trainers: set[str], patterns: list[str] | None = None
+) -> list[tuple[str, list[str]]]:
+    """Metrics to chart, grouped as (section title, names); crucial first, then stability, then the rest.
+
+    patterns: the user's --metrics selection (names or globs); when given, only those, in that order.
+    """
+    if patterns:
+        return [("Selected metrics", _matching(patterns, names))]
+    crucial = crucial_metrics(trainers, names)
+    stability_patterns = STABILITY + [m.name for m in REGISTRY.values() if m.importance == "stability"]
+    stability = [n for n in _matching(stability_patterns, names) if n not in crucial]
+    rest = sorted(n for n in names if n not in crucial and n not in stability)
+    sections = [("Crucial values", crucial), ("Watch for stability", stability), ("Everything else", rest)]
+    return [(title, members) for title, members in sections if members]
+
+
+def higher_is_better(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in HIGHER_IS_BETTER)
+
+
+def meaning(name: str) -> str:
+    """The registry's one-line meaning of a metric, or '' for metrics it does not declare (yet)."""
+    metric = REGISTRY.get(name)
+    return metric.meaning if metric is not None else ""
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Series:
+    """One metric of one run: x (episode or step), y, and the steps they were logged at (all 1-D)."""
+
+    steps: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+
+def x_key(runs: list[Run]) -> str:
+    """'episode' when every run logs it (comparable across batch sizes), else 'step'."""
+    if runs and all(any("episode" in row for row in run.metrics) for run in runs):
+        return "episode"
+    return "step"
+
+
+def steps_to_x(run: Run, steps: np.ndarray, key: str) -> np.ndarray:
+    """Map steps to the x-axis. Eval rows and health findings carry only a step; their episode is
+    interpolated from the update rows (episode grows linearly with step; step 0 is episode 0)."""
+    steps = np.asarray(steps, dtype=np.float64)
+    if key == "step":
+        return steps
+    pairs = {int(r["step"]): r["episode"] for r in run.metrics if "episode" in r and np.isfinite(r["episode"])}
+    pairs.setdefault(0, 0.0)
+    known = np.array(sorted(pairs), dtype=np.float64)
+    return np.interp(steps, known, np.array([pairs[int(s)] for s in known]))
+
+
+def series(run: Run, name: str, key: str) -> Series:
+    """The run's values of `name` by step; a step logged twice (a resumed run) keeps its last value."""
+    by_step: dict[int, float] = {}
+    for row in run.metrics:
+        if name in row:
+            by_step[int(row["step"])] = row[name]
+    steps = np.array(sorted(by_step), dtype=np.float64)
+    y = np.array([by_step[int(s)] for s in steps], dtype=np.float64)
+    return Series(steps=steps, x=steps_to_x(run, steps, key), y=y)
+
+
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's smoothing: debiased exponential moving average with `weight` in [0, 1).
+
+    Non-finite points do not enter the average and stay NaN (gaps), so one NaN does not erase the rest.
+    weight 0 returns the values unchanged.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if weight <= 0:
+        return values.copy()
+    out = np.full_like(values, np.nan)
+    last, count = 0.0, 0
+    for i, value in enumerate(values):
+        if not np.isfinite(value):
+            continue
+        last = last * weight + (1 - weight) * value
+        count += 1
+        out[i] = last / (1 - weight**count)
+    return out
+
+
+@dataclass(frozen=True)
+class FirstLast:
+    """Start and end of a curve; `window` values are averaged at each end to see through update noise."""
+
+    first: float
+    last: float
+    window: int
+    nonfinite: int
+
+    @property
+    def delta(self) -> float:
+        return self.last - self.first
+
+
+def first_last(s: Series) -> FirstLast | None:
+    """First vs last of a curve, or None without finite values.
+
+    Sparse curves (evaluations, < 20 points) use the exact first and last values; dense per-update
+    curves average a window of ~5% (at most 10 values) at each end, since a single PPO update is noisy.
+    A curve whose final value is NaN or infinite ends on that value.
+    """
+    finite = s.y[np.isfinite(s.y)]
+    if finite.size == 0:
+        return None
+    window = 1 if finite.size < 20 else min(10, max(1, finite.size // 20))
+    last = float(finite[-window:].mean())
+    if not np.isfinite(s.y[-1]):
+        last = float(s.y[-1])  # a run that ended in NaN must not look healthy
+    return FirstLast(
+        first=float(finite[:window].mean()),
+        last=last,
+        window=window,
+        nonfinite=int(s.y.size - finite.size),
+    )

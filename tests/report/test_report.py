@@ -1,0 +1,244 @@
+"""`rlhfkit report` without a browser: reading run directories, ordering, smoothing, the HTML's content."""
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+
+from rlhfkit.report import ReportError, build_report, cmd_report, load_run
+from rlhfkit.report.page import differing_keys, flatten, sample_steps
+from rlhfkit.report.series import chart_sections, detect_trainer, ema, first_last, metric_names, series, x_key
+from tests.report import fakeruns
+
+
+@pytest.fixture(scope="module")
+def two_run_report(synthetic_runs, tmp_path_factory):
+    """Report of the synthetic PPO and GRPO runs together (the mixed case: no shared episode axis)."""
+    out = tmp_path_factory.mktemp("report-two")
+    path = build_report(list(synthetic_runs), out, smooth=0.6)
+    return path, path.read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading
+
+
+def test_load_run_skips_a_truncated_last_line_and_keeps_the_rest(synthetic_runs):
+    run = load_run(synthetic_runs[0])
+    updates = [r for r in run.metrics if "episode" in r]
+    assert len(updates) == fakeruns.PPO_UPDATES
+    assert [r["step"] for r in run.metrics if "eval/task_success" in r] == sorted(fakeruns.PPO_EVAL)
+    assert any("skipped 1 unreadable line" in note for note in run.notes)
+    assert run.name == "ppo-synthetic"
+    assert [f["rule"] for f in run.findings] == [f["rule"] for f in fakeruns.PPO_FINDINGS]
+    assert math.isnan(run.findings[1]["metrics"]["loss/value_avg"])
+
+
+def test_missing_health_file_is_not_the_same_as_no_findings(synthetic_runs, tmp_path):
+    assert load_run(synthetic_runs[1]).findings is None
+    checked = fakeruns.write_grpo_run(tmp_path / "checked")
+    (checked / "health.jsonl").write_text("")
+    assert load_run(checked).findings == []
+    # Every run directory gets an empty health.jsonl; with `health: off` it means "not checked".
+    config = json.loads((checked / "run_config.json").read_text())
+    (checked / "run_config.json").write_text(json.dumps({**config, "health": "off"}))
+    assert load_run(checked).findings is None
+
+
+@pytest.mark.parametrize("case", ["missing", "no-metrics"])
+def test_bad_run_directory_is_a_one_line_error_naming_it(case, tmp_path, capsys):
+    bad = tmp_path / "not-a-run"
+    if case == "no-metrics":
+        bad.mkdir()
+        (bad / "run_config.json").write_text("{}")
+    status = cmd_report([str(bad), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.count("\n") == 1 and err.startswith("rlhfkit report: error:") and str(bad) in err
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+def test_unusable_options_are_errors(synthetic_runs, tmp_path, capsys):
+    out = str(tmp_path / "out")
+    assert cmd_report([str(synthetic_runs[0]), "--out", out, "--smooth", "1.0"]) == 2
+    assert "--smooth" in capsys.readouterr().err
+    assert cmd_report([str(synthetic_runs[0]), "--out", out, "--metrics", "nope/*"]) == 2
+    assert "nope/*" in capsys.readouterr().err
+    with pytest.raises(ReportError):
+        build_report([], out)
+
+
+# ------------------------------------------------------------------------------------------------
+# Curves
+
+
+def test_detect_trainer_from_metric_names():
+    assert detect_trainer(["objective/kl", "val/ratio"]) == "ppo"
+    assert detect_trainer(["reward", "kl", "entropy"]) == "grpo"
+    assert detect_trainer(["rewards/format/mean"]) == "grpo"
+    assert detect_trainer(["eval/task_success"]) == "unknown"
+
+
+def test_ppo_charts_start_with_true_success_then_the_crucial_values(synthetic_runs):
+    names = metric_names(load_run(synthetic_runs[0]))
+    sections = dict(chart_sections(names, {"ppo"}))
+    assert list(sections) == ["Crucial values", "Watch for stability", "Everything else"]
+    assert sections["Crucial values"][:5] == [
+        "eval/task_success",
+        "objective/rlhf_reward",
+        "objective/scores",
+        "objective/kl",
+        "objective/entropy",
+    ]
+    assert sections["Watch for stability"][:3] == ["loss/value_avg", "val/ratio", "policy/clipfrac_avg"]
+    charted = [n for members in sections.values() for n in members]
+    assert sorted(charted) == sorted(set(names)) and "episode" not in charted
+
+
+def test_grpo_charts_use_the_grpo_crucial_values(synthetic_runs):
+    names = metric_names(load_run(synthetic_runs[1]))
+    crucial = dict(chart_sections(names, {"grpo"}))["Crucial values"]
+    assert crucial[:5] == ["eval/task_success", "reward", "kl", "entropy", "completions/clipped_ratio"]
+    assert "rewards/correct/mean" in crucial
+
+
+def test_metrics_option_keeps_the_users_order_and_globs():
+    names = ["objective/kl", "objective/scores", "lr", "eval/task_success"]
+    assert chart_sections(names, {"ppo"}, ["lr", "objective/*"]) == [
+        ("Selected metrics", ["lr", "objective/kl", "objective/scores"])
+    ]
+
+
+def test_x_axis_is_episode_only_when_every_run_has_it(synthetic_runs):
+    ppo, grpo = (load_run(p) for p in synthetic_runs)
+    assert x_key([ppo]) == "episode" and x_key([ppo, grpo]) == "step"
+    # Eval rows carry no episode: it is interpolated from the update rows (step 0 = episode 0).
+    s = series(ppo, "eval/task_success", "episode")
+    assert s.x.tolist() == [0, 20 * fakeruns.PPO_BATCH, 40 * fakeruns.PPO_BATCH]
+    assert s.y.tolist() == [0.25, 0.5, 0.75]
+
+
+def test_a_step_logged_twice_keeps_its_last_value(tmp_path):
+    run_dir = fakeruns.write_grpo_run(tmp_path / "resumed")
+    with open(run_dir / "metrics.jsonl", "a") as f:  # a resumed run logs step 30 again
+        f.write(json.dumps({"step": 30, "reward": 9.0}) + "\n")
+    s = series(load_run(run_dir), "reward", "step")
+    assert s.steps.tolist() == list(range(1, 31)) and s.y[-1] == 9.0
+
+
+def test_ema_matches_tensorboard_debiased_smoothing_and_skips_nan():
+    assert ema(np.array([1.0, 2.0]), 0.0).tolist() == [1.0, 2.0]
+    # w = 0.5: s1 = 0.5 / (1 - 0.5) = 1; s2 = (0.25 + 1.0) / (1 - 0.25) = 5/3
+    np.testing.assert_allclose(ema(np.array([1.0, 2.0]), 0.5), [1.0, 5 / 3], rtol=1e-12)
+    out = ema(np.array([1.0, np.nan, 2.0]), 0.5)
+    assert math.isnan(out[1])
+    np.testing.assert_allclose(out[[0, 2]], [1.0, 5 / 3], rtol=1e-12)
+
+
+def test_first_last_is_exact_for_evaluations_and_windowed_for_updates(synthetic_runs):
+    run = load_run(synthetic_runs[0])
+    ev = first_last(series(run, "eval/task_success", "episode"))
+    assert (ev.first, ev.last, ev.window) == (0.25, 0.75, 1)
+    # 40 updates -> the mean of 2 values at each end; rlhf_reward = -1 + step / 20.
+    fl = first_last(series(run, "objective/rlhf_reward", "episode"))
+    assert fl.window == 2
+    assert fl.first == pytest.approx(-0.925) and fl.last == pytest.approx(0.975)
+    # The value loss ends in NaN: the summary must say so rather than show the last finite value.
+    vl = first_last(series(run, "loss/value_avg", "episode"))
+    assert math.isnan(vl.last) and vl.nonfinite == 1
+
+
+def test_sample_steps_are_first_middle_last():
+    assert sample_steps([0, 10, 20, 30, 40, 10]) == [0, 20, 40]
+    assert sample_steps([0, 10]) == [0, 10]
+    assert sample_steps([5]) == [5]
+    assert sample_steps([]) == []
+
+
+def test_config_differences_compare_nested_keys_and_absent_ones():
+    a = flatten({"lr": 1, "nested": {"a": 1, "b": [1, 2]}, "same": None})
+    b = flatten({"lr": 2, "nested": {"a": 1, "b": [1, 3]}, "same": None, "extra": 0})
+    assert differing_keys([a, b]) == ["lr", "nested/b", "extra"]
+
+
+# ------------------------------------------------------------------------------------------------
+# The page
+
+
+def test_report_files_are_written_one_png_per_chart(two_run_report, synthetic_runs):
+    path, html = two_run_report
+    names = set(metric_names(load_run(synthetic_runs[0]))) | set(metric_names(load_run(synthetic_runs[1])))
+    pngs = {p.name for p in path.parent.glob("*.png")}
+    assert {n.replace("/", "-") + ".png" for n in names} <= pngs
+    assert "health-timeline.png" in pngs
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in path.parent.glob("*.png"))
+    assert html.count('<figure id="chart-') == len(names)
+
+
+def test_report_is_self_contained(two_run_report):
+    _, html = two_run_report
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html, re.I)
+    assert "@import" not in html and "url(" not in html and "<script" not in html.lower().replace("&lt;script", "")
+    assert html.count('src="data:image/png;base64,') >= 20
+
+
+def test_report_escapes_model_output(two_run_report):
+    _, html = two_run_report
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert fakeruns.HTML_COMPLETION not in html
+
+
+def test_summary_states_first_and_last_values(two_run_report):
+    _, html = two_run_report
+    summary = html[html.index('id="summary"') : html.index('id="charts"')]
+    assert "0.25 → 0.75" in summary  # PPO eval/task_success
+    assert "0.1 → 0.4" in summary  # GRPO eval/task_success
+    assert "-0.925 → 0.975" in summary  # PPO objective/rlhf_reward, 2-value windows
+    assert '<span class="badge" style="background:#c81e1e">1 critical</span>' in summary
+    assert "not checked" in summary  # the GRPO run has no health.jsonl
+    assert summary.index("eval/task_success") < summary.index("objective/rlhf_reward")
+
+
+def test_samples_show_first_middle_last_steps_only(two_run_report):
+    _, html = two_run_report
+    samples = html[html.index('id="samples"') : html.index('id="config"')]
+    for step in (0, 20, 40):
+        assert fakeruns.ppo_response(step, 0) in samples
+    for step in (10, 30):
+        assert fakeruns.ppo_response(step, 0) not in samples
+    assert "grpo-s0-1" in samples and "grpo-s30-1" in samples and "grpo-s10-1" not in samples
+    assert "correct 2/4" in samples  # step 0: rows 0 and 2 of 3, plus the HTML one (False)
+
+
+def test_config_shows_only_differing_keys_for_several_runs(two_run_report):
+    _, html = two_run_report
+    config = html[html.index('id="config"') :]
+    shown = config[: config.index("<details>")]
+    for key in ("run_name", "learning_rate", "num_generations", "nested/a", "per_device_train_batch_size"):
+        assert f"<td>{key}</td>" in shown
+    assert "<td>kl_coef</td>" not in shown and "<td>nested/b</td>" not in shown
+
+
+def test_findings_table_lists_each_finding(two_run_report):
+    _, html = two_run_report
+    health = html[html.index('id="health"') : html.index('id="samples"')]
+    for finding in fakeruns.PPO_FINDINGS:
+        assert f"<code>{finding['rule']}</code>" in health and finding["advice"] in health
+    assert "loss/value_avg = NaN" in health
+
+
+def test_real_ppo_run_charts_every_logged_scalar(tracked_run, tmp_path):
+    """A run written by the trainer itself: every logged scalar gets a chart, the samples are shown."""
+    run_dir, _ = tracked_run
+    path = build_report([run_dir], tmp_path / "report", smooth=0.0)
+    html = path.read_text(encoding="utf-8")
+    logged = set(metric_names(load_run(run_dir)))
+    assert {"eval/task_success", "objective/rlhf_reward", "objective/kl", "loss/value_avg"} <= logged
+    charted = set(re.findall(r'data-metric="([^"]+)"><img', html))
+    assert charted == logged
+    first_query = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[0])["query"]
+    assert first_query in html
+    health_ran = (run_dir / "health.jsonl").exists()
+    assert ("the health checks did not run" in html) == (not health_ran)
