@@ -8,27 +8,33 @@ from rlhfkit.ops.advantages import GAEOutput, gae, group_advantages
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
 from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.losses import (
+    GRPOLossOutput,
     PolicyLossOutput,
     ValueLossOutput,
+    aggregate_token_loss,
     clipped_policy_loss,
     clipped_value_loss,
     explained_variance,
+    grpo_per_token_loss,
 )
 from rlhfkit.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_lengths, truncate_after_stop_token
 
 __all__ = [
     "AdaptiveKLController",
+    "GRPOLossOutput",
     "GAEOutput",
     "PenalizedRewards",
     "PolicyLossOutput",
     "ValueLossOutput",
+    "aggregate_token_loss",
     "clipped_policy_loss",
     "clipped_value_loss",
     "entropy_from_logits",
     "explained_variance",
     "first_true_index",
     "gae",
+    "grpo_per_token_loss",
     "group_advantages",
     "kl_penalized_rewards",
     "kl_per_token",

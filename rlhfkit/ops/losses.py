@@ -92,3 +92,88 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     var_error = masked_var(returns - values, mask)
     no_variance = var_returns == 0
     return torch.where(no_variance, 0.0, 1.0 - var_error / torch.where(no_variance, 1.0, var_returns))
+
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+
+
+class GRPOLossOutput(NamedTuple):
+    """per-token fields are (B, T) and 0 (False) outside the mask."""
+
+    per_token_loss: Tensor  # -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) + beta * kl
+    ratio: Tensor  # exp(logprobs - old_logprobs)
+    low_clipped: Tensor  # bool: r < 1 - eps_low and A < 0 (the clipped branch is active at the lower bound)
+    high_clipped: Tensor  # bool: r > 1 + eps_high and A > 0
+    kl: Tensor  # k3 estimate of KL(policy || reference) per token; zeros when no reference is given
+
+
+def grpo_per_token_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    ref_logprobs: Tensor | None = None,
+    beta: float = 0.0,
+) -> GRPOLossOutput:
+    """Per-token GRPO loss (Shao et al. 2024, eq. 3) with DAPO's asymmetric clipping (Yu et al. 2025).
+
+    logprobs: (B, T) float, completion-token log-probs under the policy being optimised (with grad).
+    old_logprobs: (B, T), the same at generation time (equal to logprobs.detach() when each batch is used once).
+    advantages: (B,) float, one advantage per completion, shared by its tokens. mask: (B, T) bool, True = counts.
+    ref_logprobs: (B, T) reference log-probs, needed when beta > 0; the KL term is the k3 estimator
+    exp(ref - logp) - (ref - logp) - 1, which is >= 0 and has a gradient pulling logp towards ref.
+    """
+    log_ratio = torch.where(mask, logprobs - old_logprobs, 0.0)
+    ratio = torch.exp(log_ratio)
+    a = torch.where(mask, advantages[:, None].to(ratio.dtype), 0.0)
+    clipped_ratio = torch.clamp(ratio, 1.0 - epsilon_low, 1.0 + epsilon_high)
+    per_token_loss = -torch.minimum(ratio * a, clipped_ratio * a)
+    kl = torch.zeros_like(per_token_loss)
+    if beta != 0.0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs ref_logprobs")
+        d = torch.where(mask, ref_logprobs - logprobs, 0.0)
+        kl = torch.expm1(d) - d
+        per_token_loss = per_token_loss + beta * kl
+    return GRPOLossOutput(
+        per_token_loss=torch.where(mask, per_token_loss, 0.0),
+        ratio=torch.where(mask, ratio, 0.0),
+        low_clipped=(ratio < 1.0 - epsilon_low) & (a < 0) & mask,
+        high_clipped=(ratio > 1.0 + epsilon_high) & (a > 0) & mask,
+        kl=torch.where(mask, kl, 0.0),
+    )
+
+
+def aggregate_token_loss(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    loss_type: str,
+    max_completion_length: int | None = None,
+    num_items: float | Tensor | None = None,
+) -> Tensor:
+    """Reduce a (B, T) per-token loss to the scalar a micro-batch backpropagates, per GRPO variant.
+
+    "grpo":    mean over completions of each completion's token mean (DeepSeekMath); long completions get less
+               weight per token, which Liu et al. 2025 ("Understanding R1-Zero-Like Training") show biases length.
+    "bnpo":    token mean over the micro-batch.
+    "dr_grpo": token sum / (B * max_completion_length) (Dr. GRPO): a constant normaliser, no length bias.
+    "dapo":    token sum / num_items (DAPO, Yu et al. 2025), num_items = the tokens of the whole optimizer step
+               (all micro-batches) per process, so every token of the step weighs the same.
+    mask: (B, T) bool, True = counts. Returns ().
+    """
+    summed = torch.where(mask, per_token_loss, 0.0)
+    if loss_type == "grpo":
+        return (summed.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    if loss_type == "bnpo":
+        return summed.sum() / mask.sum().clamp(min=1)
+    if loss_type == "dr_grpo":
+        if max_completion_length is None:
+            raise ValueError("loss_type 'dr_grpo' needs max_completion_length")
+        return summed.sum() / (per_token_loss.shape[0] * max_completion_length)
+    if loss_type == "dapo":
+        if num_items is None:
+            raise ValueError("loss_type 'dapo' needs num_items (tokens of the optimizer step)")
+        return summed.sum() / max(float(num_items), 1.0)
+    raise ValueError(f"unknown loss_type {loss_type!r}; expected one of {LOSS_TYPES}")

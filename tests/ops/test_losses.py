@@ -184,3 +184,76 @@ def test_explained_variance_without_return_variance_is_zero():
     mask = torch.ones(2, 3, dtype=torch.bool)
     assert ops.explained_variance(values, torch.full((2, 3), 0.1), mask).item() == 0.0
     assert ops.explained_variance(values, torch.randn(2, 3), torch.zeros(2, 3, dtype=torch.bool)).item() == 0.0
+
+
+# ---- GRPO: per-token loss and loss aggregation ----
+
+
+def reference_grpo_token_loss(logp, old, adv, eps_low, eps_high, ref=None, beta=0.0):
+    """Scalar float64 loop: -min(r A, clip(r) A) + beta * k3, one token at a time."""
+    r = math.exp(logp - old)
+    loss = -min(r * adv, min(max(r, 1 - eps_low), 1 + eps_high) * adv)
+    if beta:
+        d = ref - logp
+        loss += beta * (math.exp(d) - d - 1)
+    return loss
+
+
+def test_grpo_per_token_loss_matches_scalar_reference():
+    torch.manual_seed(0)
+    B, T = 4, 5
+    logp = -torch.rand(B, T, dtype=torch.float64) * 3
+    old = logp + 0.4 * torch.randn(B, T, dtype=torch.float64)  # ratios well outside [0.8, 1.28]
+    old[0, :2] = logp[0, :2] - 0.5  # ratio e^0.5 = 1.65 with A > 0: clipped at the upper bound
+    ref = logp + 0.3 * torch.randn(B, T, dtype=torch.float64)
+    adv = torch.tensor([1.5, -0.7, 0.0, -2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    out = ops.grpo_per_token_loss(logp, old, adv, mask, 0.2, 0.28, ref_logprobs=ref, beta=0.04)
+    for b in range(B):
+        for t in range(T):
+            if not mask[b, t]:
+                assert out.per_token_loss[b, t] == 0 and not out.low_clipped[b, t] and not out.high_clipped[b, t]
+                continue
+            args = (logp[b, t].item(), old[b, t].item(), adv[b].item(), 0.2, 0.28, ref[b, t].item(), 0.04)
+            assert out.per_token_loss[b, t].item() == pytest.approx(reference_grpo_token_loss(*args), rel=1e-12)
+            r = math.exp(logp[b, t] - old[b, t])
+            assert bool(out.low_clipped[b, t]) == (r < 0.8 and adv[b] < 0)
+            assert bool(out.high_clipped[b, t]) == (r > 1.28 and adv[b] > 0)
+    assert out.low_clipped.any() and out.high_clipped.any()  # the case exercises both bounds
+
+
+def test_grpo_loss_without_old_policy_has_ratio_one_and_no_clipping():
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], requires_grad=True)
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    out = ops.grpo_per_token_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), mask, 0.2, 0.2)
+    assert torch.equal(out.ratio, torch.ones(2, 2)) and not out.low_clipped.any() and not out.high_clipped.any()
+    # Value -A per token, gradient -A per token (d/dlogp of -r A at r = 1).
+    assert torch.equal(out.per_token_loss, torch.tensor([[-1.0, -1.0], [1.0, 1.0]]))
+    out.per_token_loss.sum().backward()
+    assert torch.equal(logp.grad, torch.tensor([[-1.0, -1.0], [1.0, 1.0]]))
+
+
+def test_loss_aggregation_hand_computed():
+    loss = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    # grpo: mean of per-sequence means = ((1 + 2 + 3) / 3 + 4 / 1) / 2 = 3
+    assert ops.aggregate_token_loss(loss, mask, "grpo").item() == 3.0
+    # bnpo: token mean = (1 + 2 + 3 + 4) / 4 = 2.5
+    assert ops.aggregate_token_loss(loss, mask, "bnpo").item() == 2.5
+    # dr_grpo: sum / (B * max_completion_length) = 10 / (2 * 5) = 1
+    assert ops.aggregate_token_loss(loss, mask, "dr_grpo", max_completion_length=5).item() == 1.0
+    # dapo: sum / tokens of the whole step (here 8: this micro-batch holds 4 of them) = 10 / 8
+    assert ops.aggregate_token_loss(loss, mask, "dapo", num_items=8).item() == 1.25
+    with pytest.raises(ValueError, match="loss_type"):
+        ops.aggregate_token_loss(loss, mask, "ppo")
+
+
+def test_dapo_over_micro_batches_equals_bnpo_over_the_whole_step():
+    torch.manual_seed(1)
+    loss = torch.randn(6, 7, dtype=torch.float64)
+    mask = torch.rand(6, 7) > 0.4
+    whole = ops.aggregate_token_loss(loss, mask, "bnpo")
+    parts = sum(
+        ops.aggregate_token_loss(loss[i : i + 2], mask[i : i + 2], "dapo", num_items=mask.sum()) for i in (0, 2, 4)
+    )
+    assert_close(parts, whole)
