@@ -17,20 +17,13 @@ would weight a micro-batch with 3 tokens like one with 300).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from rlhfkit.metrics.registry import REGISTRY, Metric
-
-# Fixed layouts, identical on every process because they come from the registry's declaration order.
-# Collectives then exchange one vector per kind of statistic, with no per-metric handshakes and no
-# assumption that every process added the same metrics.
-_POOLED = [m.name for m in REGISTRY.values() if m.reduction in ("mean", "sum", "var", "std")]
-_EXTREME = [m.name for m in REGISTRY.values() if m.reduction in ("min", "max")]
-_HISTOGRAM = [m.name for m in REGISTRY.values() if m.reduction == "histogram"]
-
+from rlhfkit.metrics.registry import REGISTRY, Metric, is_template
 
 _METHOD_FOR = {
     "mean": "add",
@@ -91,7 +84,19 @@ class MetricAccumulator:
     Values may be Python numbers, NumPy arrays or tensors of any shape (summed).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, extra_metrics: Sequence[Metric] = ()) -> None:
+        """extra_metrics: concrete metrics outside the registry, i.e. template expansions such as
+        ``expand(REWARDS_FUNC_MEAN, "correctness")``; every process must pass the same list."""
+        known = [m for m in REGISTRY.values() if not is_template(m)] + list(extra_metrics)
+        self._known: dict[str, Metric] = {m.name: m for m in known}
+        if len(self._known) != len(known):
+            raise ValueError("extra_metrics repeat a name already known to the accumulator")
+        # Fixed layouts, identical on every process because they come from the registry's declaration order
+        # (plus the same extra metrics). Collectives then exchange one vector per kind of statistic, with no
+        # per-metric handshakes and no assumption that every process added the same metrics.
+        self._layout_pooled = [m.name for m in known if m.reduction in ("mean", "sum", "var", "std")]
+        self._layout_extreme = [m.name for m in known if m.reduction in ("min", "max")]
+        self._layout_histogram = [m.name for m in known if m.reduction == "histogram"]
         self._pooled: dict[str, list] = {}  # name -> [total, count, total_sq]
         self._extreme: dict[str, float] = {}
         self._last: dict[str, float] = {}
@@ -101,13 +106,13 @@ class MetricAccumulator:
     # Adding values
     # ------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _check(metric: Metric, allowed: tuple[str, ...], method: str) -> str:
+    def _check(self, metric: Metric, allowed: tuple[str, ...], method: str) -> str:
         if not isinstance(metric, Metric):
             raise TypeError(f"expected a registered Metric constant (rlhfkit.metrics.registry), got {metric!r}")
-        if REGISTRY.get(metric.name) != metric:
+        if self._known.get(metric.name) != metric:
             raise KeyError(
-                f"metric {metric.name!r} is not in rlhfkit.metrics.registry.REGISTRY; declare it there first"
+                f"metric {metric.name!r} is not in rlhfkit.metrics.registry.REGISTRY (nor an expanded template "
+                "given as extra_metrics); declare it there first"
             )
         if metric.reduction not in allowed:
             raise ValueError(
@@ -211,7 +216,7 @@ class MetricAccumulator:
         else:
             scalars, histograms = self._reduce_local()
         scalars.update(self._last)
-        scalars = {name: scalars[name] for name in REGISTRY if name in scalars}  # registry order
+        scalars = {name: scalars[name] for name in self._known if name in scalars}  # registry order
         self.clear()
         return Reduced(scalars, histograms)
 
@@ -225,11 +230,11 @@ class MetricAccumulator:
     def _reduce_local(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         scalars = {}
         for name, (total, count, total_sq) in self._pooled.items():
-            scalars[name] = _finalize(REGISTRY[name].reduction, float(total), float(count), float(total_sq))
+            scalars[name] = _finalize(self._known[name].reduction, float(total), float(count), float(total_sq))
         scalars.update(self._extreme)
         histograms = {
             name: torch.cat([p.cpu() for p in self._values[name]]).numpy()
-            for name in _HISTOGRAM
+            for name in self._layout_histogram
             if name in self._values
         }
         return scalars, histograms
@@ -241,46 +246,47 @@ class MetricAccumulator:
 
         # 1. One vector of sums: per pooled metric [present, total, count, total_sq]; per extreme metric
         #    [present]; per histogram metric one length slot per process (only ours is filled).
-        n_pooled, n_extreme = 4 * len(_POOLED), len(_EXTREME)
-        sums = torch.zeros(n_pooled + n_extreme + len(_HISTOGRAM) * num_processes, **f64)
-        for i, name in enumerate(_POOLED):
+        n_pooled, n_extreme = 4 * len(self._layout_pooled), len(self._layout_extreme)
+        sums = torch.zeros(n_pooled + n_extreme + len(self._layout_histogram) * num_processes, **f64)
+        for i, name in enumerate(self._layout_pooled):
             if name in self._pooled:
                 total, count, total_sq = self._pooled[name]
                 sums[4 * i] = 1.0
                 sums[4 * i + 1] = torch.as_tensor(total, **f64)
                 sums[4 * i + 2] = torch.as_tensor(count, **f64)
                 sums[4 * i + 3] = torch.as_tensor(total_sq, **f64)
-        for i, name in enumerate(_EXTREME):
+        for i, name in enumerate(self._layout_extreme):
             sums[n_pooled + i] = float(name in self._extreme)
         local_values = [
             torch.cat([p.to(device) for p in self._values[name]]) if name in self._values else None
-            for name in _HISTOGRAM
+            for name in self._layout_histogram
         ]
         for i, values in enumerate(local_values):
             sums[n_pooled + n_extreme + i * num_processes + rank] = 0 if values is None else values.numel()
         sums = accelerator.reduce(sums, "sum").cpu()
 
         scalars: dict[str, float] = {}
-        for i, name in enumerate(_POOLED):
+        for i, name in enumerate(self._layout_pooled):
             present, total, count, total_sq = sums[4 * i : 4 * i + 4].tolist()
             if present:
-                scalars[name] = _finalize(REGISTRY[name].reduction, total, count, total_sq)
+                scalars[name] = _finalize(self._known[name].reduction, total, count, total_sq)
 
         # 2. Extremes in one all-reduce(max); a min is the max of the negated values.
         extreme_present = sums[n_pooled : n_pooled + n_extreme].tolist()
         if any(extreme_present):
-            signs = [1.0 if REGISTRY[name].reduction == "max" else -1.0 for name in _EXTREME]
+            signs = [1.0 if self._known[name].reduction == "max" else -1.0 for name in self._layout_extreme]
             local = torch.tensor(
-                [sign * self._extreme.get(name, -sign * math.inf) for sign, name in zip(signs, _EXTREME)], **f64
+                [sign * self._extreme.get(name, -sign * math.inf) for sign, name in zip(signs, self._layout_extreme)],
+                **f64,
             )
             best = accelerator.reduce(local, "max").cpu().tolist()
-            for sign, name, value, present in zip(signs, _EXTREME, best, extreme_present):
+            for sign, name, value, present in zip(signs, self._layout_extreme, best, extreme_present):
                 if present:
                     scalars[name] = sign * value
 
         # 3. Histogram values in one all-gather: each process sends its values of all histogram metrics
         #    back to back, padded to the longest process's length; the exchanged lengths unpack them.
-        lengths = sums[n_pooled + n_extreme :].view(len(_HISTOGRAM), num_processes).long()  # (H, P)
+        lengths = sums[n_pooled + n_extreme :].view(len(self._layout_histogram), num_processes).long()  # (H, P)
         histograms: dict[str, np.ndarray] = {}
         if lengths.sum() > 0:
             width = int(lengths.sum(dim=0).max())
@@ -288,7 +294,7 @@ class MetricAccumulator:
             padded = torch.cat([flat, torch.zeros(width - flat.numel(), **f64)])
             gathered = accelerator.gather(padded).cpu().view(num_processes, width)
             offsets = [0] * num_processes
-            for i, name in enumerate(_HISTOGRAM):
+            for i, name in enumerate(self._layout_histogram):
                 if lengths[i].sum() == 0:
                     continue
                 parts = []

@@ -23,7 +23,7 @@ Notation used in the formulas (one PPO update; b indexes responses, t response t
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Reduction = Literal["mean", "sum", "var", "std", "min", "max", "last", "histogram"]
@@ -53,6 +53,8 @@ class Metric:
     importance: "crucial" (the objective), "stability" (watch for divergence) or "".
     watch: what healthy looks like, for the docs and the health checks.
     vs_trl: where our definition deliberately differs from TRL's, and why.
+    section: heading in docs/metrics.md; default: from the name's prefix ("objective/..." -> Objective).
+    A name containing "{reward_func_name}" is a template: :func:`expand` makes one metric per reward function.
     """
 
     name: str
@@ -67,6 +69,7 @@ class Metric:
     importance: str = ""
     watch: str = ""
     vs_trl: str = ""
+    section: str = ""
 
     def __post_init__(self) -> None:
         if self.reduction not in REDUCTIONS:
@@ -88,6 +91,8 @@ class Metric:
 
 
 PPO = frozenset({"ppo"})
+GRPO = frozenset({"grpo"})
+BOTH = frozenset({"ppo", "grpo"})
 
 # ----------------------------------------------------------------------------------------------
 # PPO scalars, once per update (step = update index, 1-based)
@@ -101,24 +106,25 @@ EPS = Metric(
     "sample generation",
     unit="episodes/s",
     reduction="last",
-    trainers=PPO,
+    trainers=BOTH,
     vs_trl="TRL truncates this to an integer; we log the float.",
 )
 EPISODE = Metric(
     name="episode",
     meaning="Number of episodes (sampled responses) processed so far, counted over all processes.",
-    formula="sum over finished updates, this one included, of the global rollout batch size (all processes)",
+    formula="PPO: sum over finished updates, this one included, of the global rollout batch size; GRPO: completions "
+    "generated so far, all processes (a batch reused by num_iterations counts once)",
     unit="episodes",
     reduction="last",
-    trainers=PPO,
+    trainers=BOTH,
 )
 LR = Metric(
     name="lr",
     meaning="Learning rate the optimizer used for this update.",
-    formula="the optimizer's learning rate during this update's optimizer steps (after the schedule is applied)",
+    formula="the optimizer's learning rate during this step's optimizer steps (linear decay from learning_rate to 0)",
     unit="dimensionless",
     reduction="last",
-    trainers=PPO,
+    trainers=BOTH,
     aliases=("ppo/learning_rate",),
 )
 
@@ -431,7 +437,7 @@ ROLLOUT_TASK_SUCCESS = Metric(
     formula="mean_b 1[task.check(prompt_b, response_b)]",
     unit="fraction",
     reduction="mean",
-    trainers=PPO,
+    trainers=BOTH,
     when="the task has a checker",
     importance="crucial",
     watch="The ground truth beside objective/scores: if the score rises while this falls, the policy is "
@@ -443,7 +449,7 @@ EVAL_TASK_SUCCESS = Metric(
     formula="mean over eval prompts of 1[task.check(prompt, greedy completion)]",
     unit="fraction",
     reduction="mean",
-    trainers=PPO,
+    trainers=BOTH,
     when="the task has a checker and an eval dataset is given; at sample-generation steps (num_sample_generations)",
     importance="crucial",
     watch="Should rise over training; the least noisy view of what the policy has learned.",
@@ -462,19 +468,20 @@ EVAL_SCORES = Metric(
 # Wall time
 TIME_ROLLOUT = Metric(
     name="time/rollout",
-    meaning="Wall-clock seconds of this update's rollout: generation, reference and value passes, scoring.",
-    formula="seconds between the start of the update and the start of its first PPO epoch (main process)",
+    meaning="Wall-clock seconds of this step's rollout: generation, scoring and the no-gradient forward passes.",
+    formula="PPO: generation, policy/reference/value forwards and reward-model scores; GRPO: generation, rewards, "
+    "reference and old log-prob forwards (0 on steps that reuse a batch); main process",
     unit="s",
     reduction="last",
-    trainers=PPO,
+    trainers=BOTH,
 )
 TIME_OPTIMIZATION = Metric(
     name="time/optimization",
-    meaning="Wall-clock seconds of this update's PPO epochs (forward, backward and optimizer steps).",
-    formula="seconds from the start of the first PPO epoch to the end of the last one (main process)",
+    meaning="Wall-clock seconds of this step's optimisation (forward, backward and optimizer steps).",
+    formula="seconds from the end of the rollout to the end of the last optimizer step (main process)",
     unit="s",
     reduction="last",
-    trainers=PPO,
+    trainers=BOTH,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -558,6 +565,246 @@ TOKENS_RESPONSES_DIST = Metric(
 
 
 # ----------------------------------------------------------------------------------------------
+# GRPO scalars, once per logging window of `logging_steps` optimizer steps (step = optimizer step)
+# Notation: i indexes completions, k reward functions; r_ik raw reward, w_k its weight, R_i = sum_k w_k r_ik;
+# groups of G = num_generations completions share a prompt; l_i completion length in tokens (EOS included).
+# ----------------------------------------------------------------------------------------------
+
+NUM_TOKENS = Metric(
+    name="num_tokens",
+    meaning="Prompt and completion tokens processed so far, all processes.",
+    formula="sum over generated batches so far of the real (non-padding) prompt and completion tokens",
+    unit="tokens",
+    reduction="last",
+    trainers=GRPO,
+    section="Run progress",
+)
+LOSS = Metric(
+    name="loss",
+    meaning="The loss the optimizer minimised, as aggregated by loss_type (plus beta * KL when beta > 0).",
+    formula="mean over the window's optimizer steps and processes of the step's loss (sum of its micro-batch losses)",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    watch="Near 0 is expected with num_iterations = 1 and beta = 0 (the ratio is 1 and advantages are centred); "
+    "watch reward instead.",
+)
+COMPLETIONS_MEAN_LENGTH = Metric(
+    name="completions/mean_length",
+    meaning="Mean completion length, truncated completions included.",
+    formula="mean_i l_i",
+    unit="tokens",
+    reduction="mean",
+    trainers=GRPO,
+)
+COMPLETIONS_MIN_LENGTH = Metric(
+    name="completions/min_length",
+    meaning="Shortest completion.",
+    formula="min_i l_i",
+    unit="tokens",
+    reduction="min",
+    trainers=GRPO,
+)
+COMPLETIONS_MAX_LENGTH = Metric(
+    name="completions/max_length",
+    meaning="Longest completion.",
+    formula="max_i l_i",
+    unit="tokens",
+    reduction="max",
+    trainers=GRPO,
+)
+COMPLETIONS_CLIPPED_RATIO = Metric(
+    name="completions/clipped_ratio",
+    meaning="Share of completions cut off at max_completion_length without a terminator.",
+    formula="mean_i 1[completion i contains no EOS id of the tokenizer or generation config]",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    importance="stability",
+    watch="High means completions are cut off: raise max_completion_length or teach the model to stop.",
+    vs_trl="TRL counts only tokenizer.eos_token_id as a terminator (#7039); we honour every EOS id.",
+)
+COMPLETIONS_MEAN_TERMINATED_LENGTH = Metric(
+    name="completions/mean_terminated_length",
+    meaning="Mean length of the completions that ended with a terminator.",
+    formula="mean of l_i over terminated completions (0 when none)",
+    unit="tokens",
+    reduction="mean",
+    trainers=GRPO,
+)
+COMPLETIONS_MIN_TERMINATED_LENGTH = Metric(
+    name="completions/min_terminated_length",
+    meaning="Shortest completion that ended with a terminator.",
+    formula="min of l_i over terminated completions (0 when none)",
+    unit="tokens",
+    reduction="min",
+    trainers=GRPO,
+)
+COMPLETIONS_MAX_TERMINATED_LENGTH = Metric(
+    name="completions/max_terminated_length",
+    meaning="Longest completion that ended with a terminator.",
+    formula="max of l_i over terminated completions (0 when none)",
+    unit="tokens",
+    reduction="max",
+    trainers=GRPO,
+)
+REWARDS_FUNC_MEAN = Metric(
+    name="rewards/{reward_func_name}/mean",
+    meaning="Mean raw (unweighted) reward of one reward function or reward model.",
+    formula="mean_i r_ik over completions where function k returned a value (None = not applicable, left out)",
+    unit="reward",
+    reduction="mean",
+    trainers=GRPO,
+    when="once per reward function, named after it",
+    importance="crucial",
+    watch="Shows which part of the desired behaviour is being learned when several rewards are combined.",
+)
+REWARDS_FUNC_STD = Metric(
+    name="rewards/{reward_func_name}/std",
+    meaning="Spread of one reward function's raw rewards.",
+    formula="sqrt of the unbiased variance of r_ik over completions where function k returned a value",
+    unit="reward",
+    reduction="std",
+    trainers=GRPO,
+    when="once per reward function, named after it",
+)
+REWARD = Metric(
+    name="reward",
+    meaning="Mean total reward: the weighted sum of the reward functions, before group normalisation.",
+    formula="mean_i R_i, R_i = sum over applicable k of w_k * r_ik",
+    unit="reward",
+    reduction="mean",
+    trainers=GRPO,
+    section="Rewards",
+    importance="crucial",
+    watch="The primary objective: it should rise while training works.",
+    vs_trl="TRL's docs call it normalised; like TRL's code (since #5353) we log the weighted reward before the "
+    "advantages are computed.",
+)
+REWARD_STD = Metric(
+    name="reward_std",
+    meaning="Spread of the total reward over all completions of the batch.",
+    formula="sqrt of the unbiased variance of R_i over all completions (batch level, not per group)",
+    unit="reward",
+    reduction="std",
+    trainers=GRPO,
+    section="Rewards",
+)
+FRAC_REWARD_ZERO_STD = Metric(
+    name="frac_reward_zero_std",
+    meaning="Share of completions whose group got identical rewards, so they carry no learning signal.",
+    formula="mean_i 1[std of R over the G completions of i's group == 0]",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Rewards",
+    importance="stability",
+    watch="Near 1 means almost every group is all-right or all-wrong: no gradient. Make prompts harder/easier "
+    "or raise num_generations.",
+)
+KL = Metric(
+    name="kl",
+    meaning="KL divergence of the current policy from the reference, per completion token (k3 estimator).",
+    formula="pooled token mean of exp(ref - logp) - (ref - logp) - 1, logp of the policy being optimised",
+    unit="nats/token",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    when="beta != 0",
+    importance="crucial",
+    watch="Should grow slowly; fast growth means the policy is leaving the reference.",
+)
+ENTROPY = Metric(
+    name="entropy",
+    meaning="Exact entropy of the policy's next-token distribution on completion tokens.",
+    formula="pooled token mean of logsumexp(z) - sum_v softmax(z)_v * z_v, z = logits / temperature",
+    unit="nats/token",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    importance="stability",
+    watch="A fast collapse towards 0 means the policy stops exploring too early.",
+)
+CLIP_RATIO_LOW_MEAN = Metric(
+    name="clip_ratio/low_mean",
+    meaning="Share of completion tokens whose ratio was clipped at the lower bound (negative advantage).",
+    formula="pooled token mean of 1[r < 1 - epsilon and A < 0], r = exp(logp - logp_old)",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    importance="stability",
+    watch="0 with num_iterations = 1; high values mean the policy moves too far per generation.",
+)
+CLIP_RATIO_LOW_MIN = Metric(
+    name="clip_ratio/low_min",
+    meaning="Smallest lower-clip share of any micro-batch on any process in the window.",
+    formula="min over micro-batches and processes of the micro-batch's token mean of 1[r < 1 - epsilon and A < 0]",
+    unit="fraction",
+    reduction="min",
+    trainers=GRPO,
+)
+CLIP_RATIO_HIGH_MEAN = Metric(
+    name="clip_ratio/high_mean",
+    meaning="Share of completion tokens whose ratio was clipped at the upper bound (positive advantage).",
+    formula="pooled token mean of 1[r > 1 + epsilon_high and A > 0]",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+)
+CLIP_RATIO_HIGH_MAX = Metric(
+    name="clip_ratio/high_max",
+    meaning="Largest upper-clip share of any micro-batch on any process in the window.",
+    formula="max over micro-batches and processes of the micro-batch's token mean of 1[r > 1 + epsilon_high and A > 0]",
+    unit="fraction",
+    reduction="max",
+    trainers=GRPO,
+)
+CLIP_RATIO_REGION_MEAN = Metric(
+    name="clip_ratio/region_mean",
+    meaning="Share of completion tokens clipped at either bound.",
+    formula="pooled token mean of 1[(r < 1 - epsilon and A < 0) or (r > 1 + epsilon_high and A > 0)]",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    importance="stability",
+    watch="High values mean updates push hard against the clip range: lower learning_rate or num_iterations.",
+)
+EVAL_REWARD = Metric(
+    name="eval/reward",
+    meaning="Mean total reward of the greedy completions of the evaluation prompts.",
+    formula="mean over eval prompts of R(prompt, greedy completion)",
+    unit="reward",
+    reduction="mean",
+    trainers=GRPO,
+    when="an eval dataset is given; at sample-generation steps (num_sample_generations)",
+)
+
+# ----------------------------------------------------------------------------------------------
+# Health checks (both trainers), once per logged step
+# ----------------------------------------------------------------------------------------------
+
+HEALTH_WARNINGS = Metric(
+    name="health/warnings",
+    meaning="Number of health rules firing at warning level at this step (see docs/health.md).",
+    formula="count of rules whose condition holds at warning (not critical) severity on the metrics logged so far",
+    unit="count",
+    reduction="last",
+    trainers=BOTH,
+    when="health checks are on (--health warn or stop)",
+)
+HEALTH_CRITICAL = Metric(
+    name="health/critical",
+    meaning="Number of health rules firing at critical level at this step (see docs/health.md).",
+    formula="count of rules whose condition holds at critical severity on the metrics logged so far",
+    unit="count",
+    reduction="last",
+    trainers=BOTH,
+    when="health checks are on (--health warn or stop)",
+)
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------
 
@@ -580,6 +827,29 @@ REGISTRY: dict[str, Metric] = _build_registry([v for v in list(globals().values(
 
 # Older name -> current name.
 ALIASES: dict[str, str] = {alias: m.name for m in REGISTRY.values() for alias in m.aliases}
+
+
+def is_template(metric: Metric) -> bool:
+    """True for a per-reward-function template such as ``rewards/{reward_func_name}/mean``."""
+    return "{" in metric.name
+
+
+def expand(metric: Metric, reward_func_name: str) -> Metric:
+    """The concrete metric of a template for one reward function: ``rewards/{reward_func_name}/mean`` and
+    "correctness" give ``rewards/correctness/mean``, with the template's reduction and documentation."""
+    if not is_template(metric):
+        raise ValueError(f"{metric.name} is not a template")
+    if not reward_func_name or any(c in reward_func_name for c in "{}"):
+        raise ValueError(f"invalid reward function name {reward_func_name!r} for metric {metric.name}")
+    return replace(metric, name=metric.name.format(reward_func_name=reward_func_name), aliases=())
+
+
+def expand_templates(metrics: list[Metric], reward_func_names: list[str]) -> list[Metric]:
+    """`metrics` with every template replaced by its expansion for each reward function, order kept."""
+    out: list[Metric] = []
+    for m in metrics:
+        out += [expand(m, name) for name in reward_func_names] if is_template(m) else [m]
+    return out
 
 
 def metrics_for(trainer: str, kind: str | None = "scalar") -> list[Metric]:
@@ -609,9 +879,11 @@ def with_aliases(values: dict[str, float]) -> dict[str, float]:
 _CONVENTIONS = """\
 ## Conventions
 
-- **Step.** The tracker step is the update index, starting at 1; training metrics are logged once per
-  update (every `logging_steps` updates). `eval/*` metrics and completion tables are logged at
-  sample-generation steps, step 0 being the policy before training.
+- **Step.** PPO: the tracker step is the update index (one rollout batch and its PPO epochs), starting at 1.
+  GRPO: the optimizer step, starting at 1; a generated batch serves `num_iterations` steps. Training
+  metrics are logged every `logging_steps` steps and pool everything since the previous log. `eval/*`
+  metrics and completion tables are logged at sample-generation steps, step 0 being the policy before
+  training.
 - **Masking.** Per-token statistics count real response tokens only: the mask is True from the first
   response token up to and including the stop token, False on padding and on anything generated after
   the stop token. Padded positions never carry sentinel values and never enter a numerator or a
@@ -655,10 +927,16 @@ _SECTION_TITLES = {
     "eval": "Task success",
     "time": "Wall time",
     "env": "Rewards",
+    "completions": "Completions",
+    "rewards": "Rewards",
+    "clip_ratio": "Policy optimisation",
+    "health": "Health checks",
 }
 
 
 def _section(metric: Metric) -> str:
+    if metric.section:
+        return metric.section
     prefix = metric.name.split("/", 1)[0] if "/" in metric.name else ""
     return _SECTION_TITLES.get(prefix, prefix)
 

@@ -132,14 +132,22 @@ def test_only_registered_metrics_with_the_right_method_are_accepted():
 
 
 @pytest.fixture
-def extreme_metrics(monkeypatch):
-    """Register a min and a max metric for the test (the PPO set has none; GRPO's clip ratios will)."""
-    low = Metric("test/low_min", "m", "f", "u", "min")
-    high = Metric("test/high_max", "m", "f", "u", "max")
-    for m in (low, high):
-        monkeypatch.setitem(registry.REGISTRY, m.name, m)
-    monkeypatch.setattr(accumulate, "_EXTREME", [low.name, high.name])
-    return low, high
+def extreme_metrics():
+    """The registry's min and max metrics (GRPO's clip ratios)."""
+    return M.CLIP_RATIO_LOW_MIN, M.CLIP_RATIO_HIGH_MAX
+
+
+CORRECTNESS_MEAN = registry.expand(M.REWARDS_FUNC_MEAN, "correctness")
+
+
+def test_template_expansions_are_accepted_only_when_declared():
+    with pytest.raises(KeyError, match="extra_metrics"):
+        MetricAccumulator().add(CORRECTNESS_MEAN, 1.0)
+    with pytest.raises(KeyError):
+        MetricAccumulator().add(M.REWARDS_FUNC_MEAN, 1.0)  # the template itself is not a metric
+    acc = MetricAccumulator(extra_metrics=[CORRECTNESS_MEAN])
+    acc.add_tensor(CORRECTNESS_MEAN, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    assert acc.reduce().scalars == {"rewards/correctness/mean": 0.75}
 
 
 def test_min_and_max(extreme_metrics):
@@ -171,6 +179,7 @@ def feed(acc: MetricAccumulator, rank: int, low: Metric, high: Metric) -> None:
     acc.add_extreme(low, scores.min() - rank)
     acc.add_extreme(high, scores.max())
     acc.set(M.LR, 0.1 * (rank + 1))
+    acc.add_tensor(CORRECTNESS_MEAN, torch.ones(rank + 1))  # 1 value on process 0, 2 on process 1
     if rank == 1:
         acc.add(M.OBJECTIVE_KL, 5.0, 2)
         acc.add_values(M.ENV_REWARD_DIST, scores)
@@ -182,7 +191,7 @@ def _child(out_dir: str, low: Metric, high: Metric) -> None:
 
     AcceleratorState._reset_state(True)  # forked from pytest: forget any state the parent built
     accelerator = Accelerator(cpu=True)
-    acc = MetricAccumulator()
+    acc = MetricAccumulator(extra_metrics=[CORRECTNESS_MEAN])
     feed(acc, accelerator.process_index, low, high)
     reduced = acc.reduce(accelerator)
     record = {
@@ -203,7 +212,7 @@ def test_two_process_reduce_is_exact(tmp_path, extreme_metrics):
     assert [r["num_processes"] for r in results] == [2, 2]
 
     # Reference: both processes' data in one accumulator, and independent float64 formulas.
-    single = MetricAccumulator()
+    single = MetricAccumulator(extra_metrics=[CORRECTNESS_MEAN])
     feed(single, 0, low, high)
     feed(single, 1, low, high)
     expected = single.reduce()
@@ -223,6 +232,7 @@ def test_two_process_reduce_is_exact(tmp_path, extreme_metrics):
         )
         assert scalars[M.VAL_NUM_EOS_TOKENS.name] == 5
         assert scalars[M.OBJECTIVE_KL.name] == 2.5  # added on process 1 only
+        assert scalars["rewards/correctness/mean"] == 1.0
         assert scalars[low.name] == -1.0 and scalars[high.name] == 12.0
         hists = result["histograms"]
         assert set(hists) == {M.POLICY_RATIO_DIST.name, M.ENV_REWARD_DIST.name}

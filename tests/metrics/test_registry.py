@@ -99,6 +99,59 @@ def test_seed_files_list_no_ppo_name_we_miss():
     assert names <= {m.name for m in metrics_for("ppo", kind=None)}
 
 
+# GRPO metric names of seed 004 ("GRPO Logging"), verbatim; the seed's Liger-only `clip_ratio` is not logged
+# (rlhfkit has no fused loss), and the issue adds frac_reward_zero_std, eps, episode, lr and loss.
+SEED_GRPO_NAMES = [
+    "num_tokens",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "completions/min_terminated_length",
+    "completions/max_terminated_length",
+    "rewards/{reward_func_name}/mean",
+    "rewards/{reward_func_name}/std",
+    "reward",
+    "reward_std",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
+    "frac_reward_zero_std",
+    "eps",
+    "episode",
+    "lr",
+    "loss",
+]
+
+
+def test_every_seed_grpo_name_is_registered_verbatim_for_grpo():
+    grpo_names = {m.name for m in metrics_for("grpo", kind=None)}
+    assert [name for name in SEED_GRPO_NAMES if name not in grpo_names] == []
+
+
+@pytest.mark.skipif(not SEEDS.is_dir(), reason="reference seeds not available on this machine")
+def test_seed_004_lists_no_grpo_name_we_miss():
+    grpo_004 = next(SEEDS.glob("004_*.txt")).read_text().split("GRPO Logging", 1)[1].split("Crucial GRPO", 1)[0]
+    names = set(re.findall(r"- ([a-z_]+(?:/[a-z_{}]+)*):", grpo_004))  # some items share a line in the seed
+    assert len(names) >= 19  # the parse found the list
+    assert names - {"clip_ratio"} <= {m.name for m in metrics_for("grpo", kind=None)}
+
+
+def test_templates_expand_per_reward_function():
+    mean = registry.expand(registry.REWARDS_FUNC_MEAN, "correctness")
+    assert (mean.name, mean.reduction) == ("rewards/correctness/mean", "mean")
+    names = [m.name for m in registry.expand_templates(metrics_for("grpo"), ["a", "b"])]
+    assert "rewards/a/mean" in names and "rewards/b/std" in names
+    assert not any("{" in n for n in names)
+    with pytest.raises(ValueError):
+        registry.expand(registry.REWARD, "a")
+
+
 def test_older_trl_names_are_names_or_aliases():
     known = set(REGISTRY) | set(ALIASES)
     uncovered = [n for n in SEED_000_NAMES if n not in known and n not in NOT_LOGGED_FROM_SEED_000]
@@ -145,7 +198,7 @@ def test_metrics_for_splits_scalars_and_histograms():
         "tokens/responses_dist",
     }
     assert set(metrics_for("ppo", None)) == set(scalars) | set(hists)
-    assert metrics_for("grpo") == []  # declared with the GRPO trainer
+    assert metrics_for("grpo", "histogram") == []
     with pytest.raises(ValueError, match="ppo"):
         metrics_for("dpo")
 
