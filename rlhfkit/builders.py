@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import warnings
 
-from rlhfkit.config import PPOConfig
+from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig, TrainConfig
 from rlhfkit.data import load_prompt_splits
 from rlhfkit.models import choose_dtype, load_policy, load_scalar_model, load_tokenizer
 
@@ -30,29 +32,137 @@ BUILTIN_PPO_DEFAULTS = {
 }
 
 
-def uses_builtin_task(args: PPOConfig) -> bool:
+# GRPO on the built-in task: 32 prompts x 8 completions per step, rule-based rewards (see docs/builtin_task.md).
+BUILTIN_GRPO_DEFAULTS = {
+    "learning_rate": 1e-4,
+    "num_generations": 8,
+    "per_device_train_batch_size": 64,
+    "gradient_accumulation_steps": 4,
+    "max_steps": 60,
+    "per_device_eval_batch_size": 128,
+    "temperature": 1.0,
+    "logging_steps": 1,
+    "num_sample_generations": 10,
+    "save_steps": 0,
+}
+
+
+def uses_builtin_task(args: TrainConfig) -> bool:
     return not any(getattr(args, flag, None) for flag in MODEL_FLAGS)
 
 
 def apply_builtin_task(
-    args: PPOConfig, explicit: set[str] | frozenset[str] = frozenset(), preset: str = "default"
+    args: TrainConfig, explicit: set[str] | frozenset[str] = frozenset(), preset: str = "default"
 ) -> None:
     """Point the model/data paths at the built-in task's assets (built on first use) and apply its defaults."""
     from rlhfkit.tasks import builtin_assets, load_task
 
     root = str(builtin_assets(preset))
     task = load_task(root)
-    args.model_name_or_path = os.path.join(root, "tokenizer")
-    args.sft_model_path = os.path.join(root, "sft")
-    args.reward_model_path = os.path.join(root, "reward")
+    if isinstance(args, PPOConfig):
+        args.model_name_or_path = os.path.join(root, "tokenizer")
+        args.sft_model_path = os.path.join(root, "sft")
+        args.reward_model_path = os.path.join(root, "reward")
+        defaults = dict(BUILTIN_PPO_DEFAULTS, response_length=task.max_new_tokens)
+    else:
+        args.model_name_or_path = os.path.join(root, "sft")
+        defaults = dict(BUILTIN_GRPO_DEFAULTS, max_completion_length=task.max_new_tokens)
     if not args.dataset_name:
         args.dataset_name = os.path.join(root, "prompts")
     if not args.task:
         args.task = root
-    defaults = dict(BUILTIN_PPO_DEFAULTS, response_length=task.max_new_tokens)
     for name, value in defaults.items():
         if name not in explicit:
             setattr(args, name, value)
+
+
+def _load_data_and_task(args: TrainConfig):
+    if args.dataset_name is None:
+        from rlhfkit.tasks import builtin_assets
+
+        args.dataset_name = os.path.join(str(builtin_assets()), "prompts")
+    train, test = load_prompt_splits(args.dataset_name, args.dataset_train_split, args.dataset_test_split)
+    task = None
+    if args.task:
+        from rlhfkit.tasks import load_task
+
+        task = load_task(args.task)
+    return train, test, task
+
+
+def import_reward_function(ref: str):
+    """The function named by "module:function" or "path/to/file.py:function" (imported only because the user
+    named it). The current directory is importable, as with ``python -m``."""
+    module_name, _, attr = ref.rpartition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--reward_funcs {ref!r}: expected a built-in reward name or 'module:function'.")
+    try:
+        if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                raise ConfigError(f"--reward_funcs {ref!r}: the file {module_name!r} does not exist.")
+            spec = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"--reward_funcs {ref!r}: cannot import {module_name!r} ({e}).") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"--reward_funcs {ref!r}: {module_name!r} has no function {attr!r}.")
+    return fn
+
+
+def resolve_reward_funcs(names: list[str] | None, task) -> list:
+    """Reward callables for --reward_funcs: the task's built-in names, or module:function references.
+
+    No names: the task's rule-based rewards. No task and no names: an error (GRPO needs a reward).
+    """
+    builtin = dict(task.reward_funcs) if task is not None else {}
+    if not names:
+        if not builtin:
+            raise ConfigError(
+                "GRPO needs a reward: pass --reward_funcs module:function (or a built-in name with --task) and/or "
+                "--reward_model_path PATH."
+            )
+        return list(builtin.values())
+    funcs = []
+    for name in names:
+        if name in builtin:
+            funcs.append(builtin[name])
+        elif ":" in name:
+            funcs.append(import_reward_function(name))
+        else:
+            known = ", ".join(builtin) or "none without --task"
+            raise ConfigError(
+                f"--reward_funcs {name!r} is not a built-in reward of the task (built-in: {known}) nor a "
+                "'module:function' reference."
+            )
+    return funcs
+
+
+def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
+    """A GRPOTrainer from paths in ``args``. Without model flags, the built-in task and its rewards are used."""
+    from rlhfkit.trainers.grpo import GRPOTrainer
+
+    if uses_builtin_task(args):
+        apply_builtin_task(args, explicit)
+        if "reward_funcs" not in explicit:
+            args.reward_funcs = ["correctness"]
+    train, test, task = _load_data_and_task(args)
+    reward_funcs = list(args.reward_model_path or [])
+    if args.reward_funcs or not reward_funcs:
+        reward_funcs = resolve_reward_funcs(args.reward_funcs, task) + reward_funcs
+    return GRPOTrainer(
+        model=args.model_name_or_path,
+        reward_funcs=reward_funcs,
+        args=args,
+        train_dataset=train,
+        eval_dataset=test,
+        task=task,
+    )
 
 
 def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
@@ -80,16 +190,7 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
         value_model = load_scalar_model(args.value_model_path, dtype, "value_model_path", args.trust_remote_code)
     if reward_model.config.pad_token_id is None:
         reward_model.config.pad_token_id = tokenizer.pad_token_id
-    if args.dataset_name is None:
-        from rlhfkit.tasks import builtin_assets
-
-        args.dataset_name = os.path.join(str(builtin_assets()), "prompts")
-    train, test = load_prompt_splits(args.dataset_name, args.dataset_train_split, args.dataset_test_split)
-    task = None
-    if args.task:
-        from rlhfkit.tasks import load_task
-
-        task = load_task(args.task)
+    train, test, task = _load_data_and_task(args)
     return PPOTrainer(
         args=args,
         processing_class=tokenizer,

@@ -12,7 +12,9 @@ USAGE = """usage: rlhfkit COMMAND [FLAGS]
 
 commands:
   ppo          train a policy with PPO (flags as TRL's PPOConfig; without model flags: the built-in task)
+  grpo         train a policy with GRPO (flags as TRL's GRPOConfig; without model flags: the built-in task)
   build-tiny   build the built-in task's tokenizer, SFT model, reward model and prompts into a directory
+  doctor       re-run the health checks over a run directory's metrics.jsonl and print the findings
 
 Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see tracebacks.
 """
@@ -79,6 +81,18 @@ def cmd_ppo(argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_grpo(argv: Sequence[str]) -> int:
+    from rlhfkit.builders import build_grpo_trainer
+    from rlhfkit.config import GRPOConfig
+
+    args, explicit = parse_config(GRPOConfig, argv, "rlhfkit grpo")
+    trainer = build_grpo_trainer(args, explicit)
+    trainer.train()
+    if trainer.accelerator.is_main_process:
+        print(f"Run directory: {args.output_dir}")
+    return 0
+
+
 def cmd_build_tiny(argv: Sequence[str]) -> int:
     from rlhfkit.tasks import build_tiny
 
@@ -96,7 +110,13 @@ def cmd_build_tiny(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"ppo": cmd_ppo, "build-tiny": cmd_build_tiny}
+def cmd_doctor(argv: Sequence[str]) -> int:
+    from rlhfkit.health import cmd_doctor as doctor
+
+    return doctor(list(argv))
+
+
+COMMANDS = {"ppo": cmd_ppo, "grpo": cmd_grpo, "build-tiny": cmd_build_tiny, "doctor": cmd_doctor}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,11 +133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[command](rest)
     except Exception as e:
+        from rlhfkit.health.watch import HealthStop
+
+        if isinstance(e, HealthStop):
+            print(f"rlhfkit {command}: {e}", file=sys.stderr)
+            return HealthStop.exit_status
         from rlhfkit.config import ConfigError
         from rlhfkit.data import DataError
         from rlhfkit.models import ModelLoadError
+        from rlhfkit.rewards import RewardFunctionError
 
-        if debug or not isinstance(e, (UsageError, ConfigError, DataError, ModelLoadError)):
+        if debug or not isinstance(e, (UsageError, ConfigError, DataError, ModelLoadError, RewardFunctionError)):
             raise
         print(f"rlhfkit {command}: error: {e}", file=sys.stderr)
         return 2

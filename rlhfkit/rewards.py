@@ -1,6 +1,11 @@
-"""Scores from reward models (and, for the built-in task, its checker)."""
+"""Scores from reward models and reward functions: PPO's reward-model score, GRPO's reward sources."""
 
 from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -41,3 +46,120 @@ def apply_eos_trick(
     if missing_eos_penalty is not None:
         scores[~terminated] -= missing_eos_penalty
     return scores
+
+
+# ------------------------------------------------------------------------------------------------
+# Rewards for GRPO: reward functions (TRL's calling convention) and reward models behind one interface
+# ------------------------------------------------------------------------------------------------
+
+
+class RewardFunctionError(ValueError):
+    """A reward function raised or returned something unusable; the message names the function and the problem."""
+
+
+class RewardOutput(NamedTuple):
+    """One reward source's values for a batch of N completions."""
+
+    values: torch.Tensor  # (N,) float64; NaN where not applicable (the function returned None)
+    applicable: torch.Tensor  # (N,) bool, True where the function returned a number
+
+
+def _as_number(value: Any) -> float | None:
+    """A plain float for a real number (bools, NumPy and 0-d tensors included), None for None; else raise TypeError."""
+    if value is None:
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return _as_number(value.item())
+    raise TypeError
+
+
+def call_reward_function(
+    name: str, fn: Callable, prompts: list[str], completions: list[str], **kwargs: Any
+) -> RewardOutput:
+    """Call ``fn(prompts=..., completions=..., **kwargs)`` (TRL's convention) and check what comes back.
+
+    kwargs carry ``completion_ids`` and the dataset's other columns, one value per completion. The function must
+    return one float (or None: "not applicable", left out of means) per completion; anything else stops training
+    with an error naming the function, because a silently misaligned reward trains the wrong behaviour.
+    """
+    n = len(completions)
+    try:
+        out = fn(prompts=prompts, completions=completions, **kwargs)
+    except Exception as e:
+        raise RewardFunctionError(f"reward function {name!r} raised {type(e).__name__}: {e}") from e
+    if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Sequence) and not hasattr(out, "tolist"):
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {type(out).__name__}; it must return a list with one float "
+            f"(or None) per completion ({n} here)."
+        )
+    out = out.tolist() if hasattr(out, "tolist") else list(out)
+    if len(out) != n:
+        raise RewardFunctionError(
+            f"reward function {name!r} returned {len(out)} values for {n} completions; it must return one per "
+            "completion, in order."
+        )
+    values = []
+    for i, value in enumerate(out):
+        try:
+            values.append(_as_number(value))
+        except TypeError:
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {value!r} ({type(value).__name__}) for completion {i}; "
+                "rewards must be numbers, or None where the function does not apply."
+            ) from None
+    applicable = torch.tensor([v is not None for v in values], dtype=torch.bool)
+    tensor = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+    return RewardOutput(tensor, applicable)
+
+
+def weighted_total(outputs: list[RewardOutput], weights: list[float], prompts: list[str]) -> torch.Tensor:
+    """R_i = sum over the sources that apply to completion i of w_k * r_ik. (N,) float64.
+
+    A completion that no source scores has no reward at all: that is an error, not a silent 0.
+    """
+    values = torch.stack([o.values for o in outputs])  # (K, N)
+    applicable = torch.stack([o.applicable for o in outputs])
+    w = torch.tensor(weights, dtype=torch.float64)[:, None]
+    unscored = ~applicable.any(0)
+    if unscored.any():
+        i = int(unscored.nonzero()[0])
+        raise RewardFunctionError(
+            f"every reward function returned None for completion {i} (prompt {prompts[i]!r}); at least one must "
+            "score each completion."
+        )
+    return torch.where(applicable, w * values, 0.0).sum(0)
+
+
+class RewardModelFunction:
+    """A sequence-classification reward model used as a reward function (score at the last real token).
+
+    When the reward model's tokenizer is the policy's (same vocabulary), the policy's own token ids are scored,
+    EOS included, exactly as the reward model saw sequences in training. Otherwise prompt + completion text is
+    re-tokenised with the reward model's tokenizer (TRL's behaviour), so any reward model works with any policy.
+    """
+
+    def __init__(self, model: nn.Module, tokenizer, name: str, same_vocab: bool, batch_size: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.__name__ = name
+        self.same_vocab = same_vocab
+        self.batch_size = batch_size
+
+    @torch.inference_mode()
+    def __call__(self, prompts: list[str], completions: list[str], sequence_ids=None, **kwargs) -> list[float]:
+        device = next(self.model.parameters()).device
+        if self.same_vocab and sequence_ids is not None:
+            ids, mask = sequence_ids
+        else:
+            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
+            enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+            ids, mask = enc["input_ids"], enc["attention_mask"].bool()
+        scores = [
+            reward_model_scores(
+                self.model, ids[i : i + self.batch_size].to(device), mask[i : i + self.batch_size].to(device)
+            )
+            for i in range(0, len(ids), self.batch_size)
+        ]
+        return torch.cat(scores).double().cpu().tolist()

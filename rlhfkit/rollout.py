@@ -6,7 +6,7 @@ Masks are bool, True = a real token.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import torch
@@ -14,6 +14,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit import ops
+from rlhfkit.data import left_pad
 
 
 class Responses(NamedTuple):
@@ -47,13 +48,22 @@ def terminator_ids(
 
 
 def sampling_config(
-    max_new_tokens: int, temperature: float | None, pad_token_id: int, stop_ids: list[int]
+    max_new_tokens: int,
+    temperature: float | None,
+    pad_token_id: int,
+    stop_ids: list[int],
+    top_p: float = 1.0,
+    top_k: int = 0,
 ) -> GenerationConfig:
-    """Pure sampling from the full distribution (top_k=0, top_p=1), or greedy when temperature is None."""
+    """Sampling at `temperature` (the full distribution unless top_p < 1 or top_k > 0), or greedy when None.
+
+    The log-probs used in the losses are those of the temperature-scaled full distribution; with top_p/top_k the
+    sampler draws from a truncated one (as TRL does), so keep them at their defaults for exact on-policy ratios.
+    """
     common = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=stop_ids)
     if temperature is None:
         return GenerationConfig(do_sample=False, **common)
-    return GenerationConfig(do_sample=True, temperature=temperature, top_k=0, top_p=1.0, **common)
+    return GenerationConfig(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p, **common)
 
 
 @torch.inference_mode()
@@ -73,6 +83,38 @@ def truncate_responses(raw: torch.Tensor, stop_ids: list[int], pad_token_id: int
     lengths = torch.where(first_stop < raw.shape[1], first_stop + 1, torch.full_like(first_stop, raw.shape[1]))
     mask = torch.arange(raw.shape[1], device=raw.device)[None, :] < lengths[:, None]
     return Responses(ids=ids.masked_fill(~mask, pad_token_id), mask=mask, terminated=first_stop < raw.shape[1])
+
+
+class Chunk(NamedTuple):
+    """Prompts of one generation chunk and their responses."""
+
+    query_ids: torch.Tensor  # (B, Lq) long, left-padded
+    query_mask: torch.Tensor  # (B, Lq) bool
+    responses: Responses
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        return torch.cat([self.query_ids, self.responses.ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        return torch.cat([self.query_mask, self.responses.mask], dim=1)
+
+
+def complete(
+    model: nn.Module,
+    prompt_ids: list[list[int]],
+    config: GenerationConfig,
+    stop_ids: list[int],
+    pad_token_id: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+) -> Iterator[Chunk]:
+    """Generate responses to `prompt_ids` in chunks of `batch_size`, truncated after their first terminator."""
+    for i in range(0, len(prompt_ids), batch_size):
+        query_ids, query_mask = (t.to(device) for t in left_pad(prompt_ids[i : i + batch_size], pad_token_id))
+        raw = generate(model, query_ids, query_mask, config)
+        yield Chunk(query_ids, query_mask, truncate_responses(raw, stop_ids, pad_token_id))
 
 
 def pad_right(tensors: list[torch.Tensor], value: int | bool | float) -> torch.Tensor:

@@ -192,8 +192,17 @@ class RunLogger:
 
             run.log({key: trackio.Histogram(values) for key, values in arrays.items()}, step=step)
 
-    def log_table(self, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
+    def log_table(
+        self,
+        key: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        step: int,
+        console_rows: int | None = None,
+    ) -> None:
         """Show a table of completions at `step`: console, samples.jsonl and every tracker that can show one.
+
+        console_rows: print only the first this many rows (all are logged); None prints every row.
 
         Trackio keeps each step's table under `key`; W&B gets `key`/step_NNNNNN (it would show only the
         latest under a fixed key); TensorBoard gets a markdown table as text under `key` at `step`.
@@ -207,7 +216,9 @@ class RunLogger:
         if any(len(row) != len(columns) for row in rows):
             raise ValueError(f"every row of table {key!r} must have {len(columns)} cells ({columns})")
 
-        self.console.print(rich_table(f"{key} (step {step})", columns, rows))
+        shown = rows if console_rows is None else rows[:console_rows]
+        if shown:
+            self.console.print(rich_table(f"{key} (step {step})", columns, shown))
         self.run_dir.append_samples(step, key, columns, rows)
         if (writer := self._tracker("tensorboard")) is not None:
             writer.add_text(key, markdown_table(columns, rows), global_step=step)
@@ -221,7 +232,20 @@ class RunLogger:
 
             run.log({key: trackio.Table(columns=columns, data=rows)}, step=step)
 
-    def progress(self, update: int, total: int, scalars: Mapping[str, Any]) -> None:
+    def alert(self, title: str, text: str, level: str) -> None:
+        """Raise an alert with the trackers' own alert APIs (Trackio and W&B show them on the dashboard and can
+        forward them to a webhook / Slack). level: "info", "warning" or "critical"."""
+        if not self.is_main:
+            return
+        if (run := self._tracker("trackio")) is not None:
+            from trackio.alerts import AlertLevel
+
+            trackio_level = {"info": AlertLevel.INFO, "warning": AlertLevel.WARN}.get(level, AlertLevel.ERROR)
+            run.alert(title=title, text=text, level=trackio_level)
+        if (run := self._tracker("wandb")) is not None:
+            run.alert(title=title, text=text, level={"info": "INFO", "warning": "WARN"}.get(level, "ERROR"))
+
+    def progress(self, update: int, total: int, scalars: Mapping[str, Any], unit: str = "update") -> None:
         """Progress of training: episodes, eps and the registry's crucial values.
 
         On a terminal, a live rich progress bar (tables printed meanwhile appear above it); in a log file,
@@ -238,7 +262,7 @@ class RunLogger:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
                 self._progress = Progress(
-                    TextColumn("updates"),
+                    TextColumn(f"{unit}s"),
                     BarColumn(),
                     MofNCompleteColumn(),
                     TimeRemainingColumn(),
@@ -252,7 +276,7 @@ class RunLogger:
                 self._progress.stop()
                 self._progress = None
         elif update == total or update % max(1, total // 20) == 0:
-            self.console.print(f"update {update}/{total} | {status}", markup=False, highlight=False, soft_wrap=True)
+            self.console.print(f"{unit} {update}/{total} | {status}", markup=False, highlight=False, soft_wrap=True)
 
     def finish(self) -> None:
         """End the tracker runs (accelerator.end_training; it also tears down the process group)."""

@@ -4,6 +4,7 @@ output_dir/
   run_config.json the resolved config
   metrics.jsonl   one line per RunLogger.log() call: {"step": int, metric: value, ...}
   samples.jsonl   one line per completion-table row: {"step": int, "key": str, column: value, ...}
+  health.jsonl    one line per health finding (written by rlhfkit.health)
 
 Lines are appended and the file closed at once, so a crash loses at most the line being written.
 Non-finite floats are written as NaN / Infinity, as Python's json module does (and reads back).
@@ -20,6 +21,7 @@ from typing import Any
 CONFIG_FILE = "run_config.json"  # not config.json: the final model saved in the same directory writes that
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
+HEALTH_FILE = "health.jsonl"  # written by rlhfkit.health.append_findings; emptied here with the others
 
 
 def to_jsonable(value: Any) -> Any:
@@ -51,7 +53,7 @@ class RunDirectory:
         (self.path / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")
         if not resume:
             # A reused output_dir must not mix an old run's lines into the new run's record.
-            for name in (METRICS_FILE, SAMPLES_FILE):
+            for name in (METRICS_FILE, SAMPLES_FILE, HEALTH_FILE):
                 (self.path / name).write_text("", encoding="utf-8")
 
     def _append(self, name: str, records: Sequence[Mapping[str, Any]]) -> None:

@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 from dataclasses import dataclass
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import set_seed
 from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -36,6 +33,7 @@ from transformers import PreTrainedTokenizerBase
 from rlhfkit import ops
 from rlhfkit.config import PPOConfig, ppo_batch_sizes, resolve_output_dir
 from rlhfkit.data import endless_batches, left_pad, tokenize_prompts
+from rlhfkit.health.watch import HealthStop, HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import disable_dropout, frozen_copy, policy_logits, token_values
@@ -49,7 +47,16 @@ from rlhfkit.rollout import (
     terminator_ids,
     truncate_responses,
 )
-from rlhfkit.tracking import RunLogger, make_trackers, resolve_report_to
+from rlhfkit.tracking import RunLogger, resolve_report_to
+from rlhfkit.trainers.common import (
+    is_sample_step,
+    linear_lr,
+    make_accelerator,
+    prune_checkpoints,
+    sample_every,
+    save_atomically,
+    set_lr,
+)
 
 
 class PolicyAndValue(nn.Module):
@@ -109,18 +116,7 @@ class PPOTrainer:
         self.args = args
         resolve_output_dir(args)
         self.report_to = resolve_report_to(args.report_to)
-        trackers = make_trackers(
-            self.report_to,
-            project=args.project,
-            run_name=args.run_name,
-            output_dir=args.output_dir,
-            logging_dir=args.logging_dir,
-        )
-        # Without CUDA, accelerate only forms a process group (gloo) for torchrun-launched processes when told
-        # cpu=True; a single process keeps its default device (e.g. MPS).
-        multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-        self.accelerator = Accelerator(log_with=trackers or None, cpu=multi_cpu)
-        set_seed(args.seed, device_specific=True)  # each process samples different responses
+        self.accelerator = make_accelerator(args, self.report_to)
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
@@ -162,6 +158,7 @@ class PPOTrainer:
             report_to=self.report_to,
             logging_dir=args.logging_dir,
         )
+        self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator)
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -177,16 +174,13 @@ class PPOTrainer:
         prompts = endless_batches(
             len(self.train_dataset), sizes.local_batch_size, args.seed, acc.process_index, acc.num_processes
         )
-        sample_every = (
-            max(1, sizes.num_total_batches // args.num_sample_generations) if args.num_sample_generations else 0
-        )
+        every = sample_every(sizes.num_total_batches, args.num_sample_generations)
         start, episode = time.time(), 0
-        if sample_every:
+        if every:
             self.evaluate(step=0)
         for update in range(1, sizes.num_total_batches + 1):
-            lr = args.learning_rate * (1.0 - (update - 1) / sizes.num_total_batches)
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
+            lr = linear_lr(args.learning_rate, update, sizes.num_total_batches)
+            set_lr(self.optimizer, lr)
 
             # 1. Rollout: sample responses to a batch of prompts from the current policy.
             t0 = time.time()
@@ -232,12 +226,19 @@ class PPOTrainer:
                     M.TIME_OPTIMIZATION.name: t2 - t1,
                 }
             )
+            stop = None
             if update % args.logging_steps == 0 or update == sizes.num_total_batches:
+                stop = self.health.observe(update, scalars)
                 self.logger.log(scalars, step=update)
                 self.logger.log_histograms(reduced.histograms, step=update)
             self.logger.progress(update, sizes.num_total_batches, scalars)
-            if sample_every and (update % sample_every == 0 or update == sizes.num_total_batches):
+            if is_sample_step(update, sizes.num_total_batches, every):
                 self.evaluate(step=update)
+            if stop is not None:  # --health stop and a critical finding: keep the state, explain, end
+                checkpoint = os.path.join(args.output_dir, f"checkpoint-{update}")
+                self.save(checkpoint)
+                self.logger.finish()
+                raise HealthStop(stop, checkpoint, args.output_dir)
             if args.save_steps and update % args.save_steps == 0 and update < sizes.num_total_batches:
                 self.save(os.path.join(args.output_dir, f"checkpoint-{update}"))
         self.save(args.output_dir, final=True)
@@ -435,38 +436,13 @@ class PPOTrainer:
 
     def save(self, path: str, final: bool = False) -> None:
         """Policy (and value model in value_model/) with the tokenizer, written to a temp dir then renamed."""
-        acc = self.accelerator
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            tmp = path.rstrip("/") + ".tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        def write(tmp: str) -> None:
             model = self.unwrapped
             model.policy.save_pretrained(tmp)
             model.value_model.save_pretrained(os.path.join(tmp, "value_model"))
             self.tokenizer.save_pretrained(tmp)
-            if final:
-                # The run directory already holds logs: move only the model files in.
-                for name in os.listdir(tmp):
-                    target = os.path.join(path, name)
-                    if os.path.isdir(target):
-                        shutil.rmtree(target)
-                    os.replace(os.path.join(tmp, name), target)
-                os.rmdir(tmp)
-            else:
-                shutil.rmtree(path, ignore_errors=True)
-                os.replace(tmp, path)
-                self._prune_checkpoints()
-        acc.wait_for_everyone()
 
-    def _prune_checkpoints(self) -> None:
-        limit = self.args.save_total_limit
-        if not limit:
-            return
-        root = self.args.output_dir
-        found = sorted(
-            (int(d.split("-")[1]), d)
-            for d in os.listdir(root)
-            if d.startswith("checkpoint-") and d.split("-")[1].isdigit()
-        )
-        for _, name in found[: max(0, len(found) - limit)]:
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+        save_atomically(self.accelerator, path, write, merge=final)
+        if not final and self.accelerator.is_main_process:
+            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)

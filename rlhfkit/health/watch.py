@@ -1,0 +1,74 @@
+"""Health checks wired into a training run: `--health off|warn|stop`.
+
+Each logged row goes through :meth:`HealthWatch.observe`, which adds the ``health/*`` scalars to the row and, for
+each new finding, prints it, appends it to health.jsonl and raises a tracker alert (Trackio / W&B). With
+``--health stop`` a critical finding ends training: the trainer saves a checkpoint and raises :class:`HealthStop`,
+whose message explains what happened and what to do; the CLI exits with status 3.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhfkit.config import ConfigError
+from rlhfkit.health.monitor import Finding, HealthMonitor
+from rlhfkit.health.output import append_findings, print_finding
+from rlhfkit.health.rules import CRITICAL, parse_thresholds
+
+HEALTH_MODES = ("off", "warn", "stop")
+
+
+class HealthStop(RuntimeError):
+    """Training stopped on a critical health finding (``--health stop``); str() is the explanation."""
+
+    exit_status = 3
+
+    def __init__(self, finding: Finding, checkpoint: str, output_dir: str):
+        self.finding = finding
+        self.checkpoint = checkpoint
+        super().__init__(
+            f"Training stopped at step {finding.step} by --health stop: {finding.rule} is critical. "
+            f"{finding.message} The state at that step is saved in {checkpoint}. {finding.advice} "
+            f"See every finding with `rlhfkit doctor {output_dir}`; to train through such findings, run with "
+            "--health warn."
+        )
+
+
+class HealthWatch:
+    """The health monitor of one run. Every process calls observe() (decisions stay in step); only the main
+    process prints, writes and alerts."""
+
+    def __init__(self, mode: str, thresholds, logger, accelerator):
+        if mode not in HEALTH_MODES:
+            raise ValueError(f"health={mode!r}: use one of {', '.join(HEALTH_MODES)}")
+        self.mode = mode
+        self.logger = logger
+        self.accelerator = accelerator
+        try:
+            self.monitor = HealthMonitor(parse_thresholds(thresholds)) if mode != "off" else None
+        except ValueError as e:
+            raise ConfigError(f"health_thresholds={thresholds!r}: {e}") from None
+
+    def observe(self, step: int, scalars: dict) -> Finding | None:
+        """Check one logged row; adds health/* to `scalars` in place. Returns the critical finding that should stop
+        training (only with --health stop, agreed by every process), else None."""
+        if self.monitor is None:
+            return None
+        findings = self.monitor.observe(step, scalars)
+        scalars.update(self.monitor.summary_metrics())
+        if self.accelerator.is_main_process and findings:
+            for finding in findings:
+                print_finding(finding, self.logger.console)
+                self.logger.alert(
+                    f"{finding.rule} ({finding.severity})", f"{finding.message} {finding.advice}", finding.severity
+                )
+            append_findings(self.logger.output_dir, findings)
+        critical = next((f for f in findings if f.severity == CRITICAL), None)
+        if self.mode != "stop":
+            return None
+        flag = torch.tensor([1.0 if critical else 0.0], device=self.accelerator.device)
+        if self.accelerator.num_processes > 1:
+            flag = self.accelerator.reduce(flag, "max")
+        if flag.item() == 0:
+            return None
+        return critical or Finding(step, "critical finding on another process", CRITICAL, {}, "", "")

@@ -1,0 +1,461 @@
+"""GRPO for language models: group-relative advantages from reward functions and reward models, no value model.
+
+Variant: GRPO as in DeepSeekMath (Shao et al., 2024, section 4.1, outcome supervision) with the options TRL's
+``GRPOTrainer`` exposes under the same names:
+
+* each prompt gets ``num_generations`` (G) completions; every reward source (function or model) scores each one,
+  and R_i = sum_k w_k r_ik (``reward_weights``; a source returning None is left out for that completion);
+* the advantage of completion i is R_i minus its group's mean, divided by the group std (``scale_rewards=group``),
+  the batch std (``batch``) or nothing (``none``, Dr. GRPO), and shared by all of i's tokens;
+* per-token loss -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta * KL_k3(policy || reference),
+  r = exp(logp - logp_old), aggregated per ``loss_type`` (grpo, bnpo, dr_grpo, dapo; docs/algorithms/grpo.md);
+* each generated batch serves ``num_iterations`` optimizer steps (logp_old saved at generation when > 1), each
+  step accumulating ``gradient_accumulation_steps`` micro-batches of ``per_device_train_batch_size`` completions;
+* ``mask_truncated_completions`` leaves completions without a terminator out of the loss (DAPO);
+* learning rate decays linearly to 0 over the steps.
+
+Deliberate differences from TRL (docs/algorithms/grpo.md gives the details):
+* every EOS id of the tokenizer and generation config ends a completion (TRL counts only one, #7039);
+* metrics pool sums and counts over micro-batches, steps of the logging window and processes before dividing;
+* each process keeps whole groups (per_device_train_batch_size is a multiple of num_generations), so a prompt's
+  completions never straddle processes; one generation batch feeds one optimizer step per iteration
+  (TRL's steps_per_generation = gradient_accumulation_steps, its default).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from datasets import Dataset
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from rlhfkit import ops
+from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes, resolve_output_dir
+from rlhfkit.data import endless_batches, tokenize_prompts
+from rlhfkit.health.watch import HealthStop, HealthWatch
+from rlhfkit.metrics import registry as M
+from rlhfkit.metrics.accumulate import MetricAccumulator
+from rlhfkit.models import choose_dtype, disable_dropout, frozen_copy, load_policy, load_tokenizer, policy_logits
+from rlhfkit.rewards import RewardModelFunction, RewardOutput, call_reward_function, weighted_total
+from rlhfkit.rollout import complete, decode, response_logprobs, sampling_config, terminator_ids
+from rlhfkit.tracking import RunLogger, resolve_report_to
+from rlhfkit.trainers.common import (
+    is_sample_step,
+    linear_lr,
+    make_accelerator,
+    prune_checkpoints,
+    sample_every,
+    save_atomically,
+    set_lr,
+)
+
+
+@dataclass
+class GenerationBatch:
+    """One generation on this process: N = local prompts x G completions, groups contiguous. T response width."""
+
+    prompts: list[str]  # (N,) prompt text, each repeated G times
+    completions: list[str]  # (N,) completion text (special tokens removed)
+    input_ids: torch.Tensor  # (N, Lq + T) left-padded prompt then right-padded completion
+    attention_mask: torch.Tensor  # (N, Lq + T) bool
+    query_width: int  # Lq
+    response_ids: torch.Tensor  # (N, T)
+    loss_mask: torch.Tensor  # (N, T) bool: completion tokens that count in the loss
+    advantages: torch.Tensor  # (N,) float32
+    rewards: torch.Tensor  # (K, N) float64 raw rewards per source, NaN where not applicable
+    old_logprobs: torch.Tensor | None  # (N, T), only when num_iterations > 1
+    ref_logprobs: torch.Tensor | None  # (N, T), only when beta > 0
+    num_items: float  # loss tokens of the whole step per process (global / world size): dapo's normaliser
+    global_tokens: int  # prompt + completion tokens, all processes
+
+
+def _reward_name(source) -> str:
+    if isinstance(source, nn.Module):
+        path = getattr(getattr(source, "config", None), "_name_or_path", "") or type(source).__name__
+        return os.path.basename(os.path.normpath(path))
+    return getattr(source, "__name__", type(source).__name__)
+
+
+class GRPOTrainer:
+    """GRPO trainer; see the module docstring for the exact variant. ``train()`` runs the whole loop.
+
+    model: a causal LM or the path of one saved on disk. reward_funcs: one or a list of callables
+    ``f(prompts, completions, **columns) -> list[float | None]``, reward-model paths, or sequence-classification
+    models. processing_class: the policy's tokenizer (default: loaded from the model's path).
+    reward_processing_classes: tokenizers of reward models given as modules (default: from their paths).
+    task: a built-in ``Task`` whose checker measures true success (rollout/ and eval/task_success).
+    """
+
+    def __init__(
+        self,
+        model: str | nn.Module,
+        reward_funcs: Callable | str | nn.Module | Sequence[Callable | str | nn.Module],
+        args: GRPOConfig | None = None,
+        train_dataset: Dataset | None = None,
+        eval_dataset: Dataset | None = None,
+        processing_class: PreTrainedTokenizerBase | None = None,
+        reward_processing_classes: Sequence[PreTrainedTokenizerBase | None] | None = None,
+        task=None,
+    ):
+        self.args = args = args or GRPOConfig()
+        if train_dataset is None:
+            raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
+        resolve_output_dir(args)
+        self.report_to = resolve_report_to(args.report_to)
+        self.accelerator = acc = make_accelerator(args, self.report_to)
+        dtype = choose_dtype(args.bf16, args.fp16)
+        if isinstance(model, str):
+            processing_class = processing_class or load_tokenizer(model, "model_name_or_path", args.trust_remote_code)
+            model = load_policy(model, dtype, "model_name_or_path", args.trust_remote_code)
+        if processing_class is None:
+            raise ConfigError("processing_class (the policy's tokenizer) is required when model is a module.")
+        self.tokenizer = tok = processing_class
+        self.task = task
+        self.stop_ids = terminator_ids(tok, model)
+        model.generation_config.pad_token_id = tok.pad_token_id
+
+        self.reward_names, self.reward_funcs = self._reward_sources(reward_funcs, reward_processing_classes, dtype)
+        weights = args.reward_weights or [1.0] * len(self.reward_funcs)
+        if len(weights) != len(self.reward_funcs):
+            raise ConfigError(
+                f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions "
+                f"({', '.join(self.reward_names)}): give one weight per reward function, in the same order."
+            )
+        self.reward_weights = [float(w) for w in weights]
+
+        self.train_dataset = tokenize_prompts(train_dataset, tok, args.dataset_text_field, args.max_prompt_length)
+        self.eval_dataset = (
+            tokenize_prompts(eval_dataset, tok, args.dataset_text_field, args.max_prompt_length, "eval ")
+            if eval_dataset is not None
+            else None
+        )
+        self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
+
+        disable_dropout(model)  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)
+        self.ref_model = None
+        if args.beta != 0.0:
+            self.ref_model = frozen_copy(model).to(acc.device)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, weight_decay=args.weight_decay
+        )
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.reward_metrics = [
+            (M.expand(M.REWARDS_FUNC_MEAN, name), M.expand(M.REWARDS_FUNC_STD, name)) for name in self.reward_names
+        ]
+        self.metrics = MetricAccumulator(extra_metrics=[m for pair in self.reward_metrics for m in pair])
+        self.logger = RunLogger(
+            acc,
+            output_dir=args.output_dir,
+            config=args.to_dict(),
+            project=args.project,
+            run_name=args.run_name,
+            report_to=self.report_to,
+            logging_dir=args.logging_dir,
+        )
+        self.health = HealthWatch(args.health, args.health_thresholds, self.logger, acc)
+
+    def _reward_sources(self, reward_funcs, processing_classes, dtype) -> tuple[list[str], list[Callable]]:
+        """Names and callables of every reward source; reward models become RewardModelFunction objects."""
+        from rlhfkit.models import load_scalar_model
+
+        sources = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        if not sources:
+            raise ConfigError("reward_funcs is empty: give at least one reward function or reward model.")
+        processing_classes = list(processing_classes or [None] * len(sources))
+        names, funcs = [], []
+        for source, rm_tokenizer in zip(sources, processing_classes, strict=True):
+            if isinstance(source, str):
+                rm_tokenizer = rm_tokenizer or load_tokenizer(source, "reward_model_path", self.args.trust_remote_code)
+                source = load_scalar_model(source, dtype, "reward_model_path", self.args.trust_remote_code)
+            if isinstance(source, nn.Module):
+                if rm_tokenizer is None:
+                    rm_tokenizer = load_tokenizer(source.config._name_or_path, "reward_model_path")
+                if source.config.pad_token_id is None:
+                    source.config.pad_token_id = rm_tokenizer.pad_token_id
+                name = _reward_name(source)
+                same_vocab = rm_tokenizer.get_vocab() == self.tokenizer.get_vocab()
+                source = source.eval().requires_grad_(False).to(self.accelerator.device)
+                source = RewardModelFunction(source, rm_tokenizer, name, same_vocab)
+            elif not callable(source):
+                raise ConfigError(f"reward_funcs entry {source!r} is neither callable, a model, nor a model path.")
+            names.append(_reward_name(source))
+            funcs.append(source)
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(
+                f"two reward functions share the name {duplicates[0]!r}; metric names rewards/<name>/mean must be "
+                "unique: rename one (set its __name__)."
+            )
+        return names, funcs
+
+    # ------------------------------------------------------------------------------------------------
+    def train(self) -> None:
+        args, sizes, acc = self.args, self.sizes, self.accelerator
+        prompts = endless_batches(
+            len(self.train_dataset), sizes.local_prompts, args.seed, acc.process_index, acc.num_processes
+        )
+        every = sample_every(sizes.num_steps, args.num_sample_generations)
+        start, episode, num_tokens = time.time(), 0, 0
+        if every:
+            self.evaluate(step=0)
+        batch = None
+        for step in range(1, sizes.num_steps + 1):
+            lr = linear_lr(args.learning_rate, step, sizes.num_steps)
+            set_lr(self.optimizer, lr)
+
+            # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).
+            t0 = time.time()
+            if (step - 1) % args.num_iterations == 0:
+                batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
+                episode += sizes.completions
+                num_tokens += batch.global_tokens
+            t1 = time.time()
+
+            # 2. Optimise: one optimizer step over gradient_accumulation_steps micro-batches of the batch.
+            self.optimize(batch)
+            t2 = time.time()
+
+            # 3. Log the window's pooled metrics; the completions table and evaluation on their schedule.
+            sample_step = is_sample_step(step, sizes.num_steps, every)
+            stop = None
+            if step % args.logging_steps == 0 or step == sizes.num_steps:
+                scalars = self.metrics.reduce(acc).scalars
+                for name in (M.COMPLETIONS_MIN_TERMINATED_LENGTH.name, M.COMPLETIONS_MAX_TERMINATED_LENGTH.name):
+                    if M.COMPLETIONS_MEAN_LENGTH.name in scalars:
+                        scalars.setdefault(name, 0.0)  # no completion terminated in the window
+                scalars.update(
+                    {
+                        M.EPS.name: episode / (time.time() - start),
+                        M.EPISODE.name: episode,
+                        M.LR.name: lr,
+                        M.NUM_TOKENS.name: num_tokens,
+                        M.TIME_ROLLOUT.name: t1 - t0,
+                        M.TIME_OPTIMIZATION.name: t2 - t1,
+                    }
+                )
+                stop = self.health.observe(step, scalars)
+                self.logger.log(scalars, step=step)
+                self.logger.progress(step, sizes.num_steps, scalars, unit="step")
+                if args.log_completions and not sample_step:
+                    self.log_completions(batch, step)
+            if sample_step:
+                self.log_completions(batch, step)
+                self.evaluate(step=step)
+            if stop is not None:  # --health stop and a critical finding: keep the state, explain, end
+                checkpoint = os.path.join(args.output_dir, f"checkpoint-{step}")
+                self.save(checkpoint)
+                self.logger.finish()
+                raise HealthStop(stop, checkpoint, args.output_dir)
+            if args.save_steps and step % args.save_steps == 0 and step < sizes.num_steps:
+                self.save(os.path.join(args.output_dir, f"checkpoint-{step}"))
+        self.save(args.output_dir, final=True)
+        self.logger.finish()
+
+    # ------------------------------------------------------------------------------------------------
+    def _score(self, rows: list[dict], prompts: list[str], completions: list[str], ids, mask, resp_ids, resp_mask):
+        """Every reward source's RewardOutput for these completions (rows: dataset rows, one per completion)."""
+        skip = {self.args.dataset_text_field, "input_ids"}
+        columns = {key: [row[key] for row in rows] for key in rows[0] if key not in skip} if rows else {}
+        completion_ids = [r[m].tolist() for r, m in zip(resp_ids, resp_mask)]
+        outputs = []
+        for name, fn in zip(self.reward_names, self.reward_funcs):
+            extra = {"sequence_ids": (ids, mask)} if isinstance(fn, RewardModelFunction) else {}
+            outputs.append(
+                call_reward_function(name, fn, prompts, completions, completion_ids=completion_ids, **columns, **extra)
+            )
+        return outputs
+
+    @torch.no_grad()  # not inference_mode: the batch's tensors feed the loss's autograd graph later
+    def generate_and_score(self, rows: list[dict]) -> GenerationBatch:
+        """Sample G completions per prompt, score them, compute advantages and the no-gradient log-probs."""
+        args, acc, tok = self.args, self.accelerator, self.tokenizer
+        G, device = args.num_generations, acc.device
+        rows = [row for row in rows for _ in range(G)]  # groups are contiguous
+        model = acc.unwrap_model(self.model)
+        model.eval()
+        config = sampling_config(
+            args.max_completion_length, args.temperature, tok.pad_token_id, self.stop_ids, args.top_p, args.top_k
+        )
+        chunks = list(
+            complete(model, [r["input_ids"] for r in rows], config, self.stop_ids, tok.pad_token_id, len(rows), device)
+        )
+        model.train()
+        (chunk,) = chunks  # one chunk: the whole local generation batch
+        resp = chunk.responses
+        ids, mask = chunk.input_ids, chunk.attention_mask
+        prompts = [r[args.dataset_text_field] for r in rows]
+        completions = decode(tok, resp.ids, resp.mask)
+
+        # Rewards: each source's raw values, then the weighted total per completion.
+        outputs = self._score(rows, prompts, completions, ids, mask, resp.ids, resp.mask)
+        total = weighted_total(outputs, self.reward_weights, prompts)
+
+        # Advantages over the global batch (all processes), so scale_rewards="batch" uses the batch std; each
+        # process's completions are a contiguous block of whole groups in the gathered order.
+        gathered = acc.gather(total.to(device)).double().cpu()
+        advantages = ops.group_advantages(gathered, G, args.scale_rewards)
+        n = len(rows)
+        advantages = advantages[acc.process_index * n : (acc.process_index + 1) * n].float().to(device)
+
+        loss_mask = resp.mask & resp.terminated[:, None] if args.mask_truncated_completions else resp.mask
+        counts = torch.tensor(
+            [chunk.query_mask.sum(), resp.mask.sum(), loss_mask.sum()], dtype=torch.float64, device=device
+        )
+        prompt_tokens, completion_tokens, loss_tokens = acc.reduce(counts, "sum").tolist()
+
+        width = chunk.query_ids.shape[1]
+        old_logprobs = self._logprobs(model, ids, mask, width, resp.ids) if args.num_iterations > 1 else None
+        ref_logprobs = self._logprobs(self.ref_model, ids, mask, width, resp.ids) if self.ref_model else None
+        self.log_generation(outputs, total, resp, prompts, completions)
+        return GenerationBatch(
+            prompts=prompts,
+            completions=completions,
+            input_ids=ids,
+            attention_mask=mask,
+            query_width=width,
+            response_ids=resp.ids,
+            loss_mask=loss_mask,
+            advantages=advantages,
+            rewards=torch.stack([o.values for o in outputs]),
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            num_items=loss_tokens / acc.num_processes,
+            global_tokens=int(prompt_tokens + completion_tokens),
+        )
+
+    def _logprobs(self, model, ids, mask, width, response_ids) -> torch.Tensor:
+        """Log-probs (N, T) of the completion tokens, in micro-batches of per_device_train_batch_size."""
+        step = self.args.per_device_train_batch_size
+        parts = []
+        for i in range(0, len(ids), step):
+            logits = policy_logits(model, ids[i : i + step], mask[i : i + step])
+            parts.append(response_logprobs(logits, width, response_ids[i : i + step], self.args.temperature))
+        return torch.cat(parts)
+
+    def log_generation(self, outputs: list[RewardOutput], total, resp, prompts, completions) -> None:
+        """Completion lengths, rewards and true success of one generation, pooled when reduced."""
+        m, G = self.metrics, self.args.num_generations
+        lengths = resp.mask.sum(1).double()
+        m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
+        m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
+        m.add_tensor(M.COMPLETIONS_MAX_LENGTH, lengths)
+        m.add_tensor(M.COMPLETIONS_CLIPPED_RATIO, (~resp.terminated).double())
+        for metric in (
+            M.COMPLETIONS_MEAN_TERMINATED_LENGTH,
+            M.COMPLETIONS_MIN_TERMINATED_LENGTH,
+            M.COMPLETIONS_MAX_TERMINATED_LENGTH,
+        ):
+            m.add_tensor(metric, lengths, resp.terminated)
+        for (mean, std), out in zip(self.reward_metrics, outputs):
+            m.add_tensor(mean, out.values, out.applicable)
+            m.add_tensor(std, out.values, out.applicable)
+        m.add_tensor(M.REWARD, total)
+        m.add_tensor(M.REWARD_STD, total)
+        group_std = total.view(-1, G).std(dim=1)
+        zero_std = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)
+        m.add_tensor(M.FRAC_REWARD_ZERO_STD, zero_std.double())
+        if self.task is not None:
+            correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
+            m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
+
+    def optimize(self, batch: GenerationBatch) -> None:
+        """One optimizer step: gradient_accumulation_steps micro-batches of per_device_train_batch_size."""
+        args, acc, m = self.args, self.accelerator, self.metrics
+        micro, steps = args.per_device_train_batch_size, args.gradient_accumulation_steps
+        step_loss = 0.0
+        for k in range(steps):
+            idx = slice(k * micro, (k + 1) * micro)
+            mask = batch.loss_mask[idx]
+            sync = k == steps - 1
+            with contextlib.nullcontext() if sync else acc.no_sync(self.model):
+                logits = policy_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx])
+                response_logits = logits[:, batch.query_width - 1 : -1]
+                logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
+                old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
+                ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
+                out = ops.grpo_per_token_loss(
+                    logprobs, old, batch.advantages[idx], mask, args.epsilon, args.epsilon_high, ref, args.beta
+                )
+                loss = ops.aggregate_token_loss(
+                    out.per_token_loss, mask, args.loss_type, args.max_completion_length, batch.num_items
+                )
+                if args.loss_type != "dapo":  # dapo's normaliser already spans the whole step
+                    loss = loss / steps
+                acc.backward(loss)
+            step_loss += loss.item()
+            with torch.no_grad():
+                tokens = mask.sum()
+                entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
+                m.add(M.ENTROPY, (entropy * mask).sum(), tokens)
+                if args.beta != 0.0:
+                    m.add(M.KL, out.kl.sum(), tokens)
+                region = out.low_clipped | out.high_clipped
+                m.add(M.CLIP_RATIO_LOW_MEAN, out.low_clipped.sum(), tokens)
+                m.add(M.CLIP_RATIO_HIGH_MEAN, out.high_clipped.sum(), tokens)
+                m.add(M.CLIP_RATIO_REGION_MEAN, region.sum(), tokens)
+                if tokens > 0:
+                    m.add_extreme(M.CLIP_RATIO_LOW_MIN, out.low_clipped.sum() / tokens)
+                    m.add_extreme(M.CLIP_RATIO_HIGH_MAX, out.high_clipped.sum() / tokens)
+        if args.max_grad_norm is not None:
+            acc.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        m.add(M.LOSS, step_loss, 1)
+
+    # ------------------------------------------------------------------------------------------------
+    def log_completions(self, batch: GenerationBatch, step: int) -> None:
+        """The latest generation's completions (this process's share): prompt, completion, rewards, advantage."""
+        columns = ["prompt", "completion", *self.reward_names, "advantage"]
+        rewards = batch.rewards.t().tolist()
+        rows = [
+            [p, c, *[None if r != r else r for r in rs], a]
+            for p, c, rs, a in zip(batch.prompts, batch.completions, rewards, batch.advantages.tolist())
+        ]
+        self.logger.log_table("completions", columns, rows, step=step, console_rows=self.args.num_completions_to_print)
+
+    @torch.inference_mode()
+    def evaluate(self, step: int) -> None:
+        """Greedy completions of the eval prompts: mean total reward and, with a task, true success."""
+        if self.eval_dataset is None:
+            return
+        args, acc, tok = self.args, self.accelerator, self.tokenizer
+        model = acc.unwrap_model(self.model)
+        model.eval()
+        rows = [self.eval_dataset[i] for i in range(acc.process_index, len(self.eval_dataset), acc.num_processes)]
+        config = sampling_config(args.max_completion_length, None, tok.pad_token_id, self.stop_ids)
+        metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
+        size = args.per_device_eval_batch_size
+        prompt_ids = [r["input_ids"] for r in rows]
+        for i, chunk in enumerate(
+            complete(model, prompt_ids, config, self.stop_ids, tok.pad_token_id, size, acc.device)
+        ):
+            part = rows[i * size : (i + 1) * size]
+            prompts = [r[args.dataset_text_field] for r in part]
+            resp = chunk.responses
+            completions = decode(tok, resp.ids, resp.mask)
+            outputs = self._score(
+                part, prompts, completions, chunk.input_ids, chunk.attention_mask, resp.ids, resp.mask
+            )
+            metrics.add_tensor(M.EVAL_REWARD, weighted_total(outputs, self.reward_weights, prompts))
+            if self.task is not None:
+                correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
+                metrics.add(M.EVAL_TASK_SUCCESS, float(sum(correct)), len(correct))
+        model.train()
+        self.logger.log(metrics.reduce(acc).scalars, step=step)
+
+    def save(self, path: str, final: bool = False) -> None:
+        """The policy with its tokenizer (a checkpoint directory, or the run directory at the end), atomically."""
+
+        def write(tmp: str) -> None:
+            self.accelerator.unwrap_model(self.model).save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+
+        save_atomically(self.accelerator, path, write, merge=final)
+        if not final and self.accelerator.is_main_process:
+            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
