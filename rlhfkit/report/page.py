@@ -129,7 +129,7 @@ def duration(seconds: float | None) -> str:
 
 def _health_cell(findings: list[dict[str, Any]] | None) -> str:
     if findings is None:
-        return '<span class="badge none" title="no health.jsonl in the run directory">not checked</span>'
+        return '<span class="badge none" title="the health checks did not run">not checked</span>'
     if not findings:
         return '<span class="badge ok">no findings</span>'
     counts = {s: sum(f["severity"] == s for f in findings) for s in reversed(SEVERITIES)}
@@ -137,7 +137,7 @@ def _health_cell(findings: list[dict[str, Any]] | None) -> str:
 
 
 def _change(name: str, fl: FirstLast | None) -> str:
-    """ "0.449 → 0.570 ▲ +0.121", the change coloured when the metric has a right direction."""
+    """First → last and the change, e.g. 0.449 → 0.570 ▲ +0.121; coloured when the metric has a right direction."""
     if fl is None:
         return '<span class="fl">no finite value</span>'
     delta = fl.delta
@@ -161,7 +161,7 @@ def summary_tile(name: str, rows: Sequence[RunSummary], sparkline: bytes | None,
     """One crucial value: its name, a sparkline of every run, and each run's first → last."""
     lines = []
     for r in rows:
-        who = f"{swatch(r.color)}" if len(rows) > 1 else ""
+        who = swatch(r.color) if len(rows) > 1 else ""
         change = _change(name, r.values[name]) if name in r.values else '<span class="neutral">not logged</span>'
         lines.append(f'<div class="trow">{who}{change}</div>')
     img = png_img(sparkline, f"trend of {name}") if sparkline else ""
@@ -217,6 +217,10 @@ def chart_card(chart: Chart) -> str:
 
 def charts_section(sections: Sequence[tuple[str, Sequence[Chart]]], subtitle: str) -> str:
     parts = ['<section id="charts"><h2>Metrics</h2>', f'<p class="sub">{escape(subtitle)}</p>']
+    if not sections:
+        parts.append(
+            '<p class="sub">metrics.jsonl holds no metrics yet (a run that stopped before its first update).</p>'
+        )
     for i, (title, charts) in enumerate(sections):
         css = "grid crucial" if i == 0 and title == "Crucial values" else "grid"
         parts.append(f'<h3>{escape(title)}</h3><div class="{css}">{"".join(chart_card(c) for c in charts)}</div>')
@@ -231,7 +235,9 @@ def charts_section(sections: Sequence[tuple[str, Sequence[Chart]]], subtitle: st
 def health_section(runs: Sequence[Run], timeline_png: bytes | None) -> str:
     parts = ['<section id="health"><h2>Health findings</h2>']
     if all(r.findings is None for r in runs):
-        parts.append('<p class="sub">No health.jsonl in the run directory: the health checks did not run.</p>')
+        parts.append(
+            '<p class="sub">The health checks did not run (no health.jsonl, or <code>health: off</code>).</p>'
+        )
         return "".join(parts) + "</section>"
     rows = [(f["step"], run.name, f) for run in runs for f in (run.findings or [])]
     if not rows:

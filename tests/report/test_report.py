@@ -2,15 +2,22 @@
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from rlhfkit.cli import COMMANDS
 from rlhfkit.report import ReportError, build_report, cmd_report, load_run
+from rlhfkit.report.build import _markers
+from rlhfkit.report.charts import Marker
 from rlhfkit.report.page import differing_keys, flatten, sample_steps
 from rlhfkit.report.series import chart_sections, detect_trainer, ema, first_last, metric_names, series, x_key
-from tests.report import fakeruns
+from tests.report import browser, fakeruns
+from tests.report.conftest import ROOT
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +79,23 @@ def test_unusable_options_are_errors(synthetic_runs, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------
 # Curves
+
+
+def test_a_run_that_logged_nothing_still_gets_a_page(tmp_path):
+    """A crash before the first update leaves an empty metrics.jsonl: the report says so instead of failing."""
+    run_dir = tmp_path / "empty"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("")
+    html = build_report([run_dir], tmp_path / "out").read_text()
+    assert "holds no metrics yet" in html and "run_config.json is missing" in html
+
+
+def test_findings_are_placed_on_the_charts_of_the_metrics_they_name(synthetic_runs):
+    markers = _markers([load_run(synthetic_runs[0])], "episode")
+    assert markers == {
+        "val/ratio": [Marker(20 * fakeruns.PPO_BATCH, "warning")],
+        "loss/value_avg": [Marker(40 * fakeruns.PPO_BATCH, "critical")],
+    }
 
 
 def test_detect_trainer_from_metric_names():
@@ -240,5 +264,45 @@ def test_real_ppo_run_charts_every_logged_scalar(tracked_run, tmp_path):
     assert charted == logged
     first_query = json.loads((run_dir / "samples.jsonl").read_text().splitlines()[0])["query"]
     assert first_query in html
-    health_ran = (run_dir / "health.jsonl").exists()
-    assert ("the health checks did not run" in html) == (not health_ran)
+    config = json.loads((run_dir / "run_config.json").read_text())
+    health_ran = (run_dir / "health.jsonl").exists() and config.get("health") != "off"
+    assert ("The health checks did not run" in html) == (not health_ran)
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line, in a subprocess as a user runs it
+
+
+def run_command(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_module_command_writes_the_report_and_prints_its_path(synthetic_runs, tmp_path):
+    result = run_command("-m", "rlhfkit.report", str(synthetic_runs[1]), "--out", "out", "--metrics", "reward",
+                         "--smooth", "0", cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"Report: {os.path.join('out', 'report.html')}"
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == ["reward.png"]
+    help_result = run_command("-m", "rlhfkit.report", "--help", cwd=tmp_path)
+    assert help_result.returncode == 0 and "--smooth" in help_result.stdout and "--metrics" in help_result.stdout
+
+
+@pytest.mark.skipif("report" not in COMMANDS, reason="`report` is not yet a subcommand in rlhfkit/cli.py")
+def test_rlhfkit_report_subcommand(synthetic_runs, tmp_path):
+    result = run_command("-m", "rlhfkit.cli", "report", str(synthetic_runs[0]), "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "report.html").is_file()
+    missing = run_command("-m", "rlhfkit.cli", "report", "no-such-run", "--out", "out", cwd=tmp_path)
+    assert missing.returncode == 2 and "no-such-run" in missing.stderr
+
+
+def test_missing_browser_skips_unless_ci_requires_it(monkeypatch):
+    """Without Chromium the browser tests skip, naming what to install; RLHFKIT_REQUIRE_BROWSER=1 fails them."""
+    monkeypatch.setattr(browser.shutil, "which", lambda name: None)
+    monkeypatch.delenv(browser.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y chromium-driver"):
+        browser.require_browser()
+    monkeypatch.setenv(browser.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="RLHFKIT_REQUIRE_BROWSER=1"):
+        browser.require_browser()
