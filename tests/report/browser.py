@@ -6,7 +6,6 @@ instead, so a CI image that lost its browser cannot pass by skipping.
 
 import os
 import shutil
-import tempfile
 
 import pytest
 
@@ -50,8 +49,9 @@ def require_browser() -> None:
     pytest.skip(reason)
 
 
-def start_chromium(profile_dir: str | None = None):
-    """A selenium WebDriver on headless Chromium with a fresh profile and the console log recorded."""
+def start_chromium(profile_dir):
+    """A selenium WebDriver on headless Chromium with a fresh profile (an empty directory) and the console
+    log recorded."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -59,7 +59,7 @@ def start_chromium(profile_dir: str | None = None):
     options.binary_location = shutil.which("chromium")
     for flag in CHROMIUM_FLAGS:
         options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={profile_dir or tempfile.mkdtemp(prefix='chromium-profile-')}")
+    options.add_argument(f"--user-data-dir={profile_dir}")
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
     driver.set_page_load_timeout(60)

@@ -42,9 +42,9 @@ def tracked_run(tiny_assets, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def chromium():
+def chromium(tmp_path_factory):
     """One headless Chromium per test module (skips, or fails under RLHFKIT_REQUIRE_BROWSER=1, without it)."""
     browser.require_browser()
-    driver = browser.start_chromium()
+    driver = browser.start_chromium(tmp_path_factory.mktemp("chromium-profile"))
     yield driver
     driver.quit()
