@@ -1,0 +1,166 @@
+"""Phase timing by instrumentation, identical for every library (imports torch and transformers only).
+
+Installed by each runner before the trainer is built, and enabled only around ``trainer.train()``:
+
+* generation   wall time inside the outermost ``GenerationMixin.generate`` call, or inside the library's own
+               generation function where it has one that bypasses ``generate`` (rlhfkit: ``rlhfkit.rollout.generate``,
+               wrapped by its runner); all decoding forwards included. Generated tokens = rows x new positions of
+               every call (the compute, padding after an early stop included).
+* scoring      outermost ``PreTrainedModel`` forwards run with gradients disabled, outside ``generate``: rollout
+               log-probs, reference, value and reward-model forwards (evaluation is off on both sides).
+* optimisation outermost ``PreTrainedModel`` forwards with gradients enabled, ``torch.autograd.backward``,
+               ``torch.nn.utils.clip_grad_norm_`` and ``Optimizer.step`` (global step hooks).
+* other        train wall time minus the three above: loss and advantage math, reward functions, decoding,
+               metrics and logging, data loading, the trainer's own bookkeeping.
+
+"Outermost" means a model call made while no other timed model call or ``generate`` is running, so nested
+modules (LlamaForCausalLM -> LlamaModel) are counted once. The wrappers add a few microseconds per call, the same
+on both sides. On CUDA every boundary synchronises the device so that wall times are attributed to the right phase.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+
+PHASES = ("generation", "scoring", "optimization")
+
+
+class Probe:
+    def __init__(self) -> None:
+        self.enabled = False
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.generated_tokens = 0
+        self.generated_sequences = 0
+        self._busy = 0  # > 0 while inside a timed call (generate or an outermost model forward)
+        self._sync = None
+
+    # -- timing helpers ---------------------------------------------------------------------------------------
+    def _now(self) -> float:
+        if self._sync is not None:
+            self._sync()
+        return time.perf_counter()
+
+    def _timed(self, phase: str, fn, *args, **kwargs):
+        self._busy += 1
+        t0 = self._now()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[phase] += self._now() - t0
+            self.calls[phase] += 1
+            self._busy -= 1
+
+    # -- installation -----------------------------------------------------------------------------------------
+    def install(self) -> Probe:
+        import torch
+        from transformers import PreTrainedModel
+        from transformers.generation.utils import GenerationMixin
+
+        if torch.cuda.is_available():
+            self._sync = torch.cuda.synchronize
+        probe = self
+
+        original_generate = GenerationMixin.generate
+
+        @functools.wraps(original_generate)
+        def generate(model, *args, **kwargs):
+            if not probe.enabled or probe._busy:
+                return original_generate(model, *args, **kwargs)
+            input_ids = kwargs.get("input_ids", args[0] if args else None)
+            out = probe._timed("generation", original_generate, model, *args, **kwargs)
+            sequences = out if torch.is_tensor(out) else out.sequences
+            prompt_width = input_ids.shape[1] if input_ids is not None else 0
+            probe.generated_sequences += sequences.shape[0]
+            probe.generated_tokens += sequences.shape[0] * (sequences.shape[1] - prompt_width)
+            return out
+
+        GenerationMixin.generate = generate
+
+        original_call = torch.nn.Module.__call__
+
+        def call(module, *args, **kwargs):
+            if not probe.enabled or probe._busy:
+                return original_call(module, *args, **kwargs)
+            phase = "optimization" if torch.is_grad_enabled() else "scoring"
+            return probe._timed(phase, original_call, module, *args, **kwargs)
+
+        PreTrainedModel.__call__ = call
+
+        original_backward = torch.autograd.backward
+
+        @functools.wraps(original_backward)
+        def backward(*args, **kwargs):
+            if not probe.enabled or probe._busy:
+                return original_backward(*args, **kwargs)
+            return probe._timed("optimization", original_backward, *args, **kwargs)
+
+        torch.autograd.backward = backward
+
+        original_clip = torch.nn.utils.clip_grad_norm_
+
+        @functools.wraps(original_clip)
+        def clip_grad_norm_(*args, **kwargs):
+            if not probe.enabled or probe._busy:
+                return original_clip(*args, **kwargs)
+            return probe._timed("optimization", original_clip, *args, **kwargs)
+
+        torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+
+        step_start: list[float] = []
+
+        def pre_hook(optimizer, args, kwargs):
+            if probe.enabled and not probe._busy:
+                probe._busy += 1
+                step_start.append(probe._now())
+
+        def post_hook(optimizer, args, kwargs):
+            if step_start:
+                probe.seconds["optimization"] += probe._now() - step_start.pop()
+                probe.calls["optimizer_step"] += 1
+                probe._busy -= 1
+
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        register_optimizer_step_pre_hook(pre_hook)
+        register_optimizer_step_post_hook(post_hook)
+        return self
+
+    def wrap_generation(self, fn, count_tokens):
+        """``fn`` timed as generation (for a library's own decoding loop that bypasses ``generate``);
+        ``count_tokens(output) -> (rows, new tokens per row)``."""
+        probe = self
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            if not probe.enabled or probe._busy:
+                return fn(*args, **kwargs)
+            out = probe._timed("generation", fn, *args, **kwargs)
+            rows, new = count_tokens(out)
+            probe.generated_sequences += rows
+            probe.generated_tokens += rows * new
+            return out
+
+        return wrapper
+
+    # -- results ----------------------------------------------------------------------------------------------
+    def summary(self, train_seconds: float) -> dict:
+        phases = {p: round(self.seconds.get(p, 0.0), 4) for p in PHASES}
+        phases["other"] = round(train_seconds - sum(phases.values()), 4)
+        return {
+            "phases": phases,
+            "calls": dict(self.calls),
+            "generated_tokens": int(self.generated_tokens),
+            "generated_sequences": int(self.generated_sequences),
+        }
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024

@@ -1,0 +1,95 @@
+"""Run ``rlhfkit ppo`` or ``rlhfkit grpo`` from a benchmark spec, timed (runs in rlhfkit's environment).
+
+The trainer is built exactly as the CLI builds it: the spec's settings become the command line's flags, parsed by
+rlhfkit.cli.parse_config and turned into a trainer by rlhfkit.builders. Only ``trainer.train()`` is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from common import PROCESS_START, finish, install_probe, load_spec, run_timed
+
+
+def flags(settings: dict) -> list[str]:
+    argv = []
+    for name, value in settings.items():
+        if value is None:
+            continue
+        argv += [f"--{name}", *(str(v) for v in value)] if isinstance(value, list) else [f"--{name}", str(value)]
+    return argv
+
+
+def cli_argv(spec: dict) -> list[str]:
+    paths, trainer = spec["paths"], spec["trainer"]
+    settings = dict(spec["settings"], **spec["rlhfkit_settings"])
+    if trainer == "ppo":
+        models = {
+            "model_name_or_path": paths["tokenizer"],
+            "sft_model_path": paths["sft"],
+            "reward_model_path": paths["reward"],
+        }
+    else:
+        models = {"model_name_or_path": paths["sft"], "reward_funcs": [spec["reward_func"]]}
+    return flags({**models, "dataset_name": paths["prompts"], "output_dir": spec["output_dir"], **settings})
+
+
+def main() -> None:
+    import time
+
+    spec = load_spec()
+    probe = install_probe()
+    from rlhfkit import __version__ as version
+    from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
+    from rlhfkit.cli import parse_config
+    from rlhfkit.config import GRPOConfig, PPOConfig
+
+    trainer_name = spec["trainer"]
+    argv = cli_argv(spec)
+    print("rlhfkit", trainer_name, " ".join(argv), flush=True)
+    if trainer_name == "ppo":
+        args, explicit = parse_config(PPOConfig, argv, "rlhfkit ppo")
+        trainer = build_ppo_trainer(args, explicit)
+    else:
+        args, explicit = parse_config(GRPOConfig, argv, "rlhfkit grpo")
+        trainer = build_grpo_trainer(args, explicit)
+    wrap_generation(probe)
+    setup = time.time() - PROCESS_START
+    seconds = run_timed(probe, trainer.train)
+    assert "trl" not in sys.modules, "rlhfkit imported TRL"
+    finish(spec, probe, "rlhfkit", version, seconds, spec["output_dir"], setup,
+           {"library_timings": own_timings(spec["output_dir"]), "argv": argv})
+
+
+def wrap_generation(probe) -> None:
+    """Time ``rlhfkit.rollout.generate`` (every trainer's sampling entry point) as the generation phase, wherever it
+    was imported by name. It returns the (B, T') new tokens; when it uses transformers' ``generate`` inside, the
+    probe's own ``generate`` hook sees a busy probe and does not count twice."""
+    import rlhfkit.rollout as rollout
+
+    original = rollout.generate
+    wrapped = probe.wrap_generation(original, lambda out: (out.shape[0], out.shape[1]))
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("rlhfkit") and getattr(module, "generate", None) is original:
+            module.generate = wrapped
+
+
+def own_timings(output_dir: str) -> dict:
+    """Sum of every ``time/*`` metric rlhfkit logged in metrics.jsonl (its own phase clock, for comparison)."""
+    totals: dict[str, float] = {}
+    path = os.path.join(output_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return totals
+    with open(path) as f:
+        for line in f:
+            row = json.loads(line)
+            for key, value in row.items():
+                if key.startswith("time/") and isinstance(value, (int, float)):
+                    totals[key] = round(totals.get(key, 0.0) + value, 4)
+    return totals
+
+
+if __name__ == "__main__":
+    main()
