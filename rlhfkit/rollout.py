@@ -15,6 +15,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.data import left_pad
+from rlhfkit.models import position_ids_from_mask
 
 
 class Responses(NamedTuple):
@@ -70,9 +71,64 @@ def sampling_config(
 def generate(
     model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
 ) -> torch.Tensor:
-    """Raw response tokens (B, T'), T' <= max_new_tokens (generation stops when every row has ended)."""
-    out = model.generate(input_ids=query_ids, attention_mask=query_mask.long(), generation_config=config)
-    return out[:, query_ids.shape[1] :]
+    """Raw response tokens (B, T'), T' <= max_new_tokens (generation stops when every row has ended).
+
+    A lean decoding loop over the model's KV cache instead of ``model.generate``: for the small models of the
+    built-in task HF's per-token machinery (logits processors, stopping criteria, input preparation) costs more
+    than the forward pass itself. The sampling distribution is the same as ``generate``'s: softmax(logits /
+    temperature), optionally restricted to the top_k tokens and then to the top_p probability mass; greedy when
+    ``config.do_sample`` is False. Rows that have produced a stop token continue with ``pad_token_id``.
+    """
+    B = query_ids.shape[0]
+    stop_ids = torch.tensor(_as_list(config.eos_token_id), device=query_ids.device, dtype=torch.long)
+    attention = query_mask.long()
+    position = position_ids_from_mask(query_mask)
+    out = model(input_ids=query_ids, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1)
+    next_position = position[:, -1:] + 1
+    done = torch.zeros(B, dtype=torch.bool, device=query_ids.device)
+    tokens = []
+    for step in range(config.max_new_tokens):
+        token = _pick(out.logits[:, -1, :], config)
+        token = torch.where(done, torch.full_like(token, config.pad_token_id), token)
+        tokens.append(token)
+        done = done | torch.isin(token, stop_ids)
+        if step == config.max_new_tokens - 1 or bool(done.all()):
+            break
+        attention = torch.cat([attention, attention.new_ones(B, 1)], dim=1)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=attention,
+            position_ids=next_position,
+            past_key_values=out.past_key_values,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    if not tokens:
+        return query_ids.new_zeros(B, 0)
+    return torch.stack(tokens, dim=1)
+
+
+def _as_list(ids) -> list[int]:
+    if ids is None:
+        return []
+    return [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
+
+
+def _pick(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+    """Next token per row from (B, V) logits: argmax, or a sample from the (top-k / top-p restricted) softmax."""
+    if not config.do_sample:
+        return logits.argmax(dim=-1)
+    z = logits.float() / config.temperature
+    if config.top_k and config.top_k < z.shape[-1]:
+        kth = torch.topk(z, config.top_k, dim=-1).values[:, -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if config.top_p is not None and config.top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = torch.softmax(sorted_z, dim=-1)
+        # Drop a token when the mass of the tokens strictly before it already reaches top_p (the first always stays).
+        drop_sorted = probs.cumsum(dim=-1) - probs >= config.top_p
+        z = z.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+    return torch.multinomial(torch.softmax(z, dim=-1), 1).squeeze(-1)
 
 
 def truncate_responses(raw: torch.Tensor, stop_ids: list[int], pad_token_id: int) -> Responses:

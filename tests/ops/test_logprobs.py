@@ -144,3 +144,18 @@ def test_rejects_non_positive_temperature():
         ops.logprobs_from_logits(logits, tokens, temperature=0.0)
     with pytest.raises(ValueError, match="temperature"):
         ops.entropy_from_logits(logits, temperature=-1.0)
+
+
+def test_row_chunking_does_not_change_results(monkeypatch):
+    """One row per chunk (the large-vocabulary path) and the whole batch in one chunk give the same numbers."""
+    from rlhfkit.ops import logprobs as module
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 4, 11, dtype=torch.float64)
+    tokens = torch.randint(11, (5, 4))
+    whole = (ops.logprobs_from_logits(logits, tokens, 0.7), ops.entropy_from_logits(logits, 0.7))
+    monkeypatch.setattr(module, "CHUNK_ELEMENTS", 1)
+    assert len(module._row_chunks(logits)) == 5
+    row_by_row = (ops.logprobs_from_logits(logits, tokens, 0.7), ops.entropy_from_logits(logits, 0.7))
+    for a, b in zip(whole, row_by_row):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
