@@ -14,6 +14,8 @@ commands:
   ppo          train a policy with PPO (flags as TRL's PPOConfig; without model flags: the built-in task)
   grpo         train a policy with GRPO (flags as TRL's GRPOConfig; without model flags: the built-in task)
   build-tiny   build the built-in task's tokenizer, SFT model, reward model and prompts into a directory
+  eval         compare a model with a baseline by a judge's win rate (task checker, reward model, OpenAI-compatible)
+  report       render run directories into a self-contained report.html (+ PNG charts)
   doctor       re-run the health checks over a run directory's metrics.jsonl and print the findings
 
 Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see tracebacks.
@@ -116,7 +118,26 @@ def cmd_doctor(argv: Sequence[str]) -> int:
     return doctor(list(argv))
 
 
-COMMANDS = {"ppo": cmd_ppo, "grpo": cmd_grpo, "build-tiny": cmd_build_tiny, "doctor": cmd_doctor}
+def cmd_eval(argv: Sequence[str]) -> int:
+    from rlhfkit.evaluation import cmd_eval as evaluate
+
+    return evaluate(list(argv))
+
+
+def cmd_report(argv: Sequence[str]) -> int:
+    from rlhfkit.report import cmd_report as report
+
+    return report(list(argv))
+
+
+COMMANDS = {
+    "ppo": cmd_ppo,
+    "grpo": cmd_grpo,
+    "build-tiny": cmd_build_tiny,
+    "eval": cmd_eval,
+    "report": cmd_report,
+    "doctor": cmd_doctor,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
