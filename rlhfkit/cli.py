@@ -11,6 +11,7 @@ from collections.abc import Sequence
 USAGE = """usage: rlhfkit COMMAND [FLAGS]
 
 commands:
+  quickstart   build the built-in task, train PPO, judge the policy against the SFT model, write the report
   ppo          train a policy with PPO (flags as TRL's PPOConfig; without model flags: the built-in task)
   grpo         train a policy with GRPO (flags as TRL's GRPOConfig; without model flags: the built-in task)
   build-tiny   build the built-in task's tokenizer, SFT model, reward model and prompts into a directory
@@ -130,7 +131,14 @@ def cmd_report(argv: Sequence[str]) -> int:
     return report(list(argv))
 
 
+def cmd_quickstart(argv: Sequence[str]) -> int:
+    from rlhfkit.quickstart import cmd_quickstart as quickstart
+
+    return quickstart(argv)
+
+
 COMMANDS = {
+    "quickstart": cmd_quickstart,
     "ppo": cmd_ppo,
     "grpo": cmd_grpo,
     "build-tiny": cmd_build_tiny,
@@ -154,17 +162,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[command](rest)
     except Exception as e:
-        from rlhfkit.health.watch import HealthStop
-
-        if isinstance(e, HealthStop):
-            print(f"rlhfkit {command}: {e}", file=sys.stderr)
-            return HealthStop.exit_status
+        from rlhfkit.checkpoint import CheckpointError, TrainingStopped
         from rlhfkit.config import ConfigError
         from rlhfkit.data import DataError
         from rlhfkit.models import ModelLoadError
         from rlhfkit.rewards import RewardFunctionError
 
-        if debug or not isinstance(e, (UsageError, ConfigError, DataError, ModelLoadError, RewardFunctionError)):
+        if isinstance(e, TrainingStopped):  # a clean, explained stop: checkpoint saved, trackers closed
+            print(f"rlhfkit {command}: {e}", file=sys.stderr)
+            return e.exit_status
+        bad_input = (UsageError, ConfigError, DataError, ModelLoadError, RewardFunctionError, CheckpointError)
+        if debug or not isinstance(e, bad_input):
             raise
         print(f"rlhfkit {command}: error: {e}", file=sys.stderr)
         return 2

@@ -56,6 +56,21 @@ class TrainConfig:
     save_total_limit: int | None = field(
         default=None, metadata=_help("Keep at most this many checkpoints (oldest removed).")
     )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata=_help("Continue a run exactly from a checkpoint-N directory, or 'latest' in --output_dir."),
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata=_help("Start afresh in an --output_dir that already holds a run (its files are replaced)."),
+    )
+    max_nonfinite_steps: int = field(
+        default=3,
+        metadata=_help(
+            "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row training stops "
+            "with a checkpoint of the last good state."
+        ),
+    )
     seed: int = field(default=42, metadata=_help("Random seed (sampling, data order, initialisation)."))
     health: str = field(
         default="warn",
@@ -89,7 +104,18 @@ class TrainConfig:
         default="test", metadata=_help("Split used for sample generations and evaluation.")
     )
     dataset_text_field: str = field(default="prompt", metadata=_help("Column holding the prompt text."))
-    max_prompt_length: int | None = field(default=None, metadata=_help("Drop prompts longer than this many tokens."))
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata=_help("Prompts longer than this many tokens are dropped or truncated (prompt_overflow)."),
+    )
+    prompt_overflow: str = field(
+        default="drop",
+        metadata=_help(
+            "What to do with prompts longer than max_prompt_length: drop them, or truncate them (keep the last "
+            "max_prompt_length tokens, as TRL does). Either way the count is reported.",
+            choices=["drop", "truncate"],
+        ),
+    )
     task: str | None = field(
         default=None,
         metadata=_help("task.json (or its directory) whose check function measures true success (eval/task_success)."),
@@ -126,6 +152,10 @@ class TrainConfig:
             self.report_to = [self.report_to]
         if self.health not in ("off", "warn", "stop"):
             raise ConfigError(f"health={self.health!r}: use off, warn or stop.")
+        if self.prompt_overflow not in ("drop", "truncate"):
+            raise ConfigError(f"prompt_overflow={self.prompt_overflow!r}: use drop or truncate.")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise ConfigError(f"max_prompt_length must be >= 1 when set, got {self.max_prompt_length}.")
         for name in self._positive_fields():
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
@@ -133,7 +163,12 @@ class TrainConfig:
             raise ConfigError(f"temperature must be > 0 (the trainers sample), got {self.temperature}.")
 
     def _positive_fields(self) -> tuple[str, ...]:
-        return ("per_device_train_batch_size", "gradient_accumulation_steps", "per_device_eval_batch_size")
+        return (
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "per_device_eval_batch_size",
+            "max_nonfinite_steps",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -446,9 +481,44 @@ def default_run_name(args: TrainConfig) -> str:
     return f"{args.exp_name}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+RUN_FILES = ("run_config.json", "metrics.jsonl")
+
+
 def resolve_output_dir(args: TrainConfig) -> str:
+    """Fill in run_name and output_dir, and refuse an output_dir holding another run (nothing is written yet).
+
+    A run is only continued with --resume_from_checkpoint and only replaced with --overwrite_output_dir: losing a
+    finished run's logs to a repeated command is the kind of mistake that costs a day of compute.
+    """
+    if args.resume_from_checkpoint and args.output_dir is None:
+        raise ConfigError("--resume_from_checkpoint needs --output_dir: the run directory to continue.")
     if args.run_name is None:
-        args.run_name = default_run_name(args)
+        if args.resume_from_checkpoint:
+            previous = _previous_config(args.output_dir)
+            args.run_name = previous.get("run_name") or default_run_name(args)
+        else:
+            args.run_name = default_run_name(args)
     if args.output_dir is None:
         args.output_dir = os.path.join("runs", args.run_name)
+    held = [name for name in RUN_FILES if os.path.isfile(os.path.join(args.output_dir, name))]
+    if (
+        held
+        and os.path.getsize(os.path.join(args.output_dir, held[-1]))
+        and not (args.resume_from_checkpoint or args.overwrite_output_dir)
+    ):
+        raise ConfigError(
+            f"--output_dir {args.output_dir} already holds a run ({', '.join(held)}). Continue it with "
+            "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
+        )
     return args.output_dir
+
+
+def _previous_config(output_dir: str) -> dict:
+    import json
+
+    path = os.path.join(output_dir, "run_config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}

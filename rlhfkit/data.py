@@ -47,8 +47,15 @@ def tokenize_prompts(
     text_field: str,
     max_prompt_length: int | None,
     flag_prefix: str = "",
+    overflow: str = "drop",
+    log=print,
 ) -> Dataset:
-    """Adds ``input_ids`` (prompt tokens, no padding). Rows longer than ``max_prompt_length`` are dropped."""
+    """Adds ``input_ids`` (prompt tokens, no padding).
+
+    Rows longer than ``max_prompt_length`` are dropped (overflow="drop") or keep their last max_prompt_length
+    tokens (overflow="truncate": the end of a prompt, next to the completion, matters most); either way the
+    number affected is reported through `log`, never silently.
+    """
     if len(dataset) == 0:
         raise DataError(f"The {flag_prefix}dataset is empty: it needs at least one prompt.")
     if "input_ids" not in dataset.column_names:
@@ -62,9 +69,24 @@ def tokenize_prompts(
             batched=True,
         )
     if max_prompt_length is not None:
-        dataset = dataset.filter(lambda row: len(row["input_ids"]) <= max_prompt_length)
-        if len(dataset) == 0:
-            raise DataError(f"No prompt of the {flag_prefix}dataset fits in --max_prompt_length {max_prompt_length}.")
+        too_long = sum(len(ids) > max_prompt_length for ids in dataset["input_ids"])
+        if too_long and overflow == "truncate":
+            dataset = dataset.map(lambda row: {"input_ids": row["input_ids"][-max_prompt_length:]})
+            log(
+                f"Truncated {too_long} of {len(dataset)} {flag_prefix}prompts to their last {max_prompt_length} tokens."
+            )
+        elif too_long:
+            total = len(dataset)
+            dataset = dataset.filter(lambda row: len(row["input_ids"]) <= max_prompt_length)
+            if len(dataset) == 0:
+                raise DataError(
+                    f"All {total} prompts of the {flag_prefix}dataset are longer than --max_prompt_length "
+                    f"{max_prompt_length}: raise it, or pass --prompt_overflow truncate."
+                )
+            log(
+                f"Dropped {too_long} of {total} {flag_prefix}prompts longer than --max_prompt_length "
+                f"{max_prompt_length} (--prompt_overflow truncate keeps them, cut)."
+            )
     return dataset
 
 
@@ -81,12 +103,13 @@ def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
 
 
 def endless_batches(
-    num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+    num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, skip: int = 0
 ) -> Iterator[list[int]]:
     """Row indices of this process's share of each global batch, reshuffled every pass over the data.
 
     All processes draw the same permutation (same seed) and take disjoint slices of each global batch,
-    so together they see each prompt once per pass, like a distributed sampler.
+    so together they see each prompt once per pass, like a distributed sampler. skip: batches already consumed
+    (a resumed run continues with the next one; the order depends only on the seed).
     """
     generator = torch.Generator().manual_seed(seed)
     global_batch = batch_size * world_size
@@ -95,4 +118,7 @@ def endless_batches(
         while len(buffer) < global_batch:
             buffer.extend(torch.randperm(num_rows, generator=generator).tolist())
         batch, buffer = buffer[:global_batch], buffer[global_batch:]
+        if skip:
+            skip -= 1
+            continue
         yield batch[rank * batch_size : (rank + 1) * batch_size]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from rlhfkit.checkpoint import TrainingStopped
 from rlhfkit.config import ConfigError
+from rlhfkit.health.doctor import resume_monitor
 from rlhfkit.health.monitor import Finding, HealthMonitor
 from rlhfkit.health.output import append_findings, print_finding
 from rlhfkit.health.rules import CRITICAL, parse_thresholds
@@ -18,19 +20,19 @@ from rlhfkit.health.rules import CRITICAL, parse_thresholds
 HEALTH_MODES = ("off", "warn", "stop")
 
 
-class HealthStop(RuntimeError):
+class HealthStop(TrainingStopped):
     """Training stopped on a critical health finding (``--health stop``); str() is the explanation."""
 
     exit_status = 3
 
     def __init__(self, finding: Finding, checkpoint: str, output_dir: str):
         self.finding = finding
-        self.checkpoint = checkpoint
         super().__init__(
             f"Training stopped at step {finding.step} by --health stop: {finding.rule} is critical. "
             f"{finding.message} The state at that step is saved in {checkpoint}. {finding.advice} "
             f"See every finding with `rlhfkit doctor {output_dir}`; to train through such findings, run with "
-            "--health warn."
+            "--health warn.",
+            checkpoint,
         )
 
 
@@ -38,16 +40,23 @@ class HealthWatch:
     """The health monitor of one run. Every process calls observe() (decisions stay in step); only the main
     process prints, writes and alerts."""
 
-    def __init__(self, mode: str, thresholds, logger, accelerator):
+    def __init__(self, mode: str, thresholds, logger, accelerator, resume_step: int | None = None):
+        """resume_step: a resumed run rebuilds the rules' windows from metrics.jsonl up to that step."""
         if mode not in HEALTH_MODES:
             raise ValueError(f"health={mode!r}: use one of {', '.join(HEALTH_MODES)}")
         self.mode = mode
         self.logger = logger
         self.accelerator = accelerator
         try:
-            self.monitor = HealthMonitor(parse_thresholds(thresholds)) if mode != "off" else None
+            parsed = parse_thresholds(thresholds)
         except ValueError as e:
             raise ConfigError(f"health_thresholds={thresholds!r}: {e}") from None
+        if mode == "off":
+            self.monitor = None
+        elif resume_step:
+            self.monitor = resume_monitor(logger.output_dir, parsed, until_step=resume_step)
+        else:
+            self.monitor = HealthMonitor(parsed)
 
     def observe(self, step: int, scalars: dict) -> Finding | None:
         """Check one logged row; adds health/* to `scalars` in place. Returns the critical finding that should stop

@@ -220,6 +220,23 @@ class MetricAccumulator:
         self.clear()
         return Reduced(scalars, histograms)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What has been added since the last reduce, as plain numbers and tensors (for checkpoints: a logging
+        window may span a checkpoint)."""
+        return {
+            "pooled": {name: [float(v) for v in slot] for name, slot in self._pooled.items()},
+            "extreme": dict(self._extreme),
+            "last": dict(self._last),
+            "values": {name: torch.cat([p.cpu() for p in parts]) for name, parts in self._values.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.clear()
+        self._pooled.update({name: list(slot) for name, slot in state["pooled"].items()})
+        self._extreme.update(state["extreme"])
+        self._last.update(state["last"])
+        self._values.update({name: [values] for name, values in state["values"].items()})
+
     def clear(self) -> None:
         """Drop everything added since the last reduce (reduce() calls this itself)."""
         self._pooled.clear()

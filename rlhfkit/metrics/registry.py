@@ -784,6 +784,17 @@ EVAL_REWARD = Metric(
 # Health checks (both trainers), once per logged step
 # ----------------------------------------------------------------------------------------------
 
+NONFINITE_STEPS = Metric(
+    name="nonfinite_steps",
+    meaning="Optimizer steps skipped since the last log because the loss or gradient was NaN or inf.",
+    formula="count of optimizer steps whose (all-reduced) gradient norm was not finite; their update is dropped",
+    unit="count",
+    reduction="last",
+    trainers=BOTH,
+    section="Health checks",
+    importance="stability",
+    watch="Should be 0; after max_nonfinite_steps in a row training stops with a checkpoint of the last good state.",
+)
 HEALTH_WARNINGS = Metric(
     name="health/warnings",
     meaning="Number of health rules firing at warning level at this step (see docs/health.md).",

@@ -78,6 +78,7 @@ class RunLogger:
     logging_dir: TensorBoard root; kept for reference (make_trackers is where it takes effect).
     resume: append to metrics.jsonl/samples.jsonl instead of starting them afresh, and continue the
         Trackio run of the same name (W&B continues a run only when $WANDB_RUN_ID names it).
+    resume_step: with resume, drop the run directory's lines logged after this step (see RunDirectory.prepare).
     """
 
     def __init__(
@@ -91,6 +92,7 @@ class RunLogger:
         logging_dir: str | os.PathLike | None = None,
         *,
         resume: bool = False,
+        resume_step: int | None = None,
     ):
         self.accelerator = accelerator
         self.output_dir = Path(output_dir)
@@ -112,7 +114,8 @@ class RunLogger:
         self.tracker_names = wanted
 
         if self.is_main:
-            self.run_dir.prepare(config, resume=resume)  # also creates output_dir, which W&B writes into
+            # Also creates output_dir, which W&B writes into.
+            self.run_dir.prepare(config, resume=resume, resume_step=resume_step)
         # Used only for trackers given by name; tracker objects from make_trackers carry their settings.
         init_kwargs = {
             "wandb": wandb_init_kwargs(run_name, self.output_dir, resume),
@@ -130,6 +133,28 @@ class RunLogger:
         if not self.is_main or name not in self.tracker_names:
             return None
         return self.accelerator.get_tracker(name, unwrap=True)
+
+    def _guarded(self, name: str, call) -> None:
+        """Run `call()` for tracker `name`; if it fails, report it once and drop the tracker.
+
+        A tracker is an observer: its failure (network down, disk full, a bug in its library) must not end a
+        run whose own record (metrics.jsonl) and other trackers are fine.
+        """
+        if name not in self.tracker_names:
+            return
+        try:
+            call()
+        except Exception as e:
+            self.tracker_names = [n for n in self.tracker_names if n != name]
+            self.accelerator.trackers = [t for t in self.accelerator.trackers if t.name != name]
+            self.console.print(
+                f"[rlhfkit] the {name} tracker failed ({type(e).__name__}: {e}); it is dropped for the rest of the "
+                f"run. Training goes on; every metric is still in {self.output_dir / 'metrics.jsonl'}"
+                + (f" and in {', '.join(self.tracker_names)}." if self.tracker_names else "."),
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def _store_config(self, flat: dict[str, Any]) -> None:
         for tracker in self.accelerator.trackers:
@@ -164,9 +189,10 @@ class RunLogger:
     def log(self, scalars: Mapping[str, Any], step: int) -> None:
         """Log scalar metrics at `step` to every tracker and as one line of metrics.jsonl."""
         values = {str(k): _number(v) for k, v in scalars.items()}
-        self.accelerator.log(values, step=step)  # main process only (accelerate)
         if self.is_main:
-            self.run_dir.append_metrics(step, values)
+            self.run_dir.append_metrics(step, values)  # first: the run's own record never depends on a tracker
+            for tracker in list(self.accelerator.trackers):
+                self._guarded(tracker.name, lambda tracker=tracker: tracker.log(values, step=step))
 
     def log_histograms(self, histograms: Mapping[str, Any], step: int) -> None:
         """Log distributions with each tracker's own histogram type.
@@ -180,17 +206,21 @@ class RunLogger:
         if not arrays:
             return
         if (writer := self._tracker("tensorboard")) is not None:
-            for key, values in arrays.items():
-                writer.add_histogram(key, values, global_step=step)
-            writer.flush()
+
+            def tensorboard():
+                for key, values in arrays.items():
+                    writer.add_histogram(key, values, global_step=step)
+                writer.flush()
+
+            self._guarded("tensorboard", tensorboard)
         if (run := self._tracker("wandb")) is not None:
             import wandb
 
-            run.log({key: wandb.Histogram(values) for key, values in arrays.items()}, step=step)
+            self._guarded("wandb", lambda: run.log({k: wandb.Histogram(v) for k, v in arrays.items()}, step=step))
         if (run := self._tracker("trackio")) is not None:
             import trackio
 
-            run.log({key: trackio.Histogram(values) for key, values in arrays.items()}, step=step)
+            self._guarded("trackio", lambda: run.log({k: trackio.Histogram(v) for k, v in arrays.items()}, step=step))
 
     def log_table(
         self,
@@ -221,16 +251,26 @@ class RunLogger:
             self.console.print(rich_table(f"{key} (step {step})", columns, shown))
         self.run_dir.append_samples(step, key, columns, rows)
         if (writer := self._tracker("tensorboard")) is not None:
-            writer.add_text(key, markdown_table(columns, rows), global_step=step)
-            writer.flush()
+
+            def tensorboard():
+                writer.add_text(key, markdown_table(columns, rows), global_step=step)
+                writer.flush()
+
+            self._guarded("tensorboard", tensorboard)
         if (run := self._tracker("wandb")) is not None:
             import wandb
 
-            run.log({_wandb_table_key(key, step): wandb.Table(columns=columns, data=rows)}, step=step)
+            table = {_wandb_table_key(key, step): wandb.Table(columns=columns, data=rows)}
+            self._guarded("wandb", lambda: run.log(table, step=step))
         if (run := self._tracker("trackio")) is not None:
             import trackio
 
-            run.log({key: trackio.Table(columns=columns, data=rows)}, step=step)
+            self._guarded("trackio", lambda: run.log({key: trackio.Table(columns=columns, data=rows)}, step=step))
+
+    def tracker_ids(self) -> dict[str, str]:
+        """Identifiers a resumed run needs to continue the same tracker runs (W&B's run id)."""
+        run = self._tracker("wandb")
+        return {"wandb": run.id} if run is not None else {}
 
     def alert(self, title: str, text: str, level: str) -> None:
         """Raise an alert with the trackers' own alert APIs (Trackio and W&B show them on the dashboard and can
@@ -241,9 +281,10 @@ class RunLogger:
             from trackio.alerts import AlertLevel
 
             trackio_level = {"info": AlertLevel.INFO, "warning": AlertLevel.WARN}.get(level, AlertLevel.ERROR)
-            run.alert(title=title, text=text, level=trackio_level)
+            self._guarded("trackio", lambda: run.alert(title=title, text=text, level=trackio_level))
         if (run := self._tracker("wandb")) is not None:
-            run.alert(title=title, text=text, level={"info": "INFO", "warning": "WARN"}.get(level, "ERROR"))
+            wandb_level = {"info": "INFO", "warning": "WARN"}.get(level, "ERROR")
+            self._guarded("wandb", lambda: run.alert(title=title, text=text, level=wandb_level))
 
     def progress(self, update: int, total: int, scalars: Mapping[str, Any], unit: str = "update") -> None:
         """Progress of training: episodes, eps and the registry's crucial values.
@@ -279,8 +320,12 @@ class RunLogger:
             self.console.print(f"{unit} {update}/{total} | {status}", markup=False, highlight=False, soft_wrap=True)
 
     def finish(self) -> None:
-        """End the tracker runs (accelerator.end_training; it also tears down the process group)."""
+        """End the tracker runs, then accelerator.end_training (which also tears down the process group)."""
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        if self.is_main:
+            for tracker in list(self.accelerator.trackers):
+                self._guarded(tracker.name, tracker.finish)
+        self.accelerator.trackers = []  # finished above: end_training must not finish them again
         self.accelerator.end_training()

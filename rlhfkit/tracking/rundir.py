@@ -46,15 +46,34 @@ class RunDirectory:
     def __init__(self, output_dir: str | os.PathLike):
         self.path = Path(output_dir)
 
-    def prepare(self, config: Mapping[str, Any], resume: bool = False) -> None:
-        """Create the directory and write run_config.json; a fresh run also empties the JSONL files."""
+    def prepare(self, config: Mapping[str, Any], resume: bool = False, resume_step: int | None = None) -> None:
+        """Create the directory and write run_config.json; a fresh run also empties the JSONL files.
+
+        resume_step: a run resumed from the checkpoint of that step keeps the lines up to it and drops the later
+        ones (logged after the checkpoint, before the run stopped), so the record holds each step exactly once.
+        """
         self.path.mkdir(parents=True, exist_ok=True)
         text = json.dumps(to_jsonable(config), indent=2)
         (self.path / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")
-        if not resume:
-            # A reused output_dir must not mix an old run's lines into the new run's record.
-            for name in (METRICS_FILE, SAMPLES_FILE, HEALTH_FILE):
+        for name in (METRICS_FILE, SAMPLES_FILE, HEALTH_FILE):
+            if not resume:
+                # A reused output_dir must not mix an old run's lines into the new run's record.
                 (self.path / name).write_text("", encoding="utf-8")
+            elif resume_step is not None and (self.path / name).is_file():
+                self._keep_until(name, resume_step)
+
+    def _keep_until(self, name: str, step: int) -> None:
+        kept = []
+        for line in (self.path / name).read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a line torn by the crash
+                continue
+            if record.get("step", 0) <= step:
+                kept.append(line + "\n")
+        tmp = self.path / (name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, self.path / name)
 
     def _append(self, name: str, records: Sequence[Mapping[str, Any]]) -> None:
         with open(self.path / name, "a", encoding="utf-8") as f:

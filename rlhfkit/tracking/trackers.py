@@ -99,7 +99,9 @@ def wandb_has_credentials() -> bool:
         return False
 
 
-def wandb_init_kwargs(run_name: str, output_dir: str | os.PathLike, resume: bool = False) -> dict[str, Any]:
+def wandb_init_kwargs(
+    run_name: str, output_dir: str | os.PathLike, resume: bool = False, run_id: str | None = None
+) -> dict[str, Any]:
     """Keyword arguments for ``wandb.init`` (through accelerate's WandBTracker).
 
     The run's files go under `output_dir`/wandb. Without credentials and without an explicit
@@ -110,6 +112,8 @@ def wandb_init_kwargs(run_name: str, output_dir: str | os.PathLike, resume: bool
         kwargs["mode"] = "offline"
     if resume:
         kwargs["resume"] = "allow"
+        if run_id:
+            kwargs["id"] = run_id  # continue the same W&B run
     return kwargs
 
 
@@ -129,6 +133,7 @@ def make_trackers(
     output_dir: str | os.PathLike,
     logging_dir: str | os.PathLike | None = None,
     resume: bool = False,
+    wandb_id: str | None = None,
 ) -> list:
     """accelerate tracker objects for a run, to pass as ``Accelerator(log_with=...)``.
 
@@ -143,7 +148,7 @@ def make_trackers(
         if name == "tensorboard":
             trackers.append(TensorBoardTracker(run_name, str(tensorboard_root(output_dir, logging_dir))))
         elif name == "wandb":
-            trackers.append(WandBTracker(project, **wandb_init_kwargs(run_name, output_dir, resume)))
+            trackers.append(WandBTracker(project, **wandb_init_kwargs(run_name, output_dir, resume, wandb_id)))
         elif name == "trackio":
             trackers.append(TrackioTracker(project, **trackio_init_kwargs(run_name, resume)))
     return trackers

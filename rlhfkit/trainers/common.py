@@ -7,24 +7,96 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import sys
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from rlhfkit.config import TrainConfig
-from rlhfkit.tracking import make_trackers
+from rlhfkit.checkpoint import (
+    Interrupted,
+    NonFiniteStop,
+    load_process_state,
+    read_state,
+    resolve_checkpoint,
+)
+from rlhfkit.config import ConfigError, TrainConfig
+from rlhfkit.health.watch import HealthStop
+from rlhfkit.tracking import RunLogger, make_trackers, resolve_report_to
 
 
-def make_accelerator(args: TrainConfig, report_to: list[str]) -> Accelerator:
+@dataclass
+class Progress:
+    """The counters a checkpoint carries; a resumed run continues them (eps included, through `elapsed`)."""
+
+    step: int = 0  # steps (PPO updates, GRPO optimizer steps) completed
+    episode: int = 0  # episodes (responses / completions) generated, all processes
+    elapsed: float = 0.0  # seconds of training so far
+    num_tokens: int = 0  # GRPO: prompt + completion tokens processed, all processes
+    generations: int = 0  # GRPO: generation batches drawn (data position)
+
+
+@dataclass
+class Resume:
+    """A checkpoint to resume from: its path and trainer_state.json (read before anything is written)."""
+
+    path: Path
+    state: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.state["progress"]["step"])
+
+    def load(self, accelerator) -> tuple[dict, dict]:
+        """(extra tensors, this process's RNG state)."""
+        return load_process_state(self.path, self.state, accelerator.process_index, accelerator.num_processes)
+
+
+def open_resume(args: TrainConfig) -> Resume | None:
+    if not args.resume_from_checkpoint:
+        return None
+    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+    return Resume(path, read_state(path))
+
+
+def resolve_config_report_to(args: TrainConfig) -> list[str]:
+    """The trackers of report_to, or a ConfigError naming the field (unknown or not installed)."""
+    try:
+        return resolve_report_to(args.report_to)
+    except (ValueError, ImportError) as e:
+        raise ConfigError(f"--report_to: {e}") from None
+
+
+def make_logger(args: TrainConfig, accelerator: Accelerator, report_to: list[str], resume: Resume | None):
+    return RunLogger(
+        accelerator,
+        output_dir=args.output_dir,
+        config=args.to_dict(),
+        project=args.project,
+        run_name=args.run_name,
+        report_to=report_to,
+        logging_dir=args.logging_dir,
+        resume=resume is not None,
+        resume_step=resume.step if resume is not None else None,
+    )
+
+
+def make_accelerator(args: TrainConfig, report_to: list[str], resume: Resume | None = None) -> Accelerator:
     """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process)."""
+    tracker_ids = resume.state.get("tracker_ids", {}) if resume is not None else {}
     trackers = make_trackers(
         report_to,
         project=args.project,
         run_name=args.run_name,
         output_dir=args.output_dir,
         logging_dir=args.logging_dir,
+        resume=resume is not None,
+        wandb_id=tracker_ids.get("wandb"),
     )
     # Without CUDA, accelerate only forms a process group (gloo) for torchrun-launched processes when told
     # cpu=True; a single process keeps its default device (e.g. MPS).
@@ -90,3 +162,95 @@ def prune_checkpoints(output_dir: str, limit: int | None) -> None:
     )
     for _, name in found[: max(0, len(found) - limit)]:
         shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
+
+
+class InterruptGuard:
+    """Turns SIGINT / SIGTERM into a request to stop after the current step, so the trainer can save a checkpoint
+    and close the trackers; a second signal stops at once (the default behaviour)."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():  # signal handlers live in the main thread
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:  # asked twice: give up on the clean stop
+            signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(
+            f"\n[rlhfkit] {signal.Signals(signum).name}: finishing the current step, then saving a checkpoint "
+            "(send it again to stop at once).",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def requested(self, accelerator) -> int | None:
+        """The signal any process received (a collective with several processes, so all stop at the same step)."""
+        if accelerator.num_processes == 1:
+            return self.signum
+        flag = torch.tensor([float(self.signum or 0)], device=accelerator.device)
+        signum = int(accelerator.reduce(flag, "max").item())
+        return signum or None
+
+
+class StepGuard:
+    """Optimizer steps that skip a NaN/inf gradient instead of writing it into the weights.
+
+    A non-finite loss gives non-finite gradients; the (already all-reduced) gradient norm is then non-finite on
+    every process alike, so all processes skip the same step without another collective.
+    """
+
+    def __init__(self, max_streak: int):
+        self.max_streak = max_streak
+        self.streak = 0  # consecutive skipped steps
+        self.skipped = 0  # skipped steps since the last take_skipped()
+
+    def step(self, accelerator, model, optimizer, max_grad_norm: float | None) -> bool:
+        """Clip (when max_grad_norm is set) and apply the gradients if they are finite; True if applied."""
+        limit = max_grad_norm if max_grad_norm is not None else float("inf")
+        norm = accelerator.clip_grad_norm_(model.parameters(), limit)
+        ok = bool(torch.isfinite(torch.as_tensor(norm)))
+        if ok:
+            optimizer.step()
+            self.streak = 0
+        else:
+            self.streak += 1
+            self.skipped += 1
+        optimizer.zero_grad(set_to_none=True)
+        return ok
+
+    @property
+    def exhausted(self) -> bool:
+        return self.streak >= self.max_streak
+
+    def take_skipped(self) -> int:
+        skipped, self.skipped = self.skipped, 0
+        return skipped
+
+
+def stop_early(trainer, step: int, finding, interrupt: InterruptGuard) -> None:
+    """End training cleanly after `step` when a signal arrived, a critical health finding asks for it (--health
+    stop) or max_nonfinite_steps optimizer steps in a row were skipped: save a checkpoint, close the trackers and
+    raise the TrainingStopped that explains what happened and how to go on. Collective: every process calls it."""
+    signum = interrupt.requested(trainer.accelerator)
+    if finding is None and signum is None and not trainer.steps.exhausted:
+        return
+    checkpoint = trainer.save_checkpoint(step)
+    trainer.logger.finish()
+    output_dir = trainer.args.output_dir
+    if finding is not None:
+        raise HealthStop(finding, checkpoint, output_dir)
+    if trainer.steps.exhausted:
+        raise NonFiniteStop(trainer.steps.streak, step, checkpoint)
+    raise Interrupted(signum, step, checkpoint, output_dir)

@@ -28,7 +28,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from datasets import Dataset
@@ -36,23 +36,31 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
+from rlhfkit.checkpoint import load_optimizer, load_weights, save_checkpoint, set_rng_state
 from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes, resolve_output_dir
 from rlhfkit.data import endless_batches, tokenize_prompts
-from rlhfkit.health.watch import HealthStop, HealthWatch
+from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import choose_dtype, disable_dropout, frozen_copy, load_policy, load_tokenizer, policy_logits
 from rlhfkit.rewards import RewardModelFunction, RewardOutput, call_reward_function, weighted_total
 from rlhfkit.rollout import complete, decode, response_logprobs, sampling_config, terminator_ids
-from rlhfkit.tracking import RunLogger, resolve_report_to
 from rlhfkit.trainers.common import (
+    InterruptGuard,
+    Progress,
+    Resume,
+    StepGuard,
     is_sample_step,
     linear_lr,
     make_accelerator,
+    make_logger,
+    open_resume,
     prune_checkpoints,
+    resolve_config_report_to,
     sample_every,
     save_atomically,
     set_lr,
+    stop_early,
 )
 
 
@@ -107,8 +115,9 @@ class GRPOTrainer:
         if train_dataset is None:
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
         resolve_output_dir(args)
-        self.report_to = resolve_report_to(args.report_to)
-        self.accelerator = acc = make_accelerator(args, self.report_to)
+        self.report_to = resolve_config_report_to(args)
+        resume = open_resume(args)  # read (and checked) before anything is written
+        self.accelerator = acc = make_accelerator(args, self.report_to, resume)
         dtype = choose_dtype(args.bf16, args.fp16)
         if isinstance(model, str):
             processing_class = processing_class or load_tokenizer(model, "model_name_or_path", args.trust_remote_code)
@@ -129,9 +138,13 @@ class GRPOTrainer:
             )
         self.reward_weights = [float(w) for w in weights]
 
-        self.train_dataset = tokenize_prompts(train_dataset, tok, args.dataset_text_field, args.max_prompt_length)
+        self.train_dataset = tokenize_prompts(
+            train_dataset, tok, args.dataset_text_field, args.max_prompt_length, "", args.prompt_overflow
+        )
         self.eval_dataset = (
-            tokenize_prompts(eval_dataset, tok, args.dataset_text_field, args.max_prompt_length, "eval ")
+            tokenize_prompts(
+                eval_dataset, tok, args.dataset_text_field, args.max_prompt_length, "eval ", args.prompt_overflow
+            )
             if eval_dataset is not None
             else None
         )
@@ -149,16 +162,12 @@ class GRPOTrainer:
             (M.expand(M.REWARDS_FUNC_MEAN, name), M.expand(M.REWARDS_FUNC_STD, name)) for name in self.reward_names
         ]
         self.metrics = MetricAccumulator(extra_metrics=[m for pair in self.reward_metrics for m in pair])
-        self.logger = RunLogger(
-            acc,
-            output_dir=args.output_dir,
-            config=args.to_dict(),
-            project=args.project,
-            run_name=args.run_name,
-            report_to=self.report_to,
-            logging_dir=args.logging_dir,
-        )
-        self.health = HealthWatch(args.health, args.health_thresholds, self.logger, acc)
+        self.steps = StepGuard(args.max_nonfinite_steps)
+        self.progress, self._rng, self._batch = Progress(), None, None
+        if resume is not None:
+            self._restore(resume)
+        self.logger = make_logger(args, acc, self.report_to, resume)
+        self.health = HealthWatch(args.health, args.health_thresholds, self.logger, acc, resume and self.progress.step)
 
     def _reward_sources(self, reward_funcs, processing_classes, dtype) -> tuple[list[str], list[Callable]]:
         """Names and callables of every reward source; reward models become RewardModelFunction objects."""
@@ -194,66 +203,103 @@ class GRPOTrainer:
             )
         return names, funcs
 
+    def _restore(self, resume: Resume) -> None:
+        """Weights, optimizer, counters, the batch still in use and the unfinished logging window of a checkpoint."""
+        load_weights(self.accelerator.unwrap_model(self.model), resume.path)
+        load_optimizer(self.optimizer, resume.path)
+        extra, self._rng = resume.load(self.accelerator)
+        self.progress = Progress(**resume.state["progress"])
+        if extra.get("batch") is not None:
+            self._batch = GenerationBatch(**extra["batch"])
+        self.metrics.load_state_dict(extra["metrics"])
+
+    def save_checkpoint(self, step: int) -> str:
+        """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
+        path = os.path.join(self.args.output_dir, f"checkpoint-{step}")
+
+        def write_models(tmp: str) -> None:
+            self.accelerator.unwrap_model(self.model).save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+
+        # A batch that still has iterations to serve is part of the state (num_iterations > 1).
+        reused = self._batch is not None and step % self.args.num_iterations != 0
+        extra = {"batch": asdict(self._batch) if reused else None, "metrics": self.metrics.state_dict()}
+        state = {"progress": asdict(self.progress), "tracker_ids": self.logger.tracker_ids()}
+        save_checkpoint(self.accelerator, path, write_models, self.optimizer, state, extra)
+        if self.accelerator.is_main_process:
+            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+        return path
+
     # ------------------------------------------------------------------------------------------------
     def train(self) -> None:
-        args, sizes, acc = self.args, self.sizes, self.accelerator
+        args, sizes, acc, progress = self.args, self.sizes, self.accelerator, self.progress
         prompts = endless_batches(
-            len(self.train_dataset), sizes.local_prompts, args.seed, acc.process_index, acc.num_processes
+            len(self.train_dataset),
+            sizes.local_prompts,
+            args.seed,
+            acc.process_index,
+            acc.num_processes,
+            skip=progress.generations,
         )
         every = sample_every(sizes.num_steps, args.num_sample_generations)
-        start, episode, num_tokens = time.time(), 0, 0
-        if every:
+        if every and progress.step == 0:
             self.evaluate(step=0)
-        batch = None
-        for step in range(1, sizes.num_steps + 1):
-            lr = linear_lr(args.learning_rate, step, sizes.num_steps)
-            set_lr(self.optimizer, lr)
+        if self._rng is not None:
+            set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
+        start = time.time() - progress.elapsed
+        with InterruptGuard() as interrupt:
+            for step in range(progress.step + 1, sizes.num_steps + 1):
+                lr = linear_lr(args.learning_rate, step, sizes.num_steps)
+                set_lr(self.optimizer, lr)
 
-            # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).
-            t0 = time.time()
-            if (step - 1) % args.num_iterations == 0:
-                batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
-                episode += sizes.completions
-                num_tokens += batch.global_tokens
-            t1 = time.time()
+                # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).
+                t0 = time.time()
+                if (step - 1) % args.num_iterations == 0:
+                    self._batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
+                    progress.generations += 1
+                    progress.episode += sizes.completions
+                    progress.num_tokens += self._batch.global_tokens
+                t1 = time.time()
 
-            # 2. Optimise: one optimizer step over gradient_accumulation_steps micro-batches of the batch.
-            self.optimize(batch)
-            t2 = time.time()
+                # 2. Optimise: one optimizer step over gradient_accumulation_steps micro-batches of the batch.
+                self.optimize(self._batch)
+                t2 = time.time()
+                progress.step, progress.elapsed = step, time.time() - start
 
-            # 3. Log the window's pooled metrics; the completions table and evaluation on their schedule.
-            sample_step = is_sample_step(step, sizes.num_steps, every)
-            stop = None
-            if step % args.logging_steps == 0 or step == sizes.num_steps:
-                scalars = self.metrics.reduce(acc).scalars
-                for name in (M.COMPLETIONS_MIN_TERMINATED_LENGTH.name, M.COMPLETIONS_MAX_TERMINATED_LENGTH.name):
-                    if M.COMPLETIONS_MEAN_LENGTH.name in scalars:
-                        scalars.setdefault(name, 0.0)  # no completion terminated in the window
-                scalars.update(
-                    {
-                        M.EPS.name: episode / (time.time() - start),
-                        M.EPISODE.name: episode,
-                        M.LR.name: lr,
-                        M.NUM_TOKENS.name: num_tokens,
-                        M.TIME_ROLLOUT.name: t1 - t0,
-                        M.TIME_OPTIMIZATION.name: t2 - t1,
-                    }
-                )
-                stop = self.health.observe(step, scalars)
-                self.logger.log(scalars, step=step)
-                self.logger.progress(step, sizes.num_steps, scalars, unit="step")
-                if args.log_completions and not sample_step:
-                    self.log_completions(batch, step)
-            if sample_step:
-                self.log_completions(batch, step)
-                self.evaluate(step=step)
-            if stop is not None:  # --health stop and a critical finding: keep the state, explain, end
-                checkpoint = os.path.join(args.output_dir, f"checkpoint-{step}")
-                self.save(checkpoint)
-                self.logger.finish()
-                raise HealthStop(stop, checkpoint, args.output_dir)
-            if args.save_steps and step % args.save_steps == 0 and step < sizes.num_steps:
-                self.save(os.path.join(args.output_dir, f"checkpoint-{step}"))
+                # 3. Log the window's pooled metrics and health; the completions table and evaluation on schedule.
+                sample_step = is_sample_step(step, sizes.num_steps, every)
+                finding = None
+                if step % args.logging_steps == 0 or step == sizes.num_steps:
+                    scalars = self.metrics.reduce(acc).scalars
+                    for name in (M.COMPLETIONS_MIN_TERMINATED_LENGTH.name, M.COMPLETIONS_MAX_TERMINATED_LENGTH.name):
+                        if M.COMPLETIONS_MEAN_LENGTH.name in scalars:
+                            scalars.setdefault(name, 0.0)  # no completion terminated in the window
+                    scalars.update(
+                        {
+                            M.EPS.name: progress.episode / progress.elapsed,
+                            M.EPISODE.name: progress.episode,
+                            M.LR.name: lr,
+                            M.NUM_TOKENS.name: progress.num_tokens,
+                            M.NONFINITE_STEPS.name: self.steps.take_skipped(),
+                            M.TIME_ROLLOUT.name: t1 - t0,
+                            M.TIME_OPTIMIZATION.name: t2 - t1,
+                        }
+                    )
+                    finding = self.health.observe(step, scalars)
+                    self.logger.log(scalars, step=step)
+                    self.logger.progress(step, sizes.num_steps, scalars, unit="step")
+                    if args.log_completions and not sample_step:
+                        self.log_completions(self._batch, step)
+                if sample_step:
+                    self.log_completions(self._batch, step)
+                    self.evaluate(step=step)
+
+                # 4. Checkpoint on schedule; stop early on a signal, a critical finding (--health stop) or
+                #    too many non-finite steps, with a checkpoint to resume from.
+                stop_early(self, step, finding, interrupt)
+                if args.save_steps and step % args.save_steps == 0 and step < sizes.num_steps:
+                    self.save_checkpoint(step)
+        self.save_checkpoint(sizes.num_steps)
         self.save(args.output_dir, final=True)
         self.logger.finish()
 
@@ -402,10 +448,7 @@ class GRPOTrainer:
                 if tokens > 0:
                     m.add_extreme(M.CLIP_RATIO_LOW_MIN, out.low_clipped.sum() / tokens)
                     m.add_extreme(M.CLIP_RATIO_HIGH_MAX, out.high_clipped.sum() / tokens)
-        if args.max_grad_norm is not None:
-            acc.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.steps.step(acc, self.model, self.optimizer, args.max_grad_norm)
         m.add(M.LOSS, step_loss, 1)
 
     # ------------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from datasets import Dataset
@@ -31,9 +31,10 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
+from rlhfkit.checkpoint import load_optimizer, load_weights, save_checkpoint, set_rng_state
 from rlhfkit.config import PPOConfig, ppo_batch_sizes, resolve_output_dir
 from rlhfkit.data import endless_batches, left_pad, tokenize_prompts
-from rlhfkit.health.watch import HealthStop, HealthWatch
+from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import disable_dropout, frozen_copy, policy_logits, token_values
@@ -47,15 +48,22 @@ from rlhfkit.rollout import (
     terminator_ids,
     truncate_responses,
 )
-from rlhfkit.tracking import RunLogger, resolve_report_to
 from rlhfkit.trainers.common import (
+    InterruptGuard,
+    Progress,
+    Resume,
+    StepGuard,
     is_sample_step,
     linear_lr,
     make_accelerator,
+    make_logger,
+    open_resume,
     prune_checkpoints,
+    resolve_config_report_to,
     sample_every,
     save_atomically,
     set_lr,
+    stop_early,
 )
 
 
@@ -115,17 +123,17 @@ class PPOTrainer:
     ):
         self.args = args
         resolve_output_dir(args)
-        self.report_to = resolve_report_to(args.report_to)
-        self.accelerator = make_accelerator(args, self.report_to)
+        self.report_to = resolve_config_report_to(args)
+        resume = open_resume(args)  # read (and checked) before anything is written
+        self.accelerator = make_accelerator(args, self.report_to, resume)
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
 
-        self.train_dataset = tokenize_prompts(
-            train_dataset, processing_class, args.dataset_text_field, args.max_prompt_length
-        )
+        text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
+        self.train_dataset = tokenize_prompts(train_dataset, processing_class, text, limit, "", overflow)
         self.eval_dataset = (
-            tokenize_prompts(eval_dataset, processing_class, args.dataset_text_field, args.max_prompt_length, "eval ")
+            tokenize_prompts(eval_dataset, processing_class, text, limit, "eval ", overflow)
             if eval_dataset is not None
             else None
         )
@@ -149,16 +157,42 @@ class PPOTrainer:
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
         self.metrics = MetricAccumulator()
-        self.logger = RunLogger(
-            self.accelerator,
-            output_dir=args.output_dir,
-            config=args.to_dict(),
-            project=args.project,
-            run_name=args.run_name,
-            report_to=self.report_to,
-            logging_dir=args.logging_dir,
+        self.steps = StepGuard(args.max_nonfinite_steps)
+        self.progress, self._rng = Progress(), None
+        if resume is not None:
+            self._restore(resume)
+        self.logger = make_logger(args, self.accelerator, self.report_to, resume)
+        self.health = HealthWatch(
+            args.health, args.health_thresholds, self.logger, self.accelerator, resume and self.progress.step
         )
-        self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator)
+
+    def _restore(self, resume: Resume) -> None:
+        """Weights, optimizer, KL coefficient, counters and RNG states of a checkpoint (RNG applied in train())."""
+        model = self.unwrapped
+        load_weights(model.policy, resume.path)
+        load_weights(model.value_model, resume.path / "value_model")
+        load_optimizer(self.optimizer, resume.path)
+        extra, self._rng = resume.load(self.accelerator)
+        if self.kl_ctl is not None:
+            self.kl_ctl.load_state_dict(extra["kl_ctl"])
+        self.progress = Progress(**resume.state["progress"])
+
+    def save_checkpoint(self, step: int) -> str:
+        """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
+        path = os.path.join(self.args.output_dir, f"checkpoint-{step}")
+
+        def write_models(tmp: str) -> None:
+            model = self.unwrapped
+            model.policy.save_pretrained(tmp)
+            model.value_model.save_pretrained(os.path.join(tmp, "value_model"))
+            self.tokenizer.save_pretrained(tmp)
+
+        extra = {"kl_ctl": self.kl_ctl.state_dict()} if self.kl_ctl is not None else {}
+        state = {"progress": asdict(self.progress), "tracker_ids": self.logger.tracker_ids()}
+        save_checkpoint(self.accelerator, path, write_models, self.optimizer, state, extra)
+        if self.accelerator.is_main_process:
+            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+        return path
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -170,77 +204,87 @@ class PPOTrainer:
         return self.kl_ctl.value if self.kl_ctl else self.args.kl_coef
 
     def train(self) -> None:
-        args, sizes, acc = self.args, self.sizes, self.accelerator
+        args, sizes, acc, progress = self.args, self.sizes, self.accelerator, self.progress
         prompts = endless_batches(
-            len(self.train_dataset), sizes.local_batch_size, args.seed, acc.process_index, acc.num_processes
+            len(self.train_dataset),
+            sizes.local_batch_size,
+            args.seed,
+            acc.process_index,
+            acc.num_processes,
+            skip=progress.step,  # one batch per update
         )
         every = sample_every(sizes.num_total_batches, args.num_sample_generations)
-        start, episode = time.time(), 0
-        if every:
+        if every and progress.step == 0:
             self.evaluate(step=0)
-        for update in range(1, sizes.num_total_batches + 1):
-            lr = linear_lr(args.learning_rate, update, sizes.num_total_batches)
-            set_lr(self.optimizer, lr)
+        if self._rng is not None:
+            set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
+        start = time.time() - progress.elapsed
+        with InterruptGuard() as interrupt:
+            for update in range(progress.step + 1, sizes.num_total_batches + 1):
+                lr = linear_lr(args.learning_rate, update, sizes.num_total_batches)
+                set_lr(self.optimizer, lr)
 
-            # 1. Rollout: sample responses to a batch of prompts from the current policy.
-            t0 = time.time()
-            batch = self.rollout([self.train_dataset[i]["input_ids"] for i in next(prompts)])
+                # 1. Rollout: sample responses to a batch of prompts from the current policy.
+                t0 = time.time()
+                batch = self.rollout([self.train_dataset[i]["input_ids"] for i in next(prompts)])
 
-            # 2. Rewards: per-token KL penalty to the reference, score on the last real response token.
-            mask = batch.response_mask
-            kl = ops.kl_per_token(batch.logprobs, batch.ref_logprobs, args.kl_estimator) * mask
-            shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, self.kl_coef)
-            rewards = shaped.rewards
-            if args.whiten_rewards:
-                rewards = ops.masked_whiten(rewards, mask, keep_mean=True)
+                # 2. Rewards: per-token KL penalty to the reference, score on the last real response token.
+                mask = batch.response_mask
+                kl = ops.kl_per_token(batch.logprobs, batch.ref_logprobs, args.kl_estimator) * mask
+                shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, self.kl_coef)
+                rewards = shaped.rewards
+                if args.whiten_rewards:
+                    rewards = ops.masked_whiten(rewards, mask, keep_mean=True)
 
-            # 3. Advantages: GAE over response tokens, then whitened over the rollout batch.
-            gae = ops.gae(rewards, batch.values, mask, args.gamma, args.lam)
-            advantages = ops.masked_whiten(gae.advantages, mask)
-            self.log_rollout(batch, kl, shaped.non_score_reward, gae)
-            t1 = time.time()
+                # 3. Advantages: GAE over response tokens, then whitened over the rollout batch.
+                gae = ops.gae(rewards, batch.values, mask, args.gamma, args.lam)
+                advantages = ops.masked_whiten(gae.advantages, mask)
+                self.log_rollout(batch, kl, shaped.non_score_reward, gae)
+                t1 = time.time()
 
-            # 4. Optimise: num_ppo_epochs passes of shuffled mini-batches, one optimizer step per mini-batch.
-            self.optimize(batch, advantages, gae.returns)
-            t2 = time.time()
+                # 4. Optimise: num_ppo_epochs passes of shuffled mini-batches, one optimizer step per mini-batch.
+                self.optimize(batch, advantages, gae.returns)
+                t2 = time.time()
 
-            # 5. Adapt the KL coefficient towards kl_target (Ziegler et al. 2019), when enabled.
-            kl_coef_used = self.kl_coef
-            episode += sizes.batch_size
-            reduced = self.metrics.reduce(acc)
-            if self.kl_ctl:
-                self.kl_ctl.update(reduced.scalars[M.OBJECTIVE_KL.name], sizes.batch_size)
+                # 5. Adapt the KL coefficient towards kl_target (Ziegler et al. 2019), when enabled.
+                kl_coef_used = self.kl_coef
+                progress.step, progress.episode = update, progress.episode + sizes.batch_size
+                progress.elapsed = time.time() - start
+                reduced = self.metrics.reduce(acc)
+                if self.kl_ctl:
+                    self.kl_ctl.update(reduced.scalars[M.OBJECTIVE_KL.name], sizes.batch_size)
 
-            # 6. Log: pooled metrics, histograms, progress; samples and checkpoints on their schedule.
-            scalars = reduced.scalars
-            scalars[M.LOSS_TOTAL_AVG.name] = (
-                scalars[M.LOSS_POLICY_AVG.name] + args.vf_coef * scalars[M.LOSS_VALUE_AVG.name]
-            )
-            scalars.update(
-                {
-                    M.EPS.name: episode / (time.time() - start),
-                    M.EPISODE.name: episode,
-                    M.LR.name: lr,
-                    M.OBJECTIVE_KL_COEF.name: kl_coef_used,
-                    M.TIME_ROLLOUT.name: t1 - t0,
-                    M.TIME_OPTIMIZATION.name: t2 - t1,
-                }
-            )
-            stop = None
-            if update % args.logging_steps == 0 or update == sizes.num_total_batches:
-                stop = self.health.observe(update, scalars)
-                self.logger.log(scalars, step=update)
-                self.logger.log_histograms(reduced.histograms, step=update)
-            self.logger.progress(update, sizes.num_total_batches, scalars)
-            if is_sample_step(update, sizes.num_total_batches, every):
-                self.evaluate(step=update)
-            if stop is not None:  # --health stop and a critical finding: keep the state, explain, end
-                checkpoint = os.path.join(args.output_dir, f"checkpoint-{update}")
-                self.save(checkpoint)
-                self.logger.finish()
-                raise HealthStop(stop, checkpoint, args.output_dir)
-            if args.save_steps and update % args.save_steps == 0 and update < sizes.num_total_batches:
-                self.save(os.path.join(args.output_dir, f"checkpoint-{update}"))
+                # 6. Log: pooled metrics, histograms, health, progress; samples on their schedule.
+                scalars = reduced.scalars
+                scalars[M.LOSS_TOTAL_AVG.name] = (
+                    scalars[M.LOSS_POLICY_AVG.name] + args.vf_coef * scalars[M.LOSS_VALUE_AVG.name]
+                )
+                scalars.update(
+                    {
+                        M.EPS.name: progress.episode / progress.elapsed,
+                        M.EPISODE.name: progress.episode,
+                        M.LR.name: lr,
+                        M.OBJECTIVE_KL_COEF.name: kl_coef_used,
+                        M.NONFINITE_STEPS.name: self.steps.take_skipped(),
+                        M.TIME_ROLLOUT.name: t1 - t0,
+                        M.TIME_OPTIMIZATION.name: t2 - t1,
+                    }
+                )
+                finding = None
+                if update % args.logging_steps == 0 or update == sizes.num_total_batches:
+                    finding = self.health.observe(update, scalars)
+                    self.logger.log(scalars, step=update)
+                    self.logger.log_histograms(reduced.histograms, step=update)
+                self.logger.progress(update, sizes.num_total_batches, scalars)
+                if is_sample_step(update, sizes.num_total_batches, every):
+                    self.evaluate(step=update)
+
+                # 7. Checkpoint on schedule; stop early on a signal, a critical finding (--health stop) or
+                #    too many non-finite steps, with a checkpoint to resume from.
+                stop_early(self, update, finding, interrupt)
+                if args.save_steps and update % args.save_steps == 0 and update < sizes.num_total_batches:
+                    self.save_checkpoint(update)
+        self.save_checkpoint(sizes.num_total_batches)
         self.save(args.output_dir, final=True)
         self.logger.finish()
 
@@ -379,15 +423,13 @@ class PPOTrainer:
                         m.add(M.POLICY_CLIPFRAC_AVG, (pg.clipped & mask).sum(), tokens)
                         m.add(M.POLICY_ENTROPY_AVG, (entropy * mask).sum(), tokens)
                         m.add(M.LOSS_POLICY_AVG, (pg.per_token_loss.detach() * mask).sum(), tokens)
-                        m.add(M.LOSS_VALUE_AVG, 0.5 * (vf.per_token_loss.detach() * mask).sum(), tokens)
+                        # per_token_loss already holds the 1/2 of the value loss (ops.clipped_value_loss).
+                        m.add(M.LOSS_VALUE_AVG, (vf.per_token_loss.detach() * mask).sum(), tokens)
                         m.add(M.VAL_CLIPFRAC_AVG, (vf.clipped & mask).sum(), tokens)
                         m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
                         m.add_tensor(M.VAL_RATIO_VAR, ratio, mask)
                         m.add_values(M.POLICY_RATIO_DIST, ratio[mask])
-                if args.max_grad_norm is not None:
-                    acc.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                self.steps.step(acc, self.model, self.optimizer, args.max_grad_norm)
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -435,7 +477,9 @@ class PPOTrainer:
         self.logger.log_table("completions", columns, [row[: len(columns)] for row in table[:n_show]], step=step)
 
     def save(self, path: str, final: bool = False) -> None:
-        """Policy (and value model in value_model/) with the tokenizer, written to a temp dir then renamed."""
+        """Policy (and value model in value_model/) with the tokenizer, written to a temp dir then renamed.
+
+        final=True: into the run directory, so `output_dir` itself loads as the trained model."""
 
         def write(tmp: str) -> None:
             model = self.unwrapped

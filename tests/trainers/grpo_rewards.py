@@ -15,7 +15,12 @@ def recorded_length(prompts, completions, completion_ids, **kwargs):
     if path:
         rank = int(os.environ.get("RANK", "0"))
         with open(f"{path}.rank{rank}", "a") as f:
-            call = {"prompts": prompts, "rewards": rewards, "completion_ids": completion_ids, "answer": kwargs.get("answer")}
+            call = {
+                "prompts": prompts,
+                "rewards": rewards,
+                "completion_ids": completion_ids,
+                "answer": kwargs.get("answer"),
+            }
             f.write(json.dumps(call))
             f.write("\n")
     return rewards
@@ -40,3 +45,7 @@ def not_a_number(prompts, completions, **kwargs):
 
 def always_none(prompts, completions, **kwargs):
     return [None] * len(completions)
+
+
+def nan_reward(prompts, completions, **kwargs):
+    return [float("nan")] * len(completions)

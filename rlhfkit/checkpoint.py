@@ -1,0 +1,237 @@
+"""Checkpoints that resume a run exactly, written atomically.
+
+A checkpoint directory ``checkpoint-N`` (N = the step it was taken after) holds:
+
+    model.safetensors, config.json, tokenizer files   the policy, loadable on its own by any transformers tool
+    value_model/                                      PPO's value model (safetensors)
+    optimizer.pt                                      optimizer state (tensors and numbers only)
+    extra_state.pt                                    trainer-specific tensors (e.g. a GRPO batch still in use,
+                                                      metric sums of an unfinished logging window)
+    rng_state_<rank>.pt                               every library's RNG state, one file per process
+    trainer_state.json                                counters, KL coefficient, data position; written last
+
+Everything is written into ``checkpoint-N.tmp`` and renamed once complete, so a crash during a save leaves the
+previous checkpoints intact and never a directory that looks complete but is not (trainer_state.json is the
+completeness mark). ``.pt`` files are loaded with ``torch.load(weights_only=True)``: no pickle code runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.pt"
+EXTRA_FILE = "extra_state.pt"
+FORMAT_VERSION = 1
+_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be resumed from; the message names the path and what to do."""
+
+
+class TrainingStopped(RuntimeError):
+    """Training ended early but cleanly: a checkpoint holds the state; str() says why and how to go on.
+
+    The CLI prints the message and exits with `exit_status` (distinct per cause, never 0).
+    """
+
+    exit_status = 1
+
+    def __init__(self, message: str, checkpoint: str | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+class Interrupted(TrainingStopped):
+    """SIGINT / SIGTERM: the current step finished, a checkpoint was saved, trackers closed."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str, output_dir: str):
+        import signal
+
+        self.exit_status = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+        super().__init__(
+            f"Interrupted by {signal.Signals(signum).name} after step {step}; the state is saved in {checkpoint}. "
+            f"Continue with the same command plus --output_dir {output_dir} --resume_from_checkpoint latest.",
+            checkpoint,
+        )
+
+
+class NonFiniteStop(TrainingStopped):
+    """Too many optimizer steps in a row had a NaN/inf loss or gradient."""
+
+    exit_status = 4
+
+    def __init__(self, streak: int, step: int, checkpoint: str):
+        super().__init__(
+            f"Training stopped at step {step}: the last {streak} optimizer steps had a NaN or inf loss or gradient "
+            f"and were skipped (--max_nonfinite_steps {streak}). The last good state is saved in {checkpoint}. "
+            "Usual causes: a learning rate too high, a reward that returns NaN/inf, fp16 overflow. Look at the "
+            "metrics just before (rlhfkit doctor), fix the cause, then resume from the checkpoint.",
+            checkpoint,
+        )
+
+
+def rng_state() -> dict[str, Any]:
+    """The RNG states of Python, NumPy and torch (CPU and every CUDA device) of this process, as plain data."""
+    np_state = np.random.get_state()
+    state = {
+        "python": _listify(random.getstate()),
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "rest": [np_state[0], *np_state[2:]]},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuplify(state["python"]))
+    kind, *rest = state["numpy"]["rest"]
+    np.random.set_state((kind, state["numpy"]["key"].numpy().astype(np.uint32), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _listify(value):
+    return [_listify(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuplify(value):
+    return tuple(_tuplify(v) for v in value) if isinstance(value, list) else value
+
+
+def save_checkpoint(
+    accelerator,
+    path: str | os.PathLike,
+    write_models: Callable[[str], None],
+    optimizer: torch.optim.Optimizer,
+    state: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Write a checkpoint to `path` atomically (a collective: every process must call it).
+
+    write_models(dir): saves the models (main process). state: JSON-able counters. extra: tensors / plain data.
+    """
+    path = str(path).rstrip("/")
+    tmp = path + ".tmp"
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    accelerator.wait_for_everyone()
+    torch.save(rng_state(), os.path.join(tmp, f"rng_state_{accelerator.process_index}.pt"))
+    if accelerator.is_main_process:
+        write_models(tmp)
+        torch.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER_FILE))
+        torch.save(extra or {}, os.path.join(tmp, EXTRA_FILE))
+        record = {"format_version": FORMAT_VERSION, "num_processes": accelerator.num_processes, **state}
+        Path(tmp, STATE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    accelerator.wait_for_everyone()
+
+
+def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Complete checkpoints of a run directory, oldest first: (step, path)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    found = []
+    for child in root.iterdir():
+        match = _CHECKPOINT_DIR.match(child.name)
+        if match and (child / STATE_FILE).is_file():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def resolve_checkpoint(spec: str, output_dir: str | os.PathLike | None) -> Path:
+    """The checkpoint directory `spec` names: a path, or "latest" (the newest complete one in output_dir)."""
+    if spec == "latest":
+        if output_dir is None:
+            raise CheckpointError(
+                "--resume_from_checkpoint latest needs --output_dir: the run directory whose newest checkpoint to use."
+            )
+        found = checkpoints(output_dir)
+        if not found:
+            raise CheckpointError(
+                f"--resume_from_checkpoint latest: {output_dir} holds no complete checkpoint-N directory. Pass "
+                "the path of a checkpoint, or start the run without --resume_from_checkpoint."
+            )
+        return found[-1][1]
+    path = Path(spec)
+    if not path.is_dir():
+        raise CheckpointError(f"--resume_from_checkpoint {spec!r} is not a directory.")
+    return path
+
+
+def read_state(path: str | os.PathLike) -> dict[str, Any]:
+    """trainer_state.json of a checkpoint, with a clear CheckpointError when it is missing or unreadable."""
+    state_file = Path(path) / STATE_FILE
+    if not state_file.is_file():
+        raise CheckpointError(
+            f"{path} is not a complete checkpoint (no {STATE_FILE}; a save was probably interrupted). Resume from "
+            "an earlier checkpoint-N, or from 'latest', which skips incomplete ones."
+        )
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{state_file} is corrupt ({e}). Resume from an earlier checkpoint.") from e
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{state_file} is not an rlhfkit checkpoint of format {FORMAT_VERSION}.")
+    return state
+
+
+def load_process_state(path: str | os.PathLike, state: dict, process_index: int, num_processes: int) -> tuple:
+    """(extra, rng) of a checkpoint for this process; a clear CheckpointError when anything is missing."""
+    path = Path(path)
+    if state["num_processes"] != num_processes:
+        raise CheckpointError(
+            f"{path} was written by {state['num_processes']} processes, this run has {num_processes}: resume with "
+            f"the same number of processes (each process's data position and random state are in it)."
+        )
+    for name in (OPTIMIZER_FILE, EXTRA_FILE, f"rng_state_{process_index}.pt"):
+        if not (path / name).is_file():
+            raise CheckpointError(f"{path} is incomplete: {name} is missing. Resume from an earlier checkpoint.")
+    try:
+        extra = torch.load(path / EXTRA_FILE, weights_only=True)
+        rng = torch.load(path / f"rng_state_{process_index}.pt", weights_only=True)
+    except Exception as e:  # a truncated or foreign file: say which
+        raise CheckpointError(f"{path}: cannot read its state files ({type(e).__name__}: {e}).") from e
+    return extra, rng
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
+    try:
+        optimizer.load_state_dict(torch.load(Path(path) / OPTIMIZER_FILE, weights_only=True))
+    except Exception as e:
+        raise CheckpointError(f"{path}: cannot restore the optimizer ({type(e).__name__}: {e}).") from e
+
+
+def load_weights(model: torch.nn.Module, directory: str | os.PathLike) -> None:
+    """Copy the weights of a save_pretrained directory into `model` (same architecture; strict).
+
+    Loading through the model class lets transformers handle tied and sharded weights as it wrote them.
+    """
+    dtype = next(model.parameters()).dtype
+    try:
+        saved = type(model).from_pretrained(str(directory), dtype=dtype)
+        model.load_state_dict(saved.state_dict())
+    except Exception as e:
+        raise CheckpointError(
+            f"{directory}: cannot load its weights into the model ({type(e).__name__}: {e}). Resume with the same "
+            "model as the checkpointed run, from an intact checkpoint."
+        ) from e

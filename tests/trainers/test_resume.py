@@ -1,0 +1,162 @@
+"""Resuming exactly: a run stopped at a checkpoint and resumed gives the same metrics and weights as a run that
+never stopped; a real SIGINT saves a checkpoint and says how to resume; a failing tracker is dropped, not fatal."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
+from tests.helpers import asset_flags
+from tests.trainers.test_grpo import grpo_config
+from tests.trainers.test_ppo import small_config
+
+WALL_CLOCK = {"eps", "time/rollout", "time/optimization"}  # the only numbers allowed to differ
+
+
+def rows_of(output_dir):
+    with open(os.path.join(output_dir, "metrics.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if k not in WALL_CLOCK} for line in f]
+
+
+def weights(output_dir, name="model.safetensors"):
+    return load_file(os.path.join(output_dir, name))
+
+
+def resume_from(run_dir, checkpoint_step, tmp_path, make_config, build):
+    """Copy a finished run as it stood when checkpoint-<step> was written plus the rows logged after it (as after
+    a crash), resume it, and return the resumed run's directory."""
+    copy = tmp_path / "resumed"
+    shutil.copytree(run_dir, copy)
+    for name in os.listdir(copy):  # the final model and later checkpoints did not exist yet
+        later = name.startswith("checkpoint-") and name != f"checkpoint-{checkpoint_step}"
+        if later or name in ("model.safetensors", "value_model"):
+            path = copy / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    args = make_config(copy, resume_from_checkpoint="latest")
+    build(args, set()).train()
+    return copy
+
+
+def assert_same_run(original, resumed, model_files):
+    assert rows_of(resumed) == rows_of(original)
+    for name in model_files:
+        a, b = weights(original, name), weights(resumed, name)
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]), (name, key)
+
+
+def test_ppo_resumes_exactly(tiny_assets, tmp_path):
+    def make_config(out, **extra):
+        return small_config(
+            tiny_assets, tmp_path, output_dir=str(out), total_episodes=64, save_steps=2, kl_target=0.5, **extra
+        )  # 4 updates of 16; the adaptive KL coefficient is part of the state
+
+    original = tmp_path / "original"
+    build_ppo_trainer(make_config(original)).train()
+    resumed = resume_from(original, 2, tmp_path, make_config, build_ppo_trainer)
+    assert [r["step"] for r in rows_of(resumed) if "episode" in r] == [1, 2, 3, 4]
+    assert_same_run(original, resumed, ["model.safetensors", "value_model/model.safetensors"])
+
+
+def test_grpo_resumes_exactly_mid_batch_and_mid_window(tiny_assets, tmp_path):
+    def make_config(out, **extra):
+        # Checkpoint after step 3: the batch generated at step 3 still serves step 4 (num_iterations=2), and the
+        # logging window of steps 3-4 is half done (logging_steps=2).
+        return grpo_config(
+            tiny_assets, tmp_path, output_dir=str(out), max_steps=6, num_iterations=2, logging_steps=2, save_steps=3,
+            beta=0.04, num_sample_generations=2, **extra,
+        )  # fmt: skip
+
+    original = tmp_path / "original"
+    build_grpo_trainer(make_config(original), set()).train()
+    resumed = resume_from(original, 3, tmp_path, make_config, build_grpo_trainer)
+    assert [r["step"] for r in rows_of(resumed) if "loss" in r] == [2, 4, 6]
+    assert_same_run(original, resumed, ["model.safetensors"])
+
+
+def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_assets, tmp_path):
+    out = tmp_path / "run"
+    flags = [
+        *asset_flags(tiny_assets), "--output_dir", str(out), "--report_to", "none", "--total_episodes", "2000",
+        "--per_device_train_batch_size", "8", "--local_rollout_forward_batch_size", "8", "--response_length", "8",
+        "--num_ppo_epochs", "1", "--num_sample_generations", "0", "--save_steps", "0",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "rlhfkit.cli", "ppo", *flags]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-3000:]
+    assert "Interrupted by SIGINT" in stderr and "--resume_from_checkpoint latest" in stderr
+    assert "Traceback" not in stderr
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    checkpoint = out / f"checkpoint-{steps[-1]}"
+    assert (checkpoint / "trainer_state.json").is_file() and (checkpoint / "model.safetensors").is_file()
+
+    # Resume with the command the message gives, shortened to finish soon: the run continues where it stopped.
+    total = (steps[-1] + 2) * 8
+    resume = [*cmd, "--resume_from_checkpoint", "latest", "--total_episodes", str(total)]
+    done = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps_after = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps_after == list(range(1, steps[-1] + 3))  # each step exactly once
+
+
+def test_a_failing_tracker_is_dropped_and_training_goes_on(tiny_assets, tmp_path, capsys):
+    args = small_config(tiny_assets, tmp_path, report_to=["tensorboard", "trackio"], total_episodes=48)
+    trainer = build_ppo_trainer(args)
+    writer = trainer.accelerator.get_tracker("tensorboard", unwrap=True)
+    calls = []
+
+    def disk_full(*a, **k):
+        calls.append(1)
+        raise OSError(28, "No space left on device")
+
+    writer.add_scalar = disk_full
+    trainer.train()
+    printed = capsys.readouterr().out
+    assert printed.count("the tensorboard tracker failed") == 1 and "No space left on device" in printed
+    assert len(calls) == 1  # dropped after the first failure
+    assert [r["step"] for r in rows_of(args.output_dir) if "episode" in r] == [1, 2, 3]
+    from trackio.sqlite_storage import SQLiteStorage
+
+    logs = SQLiteStorage.get_logs(args.project, args.run_name)
+    assert sorted({row["step"] for row in logs if "episode" in row}) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("limit", [2])
+def test_nan_rewards_skip_steps_then_stop_with_a_checkpoint(tiny_assets, tmp_path, limit):
+    """A reward function returning NaN: the NaN health rule fires, the steps are skipped, then training stops."""
+    from rlhfkit.checkpoint import NonFiniteStop
+
+    args = grpo_config(
+        tiny_assets, tmp_path, reward_funcs=["tests.trainers.grpo_rewards:nan_reward"], max_steps=5,
+        max_nonfinite_steps=limit,
+    )  # fmt: skip
+    trainer = build_grpo_trainer(args, {"reward_funcs"})
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    with pytest.raises(NonFiniteStop) as info:
+        trainer.train()
+    assert f"last {limit} optimizer steps" in str(info.value) and info.value.exit_status == 4
+    rows = rows_of(args.output_dir)
+    assert [r["nonfinite_steps"] for r in rows if "loss" in r] == [1, 1]
+    after = dict(trainer.model.named_parameters())
+    assert all(torch.equal(before[k], after[k]) for k in before)  # no NaN update reached the weights
+    assert os.path.isfile(os.path.join(args.output_dir, f"checkpoint-{limit}", "trainer_state.json"))
+    with open(os.path.join(args.output_dir, "health.jsonl")) as f:
+        findings = [json.loads(line) for line in f]
+    assert findings[0]["rule"] == "nonfinite_metric" and findings[0]["severity"] == "critical"
+    assert "rewards/nan_reward/mean" in findings[0]["message"]
