@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 
@@ -24,14 +25,20 @@ def load_prompt_splits(path: str, train_split: str, test_split: str | None) -> t
             f"{'/'.join(_FILE_TYPES)} file (datasets are read locally, never downloaded)."
         )
     if os.path.isdir(path):
-        data = load_from_disk(path)
+        try:
+            data = load_from_disk(path)
+        except Exception as e:
+            raise DataError(_unreadable(path, e)) from e
     else:
         ext = os.path.splitext(path)[1].lower()
         if ext not in _FILE_TYPES:
             raise DataError(
                 f"--dataset_name {path!r}: unsupported file type {ext!r}; use one of {', '.join(_FILE_TYPES)}."
             )
-        data = load_dataset(_FILE_TYPES[ext], data_files={train_split: path})
+        try:
+            data = load_dataset(_FILE_TYPES[ext], data_files={train_split: path})
+        except Exception as e:
+            raise DataError(_unreadable(path, e)) from e
     if isinstance(data, Dataset):
         return data, None
     assert isinstance(data, DatasetDict)
@@ -39,6 +46,21 @@ def load_prompt_splits(path: str, train_split: str, test_split: str | None) -> t
         raise DataError(f"--dataset_train_split {train_split!r} is not in {path!r} (splits: {', '.join(data)}).")
     test = data[test_split] if test_split and test_split in data else None
     return data[train_split], test
+
+
+def _unreadable(path: str, error: Exception) -> str:
+    """The message for a dataset that exists but cannot be read; an empty one (no data files) is named as such."""
+    state = os.path.join(path, "state.json")
+    try:
+        with open(state, encoding="utf-8") as f:
+            if json.load(f).get("_data_files") == []:
+                return f"The dataset at --dataset_name {path!r} is empty: it needs at least one prompt."
+    except (OSError, ValueError):
+        pass
+    return (
+        f"--dataset_name {path!r} cannot be read ({type(error).__name__}: {error}). Pass a directory written by "
+        f"datasets' save_to_disk or a {'/'.join(_FILE_TYPES)} file."
+    )
 
 
 def tokenize_prompts(

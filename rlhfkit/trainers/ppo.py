@@ -33,20 +33,19 @@ from transformers import PreTrainedTokenizerBase
 from rlhfkit import ops
 from rlhfkit.checkpoint import load_optimizer, load_weights, save_checkpoint, set_rng_state
 from rlhfkit.config import PPOConfig, ppo_batch_sizes, resolve_output_dir
-from rlhfkit.data import endless_batches, left_pad, tokenize_prompts
+from rlhfkit.data import endless_batches, tokenize_prompts
 from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import disable_dropout, frozen_copy, policy_logits, token_values
 from rlhfkit.rewards import apply_eos_trick, reward_model_scores
 from rlhfkit.rollout import (
+    complete,
     decode,
-    generate,
     pad_right,
     response_logprobs,
     sampling_config,
     terminator_ids,
-    truncate_responses,
 )
 from rlhfkit.trainers.common import (
     InterruptGuard,
@@ -94,7 +93,8 @@ class RolloutBatch:
     ref_logprobs: torch.Tensor  # (B, T)
     values: torch.Tensor  # (B, T) value predictions at rollout time
     scores: torch.Tensor  # (B,) reward-model scores after the EOS trick
-    queries: list[str]
+    queries: list[str]  # decoded query tokens (what the policy saw)
+    prompts: list[str]  # the dataset's prompt texts
     responses: list[str]
 
     @property
@@ -226,7 +226,8 @@ class PPOTrainer:
 
                 # 1. Rollout: sample responses to a batch of prompts from the current policy.
                 t0 = time.time()
-                batch = self.rollout([self.train_dataset[i]["input_ids"] for i in next(prompts)])
+                rows = [self.train_dataset[i] for i in next(prompts)]
+                batch = self.rollout([r["input_ids"] for r in rows], [r[args.dataset_text_field] for r in rows])
 
                 # 2. Rewards: per-token KL penalty to the reference, score on the last real response token.
                 mask = batch.response_mask
@@ -290,19 +291,19 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def rollout(self, prompt_ids: list[list[int]]) -> RolloutBatch:
-        """Generate in chunks of local_rollout_forward_batch_size, then score every chunk."""
+    def rollout(self, prompt_ids: list[list[int]], prompts: list[str]) -> RolloutBatch:
+        """Generate in chunks of local_rollout_forward_batch_size, then score every chunk.
+
+        prompts: the dataset's prompt texts (the task checker reads them; queries are what the model saw)."""
         args, tok, device = self.args, self.tokenizer, self.accelerator.device
         model = self.unwrapped
         model.eval()
         gen_config = sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
         parts: dict[str, list] = {k: [] for k in ("q", "qm", "r", "rm", "term", "logp", "ref", "val", "score")}
         step = args.local_rollout_forward_batch_size
-        for i in range(0, len(prompt_ids), step):
-            query_ids, query_mask = (t.to(device) for t in left_pad(prompt_ids[i : i + step], tok.pad_token_id))
-            raw = generate(model.policy, query_ids, query_mask, gen_config)
-            resp = truncate_responses(raw, self.stop_ids, tok.pad_token_id)
-            ids, attn = torch.cat([query_ids, resp.ids], 1), torch.cat([query_mask, resp.mask], 1)
+        for chunk in complete(model.policy, prompt_ids, gen_config, self.stop_ids, tok.pad_token_id, step, device):
+            query_ids, query_mask, resp = chunk
+            ids, attn = chunk.input_ids, chunk.attention_mask
             width = query_ids.shape[1]
             logits, values = model(ids, attn)
             parts["logp"].append(response_logprobs(logits, width, resp.ids, args.temperature))
@@ -345,6 +346,7 @@ class PPOTrainer:
             values=pad_right(parts["val"], 0.0) * response_mask,
             scores=scores,
             queries=decode(tok, query_ids, query_mask),
+            prompts=prompts,
             responses=[],
         )
         batch.responses = decode(tok, batch.response_ids, batch.response_mask)
@@ -382,7 +384,7 @@ class PPOTrainer:
         m.add_values(M.TOKENS_QUERIES_DIST, q_len)
         m.add_values(M.TOKENS_RESPONSES_DIST, r_len)
         if self.task is not None:
-            correct = [self.task.check(q, r) for q, r in zip(batch.queries, batch.responses)]
+            correct = [self.task.check(p, r) for p, r in zip(batch.prompts, batch.responses)]
             m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
 
     def optimize(self, batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor) -> None:
@@ -440,41 +442,37 @@ class PPOTrainer:
         args, acc, tok = self.args, self.accelerator, self.tokenizer
         model = self.unwrapped
         model.eval()
-        rows = list(range(acc.process_index, len(self.eval_dataset), acc.num_processes))
-        gen_config = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
-        table, successes, scores = [], [], []
-        for i in range(0, len(rows), args.per_device_eval_batch_size):
-            chunk = [self.eval_dataset[j]["input_ids"] for j in rows[i : i + args.per_device_eval_batch_size]]
-            query_ids, query_mask = (t.to(acc.device) for t in left_pad(chunk, tok.pad_token_id))
-            resp = truncate_responses(
-                generate(model.policy, query_ids, query_mask, gen_config), self.stop_ids, tok.pad_token_id
-            )
-            ids, attn = torch.cat([query_ids, resp.ids], 1), torch.cat([query_mask, resp.mask], 1)
+        rows = [self.eval_dataset[i] for i in range(acc.process_index, len(self.eval_dataset), acc.num_processes)]
+        config = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
+        size = args.per_device_eval_batch_size
+        chunks = complete(
+            model.policy, [r["input_ids"] for r in rows], config, self.stop_ids, tok.pad_token_id, size, acc.device
+        )
+        metrics, table = MetricAccumulator(), []
+        for i, chunk in enumerate(chunks):
+            resp = chunk.responses
             score = apply_eos_trick(
-                reward_model_scores(self.reward_model, ids, attn),
+                reward_model_scores(self.reward_model, chunk.input_ids, chunk.attention_mask),
                 resp.terminated,
                 args.missing_eos_penalty,
                 args.non_eos_penalty,
                 args.penalty_reward_value,
             )
-            queries, responses = decode(tok, query_ids, query_mask), decode(tok, resp.ids, resp.mask)
-            # The table shows special tokens too, so a missing EOS is visible.
-            shown = decode(tok, resp.ids, resp.mask, skip_special_tokens=False)
-            scores.append(score)
-            for q, r, text, s in zip(queries, responses, shown, score.tolist()):
-                correct = self.task.check(q, r) if self.task is not None else None
-                successes.append(correct)
-                table.append([q, text, s, correct])
+            metrics.add_tensor(M.EVAL_SCORES, score)
+            queries, responses = decode(tok, chunk.query_ids, chunk.query_mask), decode(tok, resp.ids, resp.mask)
+            shown = decode(tok, resp.ids, resp.mask, skip_special_tokens=False)  # a missing EOS stays visible
+            prompts = [r[args.dataset_text_field] for r in rows[i * size : (i + 1) * size]]
+            for prompt, q, r, text, s in zip(prompts, queries, responses, shown, score.tolist()):
+                row = [q, text, s]
+                if self.task is not None:
+                    correct = self.task.check(prompt, r)  # the dataset's prompt: the query may have been truncated
+                    metrics.add(M.EVAL_TASK_SUCCESS, float(correct), 1)
+                    row.append(correct)
+                table.append(row)
         model.train()
-        all_scores = torch.cat(scores) if scores else torch.zeros(0)
-        self.metrics.add(M.EVAL_SCORES, all_scores.sum(), len(all_scores))
-        if self.task is not None:
-            self.metrics.add(M.EVAL_TASK_SUCCESS, float(sum(bool(s) for s in successes)), len(successes))
-        reduced = self.metrics.reduce(acc)
-        self.logger.log(reduced.scalars, step=step)
+        self.logger.log(metrics.reduce(acc).scalars, step=step)
         columns = ["query", "model response", "score"] + (["correct"] if self.task is not None else [])
-        n_show = min(len(table), args.per_device_eval_batch_size, 16)
-        self.logger.log_table("completions", columns, [row[: len(columns)] for row in table[:n_show]], step=step)
+        self.logger.log_table("completions", columns, table[: min(size, 16)], step=step)
 
     def save(self, path: str, final: bool = False) -> None:
         """Policy (and value model in value_model/) with the tokenizer, written to a temp dir then renamed.
