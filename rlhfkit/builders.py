@@ -32,15 +32,16 @@ BUILTIN_PPO_DEFAULTS = {
 }
 
 
-# GRPO on the built-in task: 32 prompts x 8 completions per step, rule-based rewards (see docs/builtin_task.md).
+# GRPO on the built-in task: 32 prompts x 8 completions per step, rule-based rewards (correctness and
+# positional partial credit), sampling at 0.7 like PPO (see docs/builtin_task.md for the measurements).
 BUILTIN_GRPO_DEFAULTS = {
     "learning_rate": 1e-4,
     "num_generations": 8,
     "per_device_train_batch_size": 64,
     "gradient_accumulation_steps": 4,
-    "max_steps": 60,
+    "max_steps": 100,
     "per_device_eval_batch_size": 128,
-    "temperature": 1.0,
+    "temperature": 0.7,
     "logging_steps": 1,
     "num_sample_generations": 10,
     "save_steps": 0,
@@ -150,7 +151,7 @@ def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = f
     if uses_builtin_task(args):
         apply_builtin_task(args, explicit)
         if "reward_funcs" not in explicit:
-            args.reward_funcs = ["correctness"]
+            args.reward_funcs = ["correctness", "partial_credit"]
     train, test, task = _load_data_and_task(args)
     reward_funcs = list(args.reward_model_path or [])
     if args.reward_funcs or not reward_funcs:

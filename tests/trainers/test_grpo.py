@@ -197,3 +197,39 @@ def test_bad_reward_functions_are_named(tiny_assets, tmp_path, name, message):
 def test_batch_size_must_hold_whole_groups():
     with pytest.raises(ValueError, match=r"per_device_train_batch_size \(6\).*num_generations \(4\)"):
         GRPOConfig(per_device_train_batch_size=6, num_generations=4)
+
+
+def test_two_processes_pool_metrics(tiny_assets, tmp_path):
+    """Under accelerate launch with 2 CPU processes every logged number pools both processes' completions."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out, record = tmp_path / "run", str(tmp_path / "calls")
+    cmd = [
+        sys.executable, "-m", "accelerate.commands.launch",
+        "--config_file", os.path.join(root, "examples/accelerate_configs/cpu_2proc.yaml"),
+        "-m", "rlhfkit.cli", "grpo",
+        "--model_name_or_path", str(tiny_assets / "sft"), "--dataset_name", str(tiny_assets / "prompts"),
+        "--output_dir", str(out), "--report_to", "none", "--num_generations", "4",
+        "--per_device_train_batch_size", "8", "--max_steps", "2", "--max_completion_length", "8",
+        "--num_sample_generations", "0", "--logging_steps", "1", "--save_steps", "0", "--scale_rewards", "batch",
+        "--reward_funcs", "tests.trainers.grpo_rewards:recorded_length",
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", RLHFKIT_TEST_RECORD=record, PYTHONPATH=root)
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = train_rows(read_jsonl(out / "metrics.jsonl"))
+    per_rank = records(record)
+    assert len(per_rank) == 2 and all(len(calls) == 2 for calls in per_rank)
+    for step, row in enumerate(rows):
+        calls = [calls[step] for calls in per_rank]  # this step's call on each process
+        rewards = [r for c in calls for r in c["rewards"]]
+        lengths = [len(ids) for c in calls for ids in c["completion_ids"]]
+        assert len(rewards) == 16 and row["episode"] == 16 * (step + 1)  # 2 processes x 8 completions
+        assert row["rewards/recorded_length/mean"] == pytest.approx(sum(rewards) / 16)
+        assert row["reward_std"] == pytest.approx(torch.tensor(rewards, dtype=torch.float64).std().item())
+        assert row["completions/mean_length"] == pytest.approx(sum(lengths) / 16)
+        assert (row["completions/min_length"], row["completions/max_length"]) == (min(lengths), max(lengths))
+        prompts = [c["prompts"] for c in calls]
+        assert prompts[0] != prompts[1]  # each process sampled its own share of the prompts
