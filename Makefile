@@ -1,5 +1,6 @@
-# Two commands on a fresh machine: `make quickstart` (installs, then trains PPO on the built-in task) and
-# `make test` (installs, then runs the test suite). Both create .venv on first use.
+# Two commands on a fresh machine: `make quickstart` (installs, then builds the built-in task, trains PPO, judges it
+# against the SFT model and writes the report) and `make test` (installs, then runs the test suite). Both create
+# .venv on first use.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
@@ -14,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 quickstart: install
-	$(VENV)/bin/rlhfkit ppo
+	$(VENV)/bin/rlhfkit quickstart
 
 test: install
 	$(PY) -m pytest -q
