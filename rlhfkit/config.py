@@ -123,6 +123,10 @@ class TrainConfig:
 
     # --- optimisation ------------------------------------------------------------------------------
     learning_rate: float = field(default=3e-6, metadata=_help("Initial learning rate (AdamW), decayed linearly to 0."))
+    warmup_steps: int = field(
+        default=0, metadata=_help("Steps of linear warm-up from 0 to learning_rate (overrides warmup_ratio).")
+    )
+    warmup_ratio: float = field(default=0.0, metadata=_help("Share of the steps used for linear warm-up."))
     per_device_train_batch_size: int = field(default=64, metadata=_help("Micro-batch size per device."))
     per_device_eval_batch_size: int = field(
         default=64, metadata=_help("Batch size per device for sample generations.")
@@ -154,6 +158,10 @@ class TrainConfig:
             raise ConfigError(f"health={self.health!r}: use off, warn or stop.")
         if self.prompt_overflow not in ("drop", "truncate"):
             raise ConfigError(f"prompt_overflow={self.prompt_overflow!r}: use drop or truncate.")
+        if self.warmup_steps < 0 or not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(
+                f"warmup_steps must be >= 0 and warmup_ratio in [0, 1), got {self.warmup_steps} and {self.warmup_ratio}."
+            )
         if self.max_prompt_length is not None and self.max_prompt_length < 1:
             raise ConfigError(f"max_prompt_length must be >= 1 when set, got {self.max_prompt_length}.")
         for name in self._positive_fields():
@@ -469,6 +477,11 @@ def grpo_batch_sizes(args: GRPOConfig, world_size: int, dataset_size: int) -> GR
     if num_steps < 1:
         raise ConfigError("max_steps must be >= 1 (or set num_train_epochs with a non-empty dataset).")
     return GRPOBatchSizes(local_completions, local_prompts, local_completions * world_size, num_steps)
+
+
+def warmup_steps(args: TrainConfig, num_steps: int) -> int:
+    """Warm-up steps of a run of `num_steps` steps: warmup_steps when set, else ceil(warmup_ratio x num_steps)."""
+    return min(args.warmup_steps or math.ceil(args.warmup_ratio * num_steps), num_steps - 1)
 
 
 def config_field_names(cls: type) -> list[str]:

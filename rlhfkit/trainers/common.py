@@ -106,9 +106,12 @@ def make_accelerator(args: TrainConfig, report_to: list[str], resume: Resume | N
     return accelerator
 
 
-def linear_lr(learning_rate: float, step: int, num_steps: int) -> float:
-    """Learning rate of 1-based `step`: linear decay from `learning_rate` (step 1) towards 0 (after the last)."""
-    return learning_rate * (1.0 - (step - 1) / num_steps)
+def linear_lr(learning_rate: float, step: int, num_steps: int, warmup: int = 0) -> float:
+    """Learning rate of 1-based `step`: linear warm-up over `warmup` steps (learning_rate x step / warmup), then
+    linear decay from learning_rate (step warmup + 1) towards 0 (after the last step)."""
+    if step <= warmup:
+        return learning_rate * step / warmup
+    return learning_rate * (num_steps - step + 1) / (num_steps - warmup)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -37,7 +37,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.checkpoint import load_optimizer, load_weights, save_checkpoint, set_rng_state
-from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes, resolve_output_dir
+from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes, resolve_output_dir, warmup_steps
 from rlhfkit.data import endless_batches, tokenize_prompts
 from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
@@ -242,6 +242,7 @@ class GRPOTrainer:
             skip=progress.generations,
         )
         every = sample_every(sizes.num_steps, args.num_sample_generations)
+        warmup = warmup_steps(args, sizes.num_steps)
         if every and progress.step == 0:
             self.evaluate(step=0)
         if self._rng is not None:
@@ -249,7 +250,7 @@ class GRPOTrainer:
         start = time.time() - progress.elapsed
         with InterruptGuard() as interrupt:
             for step in range(progress.step + 1, sizes.num_steps + 1):
-                lr = linear_lr(args.learning_rate, step, sizes.num_steps)
+                lr = linear_lr(args.learning_rate, step, sizes.num_steps, warmup)
                 set_lr(self.optimizer, lr)
 
                 # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).

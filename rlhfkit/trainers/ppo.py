@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.checkpoint import load_optimizer, load_weights, save_checkpoint, set_rng_state
-from rlhfkit.config import PPOConfig, ppo_batch_sizes, resolve_output_dir
+from rlhfkit.config import PPOConfig, ppo_batch_sizes, resolve_output_dir, warmup_steps
 from rlhfkit.data import endless_batches, tokenize_prompts
 from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
@@ -214,6 +214,7 @@ class PPOTrainer:
             skip=progress.step,  # one batch per update
         )
         every = sample_every(sizes.num_total_batches, args.num_sample_generations)
+        warmup = warmup_steps(args, sizes.num_total_batches)
         if every and progress.step == 0:
             self.evaluate(step=0)
         if self._rng is not None:
@@ -221,7 +222,7 @@ class PPOTrainer:
         start = time.time() - progress.elapsed
         with InterruptGuard() as interrupt:
             for update in range(progress.step + 1, sizes.num_total_batches + 1):
-                lr = linear_lr(args.learning_rate, update, sizes.num_total_batches)
+                lr = linear_lr(args.learning_rate, update, sizes.num_total_batches, warmup)
                 set_lr(self.optimizer, lr)
 
                 # 1. Rollout: sample responses to a batch of prompts from the current policy.
