@@ -174,6 +174,8 @@ def derive(r: dict) -> dict:
     r["episodes_per_s"] = r["episodes"] / t
     r["tokens_per_s"] = tokens / t
     r["generate_tokens_per_s"] = tokens / gen if observed and gen > 0 else None
+    cpu = r.get("train_cpu_seconds")
+    r["episodes_per_cpu_s"] = r["episodes"] / cpu if cpu else None
     return r
 
 
@@ -182,6 +184,7 @@ def derive(r: dict) -> dict:
 ROWS = [
     # key, label, format, better ("high" / "low" / None)
     ("episodes_per_s", "episodes/s", "{:.2f}", "high"),
+    ("episodes_per_cpu_s", "episodes per CPU-second", "{:.2f}", "high"),
     ("tokens_per_s", "generated tokens/s (whole run)", "{:.0f}", "high"),
     ("generate_tokens_per_s", "tokens/s inside generation", "{:.0f}", "high"),
     ("train_seconds", "train() wall time (s)", "{:.1f}", "low"),
@@ -189,8 +192,14 @@ ROWS = [
     ("phases.scoring", "  scoring/ref/value forwards (s)", "{:.1f}", "low"),
     ("phases.optimization", "  optimisation (s)", "{:.1f}", "low"),
     ("phases.other", "  other (s)", "{:.1f}", "low"),
+    ("train_cpu_seconds", "train() CPU time, all threads (s)", "{:.1f}", "low"),
+    ("cpu_phases.generation", "  generation CPU (s)", "{:.1f}", "low"),
+    ("cpu_phases.scoring", "  scoring CPU (s)", "{:.1f}", "low"),
+    ("cpu_phases.optimization", "  optimisation CPU (s)", "{:.1f}", "low"),
+    ("cpu_phases.other", "  other CPU (s)", "{:.1f}", "low"),
     ("setup_seconds", "start-up to train() (s)", "{:.1f}", "low"),
     ("peak_rss_mb", "peak RSS (MB)", "{:.0f}", "low"),
+    ("peak_rss_before_train_mb", "  of which before train() (MB)", "{:.0f}", "low"),
     ("task_success", "task success after training", "{:.3f}", "high"),
 ]
 
@@ -252,6 +261,8 @@ def table_lines(trainer: str, data: dict, summary: dict, markdown: bool) -> list
     rows = []
     for key, label, f, better in ROWS:
         a, b, r = s["median"]["rlhfkit"][key], s["median"]["trl"][key], s["ratio"][key]
+        if a is None and b is None:  # not measured by this version of the harness
+            continue
         note = {"high": " (higher is better)", "low": " (lower is better)"}.get(better, "") if key in (
             "episodes_per_s", "peak_rss_mb") else ""
         rows.append([label.strip() if markdown else label, fmt(a, f), fmt(b, f),
@@ -279,8 +290,8 @@ def print_summary(data: dict) -> None:
         target_eps = s["ratio"]["episodes_per_s"]
         target_rss = s["ratio"]["peak_rss_mb"]
         log(f"target episodes/s >= 2x TRL: {'met' if target_eps and target_eps >= 2 else 'NOT met'} "
-            f"({target_eps:.2f}x); peak RSS <= TRL: {'met' if target_rss and target_rss <= 1 else 'NOT met'} "
-            f"({target_rss:.2f}x)")
+            f"({fmt(target_eps, '{:.2f}')}x); peak RSS <= TRL: "
+            f"{'met' if target_rss and target_rss <= 1 else 'NOT met'} ({fmt(target_rss, '{:.2f}')}x)")
         if not all(r["generation_observed"] for r in data["runs"] if r["trainer"] == trainer):
             log("warning: a run's generation did not go through transformers' generate; its generation phase is "
                 "not measured (tokens counted as episodes x new tokens)")
@@ -298,8 +309,8 @@ def readme_section(data: dict) -> str:
     lines = [
         f"Measured {meta['date']} on {meta['machine']['cpu']} ({meta['machine']['cores']} cores, "
         f"{meta['machine']['memory_gb']} GB), device {meta['device']}, {meta['threads']} threads, "
-        f"{'--quick, ' if meta['quick'] else ''}median of {meta['runs']} runs per library "
-        f"(`bench/run.py{' --quick' if meta['quick'] else ''} --runs {meta['runs']}`).",
+        f"{'--quick, ' if meta['quick'] else ''}" + "; ".join(
+            f"{t.upper()}: median of {s['n']['rlhfkit']} runs per library" for t, s in summary.items()) + ".",
     ]
     if meta.get("note"):
         lines += ["", f"**{meta['note']}**"]
@@ -322,6 +333,36 @@ def write_readme(data: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+def load_results(files: list[str]) -> dict:
+    """One results file, or several merged: the runs of all, the first file's metadata, the union of trainers."""
+    datas = [json.loads(Path(f).read_text()) for f in files]
+    data = datas[0]
+    for other in datas[1:]:
+        data["runs"] += other["runs"]
+        for t in other["meta"]["trainers"]:
+            if t not in data["meta"]["trainers"]:
+                data["meta"]["trainers"].append(t)
+                data["meta"]["settings"][t] = other["meta"]["settings"][t]
+        versions = data["meta"]["versions"]
+        for key, v in other["meta"]["versions"].items():
+            if versions.get(key) != v:
+                versions[key] = f"{versions.get(key) or '?'} / {v}"
+        data["meta"]["date"] += f", {other['meta']['date']}"
+    return data
+
+
+def rlhfkit_revision() -> str | None:
+    """The repository's commit, with '+dirty' when rlhfkit/ has uncommitted changes (what was measured)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "rlhfkit"], cwd=REPO_DIR, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
@@ -346,24 +387,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None, help="runs per library and trainer (default 3; 1 with --quick)")
     p.add_argument("--trainers", default="ppo,grpo", help="comma-separated: ppo, grpo")
     p.add_argument("--quick", action="store_true", help="toy model and lengths: checks the harness in minutes")
-    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
-                   help="torch / OpenMP threads of every run (default: the cores available)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch / OpenMP threads of every run (default 1: at these model sizes a second thread mostly "
+                   "adds synchronisation, and on a shared machine oversubscribed threads spin; see README)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu hides GPUs from both libraries")
     p.add_argument("--seed", type=int, default=42, help="seed of run 0; run i uses seed + i on both sides")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before a run is killed")
     p.add_argument("--keep-models", action="store_true", help="keep the trained weights under bench/.runs/")
     p.add_argument("--note", default=None, help="a line shown above the README table (e.g. 'preliminary')")
-    p.add_argument("--readme", nargs="?", const=str(RESULTS / "latest.json"), default=None, metavar="RESULTS.json",
-                   help="only rewrite bench/README.md's results table from a results file (default: the latest)")
+    p.add_argument("--readme", nargs="*", default=None, metavar="RESULTS.json",
+                   help="only rewrite bench/README.md's results table from results files (default: the latest); "
+                   "several files are merged (e.g. PPO and GRPO measured in separate invocations)")
     p.add_argument("--write-readme", action="store_true", help="also rewrite README's table after this run")
-    p.add_argument("--summary", metavar="RESULTS.json", help="only print the tables of a results file")
+    p.add_argument("--summary", nargs="+", metavar="RESULTS.json", help="only print the tables of results files")
     ns = p.parse_args(argv)
 
-    if ns.readme:
-        write_readme(json.loads(Path(ns.readme).read_text()))
+    if ns.readme is not None:
+        write_readme(load_results(ns.readme or [str(RESULTS / "latest.json")]))
         return 0
     if ns.summary:
-        print_summary(json.loads(Path(ns.summary).read_text()))
+        print_summary(load_results(ns.summary))
         return 0
 
     trainers = [t.strip() for t in ns.trainers.split(",") if t.strip()]
@@ -392,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     session_dir = RUNS_DIR / stamp
     configs = {t: S.trainer_settings(t, ns.quick) for t in trainers}
-    versions = {"rlhfkit": shared["rlhfkit"], **{f"trl ({t})": S.TRL_PINS[t].split("==")[1] for t in trainers},
+    versions = {"rlhfkit": shared["rlhfkit"], "rlhfkit commit": rlhfkit_revision(), **{f"trl ({t})": S.TRL_PINS[t].split("==")[1] for t in trainers},
                 **shared_pins, "python": platform.python_version()}
     data = {
         "meta": {

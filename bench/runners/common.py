@@ -36,12 +36,16 @@ def run_timed(probe, train) -> float:
 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    from probe import peak_rss_mb
+
+    probe.peak_rss_before_train_mb = peak_rss_mb()  # imports, models and data loaded
     probe.enabled = True
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     train()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
+    probe.train_cpu_seconds = time.process_time() - c0  # CPU time of all the process's threads
     probe.enabled = False
     return seconds
 
@@ -68,11 +72,13 @@ def finish(spec: dict, probe, library: str, version: str, train_seconds: float, 
         "threads": torch.get_num_threads(),
         "device": "cuda" if torch.cuda.is_available() else "cpu",
         "train_seconds": round(train_seconds, 4),
+        "train_cpu_seconds": round(probe.train_cpu_seconds, 4),
         "setup_seconds": round(setup_seconds, 4),
         "episodes": spec["episodes"],
         "peak_rss_mb": round(peak, 1),
+        "peak_rss_before_train_mb": round(getattr(probe, "peak_rss_before_train_mb", float("nan")), 1),
         "peak_gpu_mb": round(gpu_peak, 1) if gpu_peak is not None else None,
-        **probe.summary(train_seconds),
+        **probe.summary(train_seconds, probe.train_cpu_seconds),
         **success,
         "eval_seconds": round(time.perf_counter() - t0, 3),
         "modules": sorted(m for m in ("trl", "rlhfkit") if m in sys.modules),

@@ -31,6 +31,7 @@ class Probe:
     def __init__(self) -> None:
         self.enabled = False
         self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu_seconds: dict[str, float] = defaultdict(float)  # process CPU time (all threads), same phases
         self.calls: dict[str, int] = defaultdict(int)
         self.generated_tokens = 0
         self.generated_sequences = 0
@@ -43,14 +44,20 @@ class Probe:
             self._sync()
         return time.perf_counter()
 
-    def _timed(self, phase: str, fn, *args, **kwargs):
+    def _timed(self, phase: str, fn, *args, _part: str | None = None, **kwargs):
+        """Run fn, adding its wall time to `phase` (and to `phase/part`, a breakdown that does not change totals)."""
         self._busy += 1
-        t0 = self._now()
+        t0, c0 = self._now(), time.process_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            self.seconds[phase] += self._now() - t0
-            self.calls[phase] += 1
+            dt = self._now() - t0
+            self.seconds[phase] += dt
+            self.cpu_seconds[phase] += time.process_time() - c0
+            key = f"{phase}/{_part}" if _part else phase
+            if _part:
+                self.seconds[key] += dt
+            self.calls[key] += 1
             self._busy -= 1
 
     # -- installation -----------------------------------------------------------------------------------------
@@ -84,8 +91,9 @@ class Probe:
         def call(module, *args, **kwargs):
             if not probe.enabled or probe._busy:
                 return original_call(module, *args, **kwargs)
-            phase = "optimization" if torch.is_grad_enabled() else "scoring"
-            return probe._timed(phase, original_call, module, *args, **kwargs)
+            if torch.is_grad_enabled():
+                return probe._timed("optimization", original_call, module, *args, _part="forward", **kwargs)
+            return probe._timed("scoring", original_call, module, *args, **kwargs)
 
         PreTrainedModel.__call__ = call
 
@@ -95,7 +103,7 @@ class Probe:
         def backward(*args, **kwargs):
             if not probe.enabled or probe._busy:
                 return original_backward(*args, **kwargs)
-            return probe._timed("optimization", original_backward, *args, **kwargs)
+            return probe._timed("optimization", original_backward, *args, _part="backward", **kwargs)
 
         torch.autograd.backward = backward
 
@@ -105,7 +113,7 @@ class Probe:
         def clip_grad_norm_(*args, **kwargs):
             if not probe.enabled or probe._busy:
                 return original_clip(*args, **kwargs)
-            return probe._timed("optimization", original_clip, *args, **kwargs)
+            return probe._timed("optimization", original_clip, *args, _part="clip_grad_norm", **kwargs)
 
         torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
 
@@ -114,12 +122,16 @@ class Probe:
         def pre_hook(optimizer, args, kwargs):
             if probe.enabled and not probe._busy:
                 probe._busy += 1
-                step_start.append(probe._now())
+                step_start.append((probe._now(), time.process_time()))
 
         def post_hook(optimizer, args, kwargs):
             if step_start:
-                probe.seconds["optimization"] += probe._now() - step_start.pop()
-                probe.calls["optimizer_step"] += 1
+                t0, c0 = step_start.pop()
+                dt = probe._now() - t0
+                probe.seconds["optimization"] += dt
+                probe.cpu_seconds["optimization"] += time.process_time() - c0
+                probe.seconds["optimization/optimizer_step"] += dt
+                probe.calls["optimization/optimizer_step"] += 1
                 probe._busy -= 1
 
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
@@ -146,11 +158,17 @@ class Probe:
         return wrapper
 
     # -- results ----------------------------------------------------------------------------------------------
-    def summary(self, train_seconds: float) -> dict:
+    def summary(self, train_seconds: float, train_cpu_seconds: float | None = None) -> dict:
         phases = {p: round(self.seconds.get(p, 0.0), 4) for p in PHASES}
         phases["other"] = round(train_seconds - sum(phases.values()), 4)
+        cpu = {p: round(self.cpu_seconds.get(p, 0.0), 4) for p in PHASES}
+        if train_cpu_seconds is not None:
+            cpu["other"] = round(train_cpu_seconds - sum(cpu.values()), 4)
+        parts = {k: round(v, 4) for k, v in self.seconds.items() if "/" in k}
         return {
             "phases": phases,
+            "phase_parts": parts,
+            "cpu_phases": cpu,
             "calls": dict(self.calls),
             "generated_tokens": int(self.generated_tokens),
             "generated_sequences": int(self.generated_sequences),
