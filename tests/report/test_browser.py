@@ -19,6 +19,8 @@ from tests.report import browser, fakeruns
 from tests.report.conftest import ROOT, TRACKED_PROJECT, TRACKED_RUN
 
 MIN_STDDEV = 20  # grey-level spread; a blank page is ~0, a page of white cards with charts ~40-60
+# Trackio's dashboard is mostly white with thin lines: ~20 when it shows a handful of small charts, ~0 when blank.
+MIN_STDDEV_DASHBOARD = 10
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +179,7 @@ def test_trackio_dashboard_shows_the_run_and_its_metrics(chromium, trackio_dashb
     shot = tmp_path / "trackio.png"
     chromium.save_screenshot(str(shot))
     print(f"trackio screenshot: {shot}")
-    assert browser.pixel_stddev(shot) > MIN_STDDEV
+    assert browser.pixel_stddev(shot) > MIN_STDDEV_DASHBOARD
 
     # Everything the dashboard fetched came from the local server: it needs no CDN.
     foreign = [u for u in browser.resource_urls(chromium) if not u.startswith(("http://127.0.0.1:", "data:", "blob:"))]
