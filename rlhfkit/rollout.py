@@ -67,17 +67,26 @@ def sampling_config(
     return GenerationConfig(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p, **common)
 
 
+class Generated(NamedTuple):
+    """Raw sampled tokens and their log-probabilities."""
+
+    tokens: torch.Tensor  # (B, T') long, pad_token_id after a row's stop token
+    logprobs: torch.Tensor | None  # (B, T') float32 log-prob of each sampled token under softmax(logits / temperature)
+    # (the full distribution, as the losses use it, even when top_k / top_p restricted the draw); None when greedy
+
+
 @torch.inference_mode()
 def generate(
     model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
-) -> torch.Tensor:
-    """Raw response tokens (B, T'), T' <= max_new_tokens (generation stops when every row has ended).
+) -> Generated:
+    """Sample up to max_new_tokens per row (generation stops when every row has ended).
 
     A lean decoding loop over the model's KV cache instead of ``model.generate``: for the small models of the
     built-in task HF's per-token machinery (logits processors, stopping criteria, input preparation) costs more
     than the forward pass itself. The sampling distribution is the same as ``generate``'s: softmax(logits /
     temperature), optionally restricted to the top_k tokens and then to the top_p probability mass; greedy when
-    ``config.do_sample`` is False. Rows that have produced a stop token continue with ``pad_token_id``.
+    ``config.do_sample`` is False. Rows that have produced a stop token continue with ``pad_token_id``. The
+    log-probs of the sampled tokens come for free from the same logits, so a trainer can skip a policy forward.
     """
     B = query_ids.shape[0]
     stop_ids = torch.tensor(_as_list(config.eos_token_id), device=query_ids.device, dtype=torch.long)
@@ -86,11 +95,12 @@ def generate(
     out = model(input_ids=query_ids, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1)
     next_position = position[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=query_ids.device)
-    tokens = []
+    tokens, logprobs = [], []
     for step in range(config.max_new_tokens):
-        token = _pick(out.logits[:, -1, :], config)
+        token, logprob = _pick(out.logits[:, -1, :], config)
         token = torch.where(done, torch.full_like(token, config.pad_token_id), token)
         tokens.append(token)
+        logprobs.append(logprob)
         done = done | torch.isin(token, stop_ids)
         if step == config.max_new_tokens - 1 or bool(done.all()):
             break
@@ -104,8 +114,9 @@ def generate(
         )
         next_position = next_position + 1
     if not tokens:
-        return query_ids.new_zeros(B, 0)
-    return torch.stack(tokens, dim=1)
+        return Generated(query_ids.new_zeros(B, 0), None)
+    sampled = config.do_sample
+    return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1) if sampled else None)
 
 
 def _as_list(ids) -> list[int]:
@@ -114,11 +125,13 @@ def _as_list(ids) -> list[int]:
     return [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
 
 
-def _pick(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
-    """Next token per row from (B, V) logits: argmax, or a sample from the (top-k / top-p restricted) softmax."""
+def _pick(logits: torch.Tensor, config: GenerationConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Next token per row from (B, V) logits: argmax, or a sample from the (top-k / top-p restricted) softmax; and
+    the sampled token's log-prob under the unrestricted softmax(logits / temperature) (None when greedy)."""
     if not config.do_sample:
-        return logits.argmax(dim=-1)
-    z = logits.float() / config.temperature
+        return logits.argmax(dim=-1), None
+    full = logits.float() / config.temperature
+    z = full
     if config.top_k and config.top_k < z.shape[-1]:
         kth = torch.topk(z, config.top_k, dim=-1).values[:, -1:]
         z = z.masked_fill(z < kth, float("-inf"))
@@ -128,7 +141,9 @@ def _pick(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
         # Drop a token when the mass of the tokens strictly before it already reaches top_p (the first always stays).
         drop_sorted = probs.cumsum(dim=-1) - probs >= config.top_p
         z = z.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    return torch.multinomial(torch.softmax(z, dim=-1), 1).squeeze(-1)
+    token = torch.multinomial(torch.softmax(z, dim=-1), 1).squeeze(-1)
+    logprob = full.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(full, dim=-1)
+    return token, logprob
 
 
 def truncate_responses(raw: torch.Tensor, stop_ids: list[int], pad_token_id: int) -> Responses:
@@ -147,6 +162,7 @@ class Chunk(NamedTuple):
     query_ids: torch.Tensor  # (B, Lq) long, left-padded
     query_mask: torch.Tensor  # (B, Lq) bool
     responses: Responses
+    logprobs: torch.Tensor | None  # (B, T) sampling log-probs of the response tokens, 0 outside the mask; greedy: None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -170,7 +186,9 @@ def complete(
     for i in range(0, len(prompt_ids), batch_size):
         query_ids, query_mask = (t.to(device) for t in left_pad(prompt_ids[i : i + batch_size], pad_token_id))
         raw = generate(model, query_ids, query_mask, config)
-        yield Chunk(query_ids, query_mask, truncate_responses(raw, stop_ids, pad_token_id))
+        responses = truncate_responses(raw.tokens, stop_ids, pad_token_id)
+        logprobs = None if raw.logprobs is None else torch.where(responses.mask, raw.logprobs, 0.0)
+        yield Chunk(query_ids, query_mask, responses, logprobs)
 
 
 def pad_right(tensors: list[torch.Tensor], value: int | bool | float) -> torch.Tensor:

@@ -65,12 +65,12 @@ def main() -> None:
 
 def wrap_generation(probe) -> None:
     """Time ``rlhfkit.rollout.generate`` (every trainer's sampling entry point) as the generation phase, wherever it
-    was imported by name. It returns the (B, T') new tokens; when it uses transformers' ``generate`` inside, the
+    was imported by name. It returns a Generated whose .tokens are the (B, T') new tokens; when it uses transformers' ``generate`` inside, the
     probe's own ``generate`` hook sees a busy probe and does not count twice."""
     import rlhfkit.rollout as rollout
 
     original = rollout.generate
-    wrapped = probe.wrap_generation(original, lambda out: (out.shape[0], out.shape[1]))
+    wrapped = probe.wrap_generation(original, lambda out: (out.tokens.shape[0], out.tokens.shape[1]))
     for module in list(sys.modules.values()):
         if getattr(module, "__name__", "").startswith("rlhfkit") and getattr(module, "generate", None) is original:
             module.generate = wrapped

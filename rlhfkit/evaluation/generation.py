@@ -100,7 +100,7 @@ def generate_texts(
         torch.manual_seed(seed)
         for start in range(0, len(encoded), batch_size):
             ids, mask = left_pad(encoded[start : start + batch_size], tokenizer.pad_token_id)
-            raw = generate(model, ids.to(device), mask.to(device), config).cpu()
+            raw = generate(model, ids.to(device), mask.to(device), config).tokens.cpu()
             responses = truncate_responses(raw, stop_ids, tokenizer.pad_token_id)
             text_mask = responses.mask & ~torch.isin(responses.ids, torch.tensor(stop_ids))  # drop the terminator
             texts += decode(tokenizer, responses.ids, text_mask)

@@ -106,6 +106,15 @@ def make_accelerator(args: TrainConfig, report_to: list[str], resume: Resume | N
     return accelerator
 
 
+def make_optimizer(params, args: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW, fused into one kernel where torch has one for the device (CPU and CUDA): fewer passes over the
+    parameters and no per-step temporaries the size of the model."""
+    fused = torch.device(device).type in ("cpu", "cuda")
+    return torch.optim.AdamW(
+        params, lr=args.learning_rate, eps=args.adam_epsilon, weight_decay=args.weight_decay, fused=fused
+    )
+
+
 def linear_lr(learning_rate: float, step: int, num_steps: int, warmup: int = 0) -> float:
     """Learning rate of 1-based `step`: linear warm-up over `warmup` steps (learning_rate x step / warmup), then
     linear decay from learning_rate (step warmup + 1) towards 0 (after the last step)."""

@@ -54,6 +54,7 @@ from rlhfkit.trainers.common import (
     linear_lr,
     make_accelerator,
     make_logger,
+    make_optimizer,
     open_resume,
     prune_checkpoints,
     resolve_config_report_to,
@@ -154,9 +155,7 @@ class GRPOTrainer:
         self.ref_model = None
         if args.beta != 0.0:
             self.ref_model = frozen_copy(model).to(acc.device)
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, weight_decay=args.weight_decay
-        )
+        optimizer = make_optimizer(model.parameters(), args, acc.device)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.reward_metrics = [
             (M.expand(M.REWARDS_FUNC_MEAN, name), M.expand(M.REWARDS_FUNC_STD, name)) for name in self.reward_names
@@ -357,7 +356,10 @@ class GRPOTrainer:
         prompt_tokens, completion_tokens, loss_tokens = acc.reduce(counts, "sum").tolist()
 
         width = chunk.query_ids.shape[1]
-        old_logprobs = self._logprobs(model, ids, mask, width, resp.ids) if args.num_iterations > 1 else None
+        old_logprobs = None
+        if args.num_iterations > 1:  # the sampling log-probs are exact enough in fp32 (see PPOTrainer); else recompute
+            fp32 = next(model.parameters()).dtype == torch.float32
+            old_logprobs = chunk.logprobs if fp32 else self._logprobs(model, ids, mask, width, resp.ids)
         ref_logprobs = self._logprobs(self.ref_model, ids, mask, width, resp.ids) if self.ref_model else None
         self.log_generation(outputs, total, resp, prompts, completions)
         return GenerationBatch(

@@ -56,6 +56,7 @@ from rlhfkit.trainers.common import (
     linear_lr,
     make_accelerator,
     make_logger,
+    make_optimizer,
     open_resume,
     prune_checkpoints,
     resolve_config_report_to,
@@ -149,10 +150,12 @@ class PPOTrainer:
         self.reward_model = reward_model.eval().requires_grad_(False).to(self.accelerator.device)
         model.generation_config.pad_token_id = processing_class.pad_token_id
         wrapper = PolicyAndValue(model, value_model)
-        optimizer = torch.optim.AdamW(
-            wrapper.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, weight_decay=args.weight_decay
-        )
+        optimizer = make_optimizer(wrapper.parameters(), args, self.accelerator.device)
         self.model, self.optimizer = self.accelerator.prepare(wrapper, optimizer)
+        # In fp32 the log-probs computed while sampling equal a full forward's to ~1e-6, so the rollout skips the
+        # policy forward (the first PPO ratio is then 1 up to that rounding); in half precision cached decoding and
+        # a full pass differ by ~1e-2, which would show up as spurious clipping, so we recompute.
+        self.reuse_sampling_logprobs = next(model.parameters()).dtype == torch.float32
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
@@ -303,11 +306,15 @@ class PPOTrainer:
         parts: dict[str, list] = {k: [] for k in ("q", "qm", "r", "rm", "term", "logp", "ref", "val", "score")}
         step = args.local_rollout_forward_batch_size
         for chunk in complete(model.policy, prompt_ids, gen_config, self.stop_ids, tok.pad_token_id, step, device):
-            query_ids, query_mask, resp = chunk
+            query_ids, query_mask, resp, logprobs = chunk
             ids, attn = chunk.input_ids, chunk.attention_mask
             width = query_ids.shape[1]
-            logits, values = model(ids, attn)
-            parts["logp"].append(response_logprobs(logits, width, resp.ids, args.temperature))
+            if self.reuse_sampling_logprobs:
+                values = token_values(model.value_model, ids, attn)
+            else:
+                logits, values = model(ids, attn)
+                logprobs = response_logprobs(logits, width, resp.ids, args.temperature)
+            parts["logp"].append(logprobs)
             ref_logits = policy_logits(self.ref_model, ids, attn)
             parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
             parts["val"].append(values[:, width - 1 : -1])
