@@ -283,3 +283,17 @@ def test_changed_threshold_changes_the_verdict():
     stream = series("val/ratio", [2.5])
     assert replay(stream, parse_thresholds("ratio_warning_high=3")) == []
     assert replay(stream) == [(1, "ratio_far_from_one", WARNING)]
+
+
+HEALTHY_GRPO = Path(__file__).with_name("healthy_grpo_metrics.jsonl")
+
+
+def test_healthy_grpo_run_gives_no_finding():
+    """The default built-in GRPO run (100 steps, greedy success 0.449 -> 0.559): no finding at any step."""
+    monitor = HealthMonitor()
+    rows = [json.loads(line) for line in HEALTHY_GRPO.read_text().splitlines()]
+    assert sum("reward" in row for row in rows) == 100 and "entropy" in rows[1]
+    for row in rows:
+        step = row.pop("step")
+        assert monitor.observe(step, row) == [], step
+        assert monitor.summary_metrics() == {"health/warnings": 0, "health/critical": 0}
