@@ -196,6 +196,30 @@ def test_losses_are_finite_and_vanish_without_tokens(batch, cliprange):
         assert policy.loss == 0 and value.loss == 0 and ops.explained_variance(new.detach(), advantages, mask) == 0
 
 
+@SETTINGS
+@given(
+    batch=masked_batches(n_tensors=3, bound=20.0),
+    loss_type=st.sampled_from(["grpo", "bnpo", "dr_grpo", "dapo"]),
+    beta=st.sampled_from([0.0, 0.04]),
+)
+@example(
+    batch=(torch.zeros(2, 0), torch.zeros(2, 0), torch.zeros(2, 0), empty_mask(2, 0)), loss_type="grpo", beta=0.04
+)
+def test_grpo_losses_are_finite_and_vanish_without_tokens(batch, loss_type, beta):
+    """Log-probs up to 20 nats apart (ratios of e^20, references far off) still give finite losses and gradients."""
+    new, old, ref, mask = batch
+    new = new.clone().requires_grad_(True)
+    advantages = torch.linspace(-2, 2, new.shape[0])
+    out = ops.grpo_per_token_loss(new, old, advantages, mask, 0.2, 0.28, ref, beta)
+    loss = ops.aggregate_token_loss(out.per_token_loss, mask, loss_type, max_completion_length=8, num_items=mask.sum())
+    loss.backward()
+    assert finite(loss, out.per_token_loss, out.kl, new.grad)
+    assert not new.grad[~mask].any() and not (out.low_clipped | out.high_clipped)[~mask].any()
+    assert (out.kl >= 0).all()
+    if not mask.any():
+        assert loss == 0
+
+
 # ---- sequences ----
 
 
