@@ -23,7 +23,8 @@ def absurd_ppo(assets, out, *flags):
 
 def test_absurd_learning_rate_trips_the_ratio_and_update_size_rules(tiny_assets, tmp_path, capsys):
     out = tmp_path / "run"
-    assert main(absurd_ppo(tiny_assets, out)) == 0  # --health warn (default) reports and goes on
+    flags = ["--report_to", "trackio", "--project", "health-test", "--run_name", "absurd"]
+    assert main(absurd_ppo(tiny_assets, out, *flags)) == 0  # --health warn (default) reports and goes on
     rules = {f["rule"] for f in findings(out)}
     assert "ratio_far_from_one" in rules
     assert rules & {"updates_too_large", "value_loss_spike", "nonfinite_metric"}
@@ -31,6 +32,11 @@ def test_absurd_learning_rate_trips_the_ratio_and_update_size_rules(tiny_assets,
     assert "ratio_far_from_one" in printed and "Try:" in printed
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert max(r["health/warnings"] + r["health/critical"] for r in rows if "episode" in r) >= 1
+    # Each finding also went to the tracker's own alert API (shown on the Trackio dashboard, forwarded to webhooks).
+    from trackio.sqlite_storage import SQLiteStorage
+
+    alerts = SQLiteStorage.get_alerts("health-test", run_name="absurd")
+    assert any("ratio_far_from_one" in alert["title"] for alert in alerts), alerts
 
 
 def test_health_stop_ends_training_with_a_checkpoint(tiny_assets, tmp_path, capsys):
