@@ -415,44 +415,47 @@ class GRPOTrainer:
 
     def optimize(self, batch: GenerationBatch) -> None:
         """One optimizer step: gradient_accumulation_steps micro-batches of per_device_train_batch_size."""
-        args, acc, m = self.args, self.accelerator, self.metrics
+        args, acc = self.args, self.accelerator
         micro, steps = args.per_device_train_batch_size, args.gradient_accumulation_steps
         step_loss = 0.0
         for k in range(steps):
-            idx = slice(k * micro, (k + 1) * micro)
-            mask = batch.loss_mask[idx]
-            sync = k == steps - 1
-            with contextlib.nullcontext() if sync else acc.no_sync(self.model):
-                logits = policy_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx])
-                response_logits = logits[:, batch.query_width - 1 : -1]
-                logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
-                old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
-                ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
-                out = ops.grpo_per_token_loss(
-                    logprobs, old, batch.advantages[idx], mask, args.epsilon, args.epsilon_high, ref, args.beta
-                )
-                loss = ops.aggregate_token_loss(
-                    out.per_token_loss, mask, args.loss_type, args.max_completion_length, batch.num_items
-                )
-                if args.loss_type != "dapo":  # dapo's normaliser already spans the whole step
-                    loss = loss / steps
-                acc.backward(loss)
-            step_loss += loss.item()
-            with torch.no_grad():
-                tokens = mask.sum()
-                entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
-                m.add(M.ENTROPY, (entropy * mask).sum(), tokens)
-                if args.beta != 0.0:
-                    m.add(M.KL, out.kl.sum(), tokens)
-                region = out.low_clipped | out.high_clipped
-                m.add(M.CLIP_RATIO_LOW_MEAN, out.low_clipped.sum(), tokens)
-                m.add(M.CLIP_RATIO_HIGH_MEAN, out.high_clipped.sum(), tokens)
-                m.add(M.CLIP_RATIO_REGION_MEAN, region.sum(), tokens)
-                if tokens > 0:
-                    m.add_extreme(M.CLIP_RATIO_LOW_MIN, out.low_clipped.sum() / tokens)
-                    m.add_extreme(M.CLIP_RATIO_HIGH_MAX, out.high_clipped.sum() / tokens)
+            with contextlib.nullcontext() if k == steps - 1 else acc.no_sync(self.model):
+                step_loss += self.micro_step(batch, slice(k * micro, (k + 1) * micro))
         self.steps.step(acc, self.model, self.optimizer, args.max_grad_norm)
-        m.add(M.LOSS, step_loss, 1)
+        self.metrics.add(M.LOSS, step_loss, 1)
+
+    def micro_step(self, batch: GenerationBatch, idx: slice) -> float:
+        """Forward, backward and statistics of one micro-batch; returns its (scaled) loss. A method of its own so
+        that its activations are released when it returns, before the next micro-batch's forward."""
+        args, m = self.args, self.metrics
+        mask = batch.loss_mask[idx]
+        logits = policy_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx])
+        response_logits = logits[:, batch.query_width - 1 : -1]
+        logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
+        old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
+        ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
+        out = ops.grpo_per_token_loss(
+            logprobs, old, batch.advantages[idx], mask, args.epsilon, args.epsilon_high, ref, args.beta
+        )
+        loss = ops.aggregate_token_loss(
+            out.per_token_loss, mask, args.loss_type, args.max_completion_length, batch.num_items
+        )
+        if args.loss_type != "dapo":  # dapo's normaliser already spans the whole step
+            loss = loss / args.gradient_accumulation_steps
+        self.accelerator.backward(loss)
+        with torch.no_grad():
+            tokens = mask.sum()
+            entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
+            m.add(M.ENTROPY, (entropy * mask).sum(), tokens)
+            if args.beta != 0.0:
+                m.add(M.KL, out.kl.sum(), tokens)
+            m.add(M.CLIP_RATIO_LOW_MEAN, out.low_clipped.sum(), tokens)
+            m.add(M.CLIP_RATIO_HIGH_MEAN, out.high_clipped.sum(), tokens)
+            m.add(M.CLIP_RATIO_REGION_MEAN, (out.low_clipped | out.high_clipped).sum(), tokens)
+            if tokens > 0:
+                m.add_extreme(M.CLIP_RATIO_LOW_MIN, out.low_clipped.sum() / tokens)
+                m.add_extreme(M.CLIP_RATIO_HIGH_MAX, out.high_clipped.sum() / tokens)
+        return loss.item()
 
     # ------------------------------------------------------------------------------------------------
     def log_completions(self, batch: GenerationBatch, step: int) -> None:

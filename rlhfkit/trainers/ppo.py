@@ -396,50 +396,50 @@ class PPOTrainer:
             m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
 
     def optimize(self, batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor) -> None:
-        args, sizes, acc, m = self.args, self.sizes, self.accelerator, self.metrics
-        input_ids, attention_mask = batch.input_ids, batch.attention_mask
-        width = batch.query_ids.shape[1]
+        """num_ppo_epochs passes of shuffled mini-batches; each mini-batch accumulates its micro-batches, then one
+        optimizer step."""
+        args, sizes, acc = self.args, self.sizes, self.accelerator
         micro = args.per_device_train_batch_size
-        m.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.response_mask])
+        self.metrics.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.response_mask])
         for _ in range(args.num_ppo_epochs):
-            order = torch.randperm(sizes.local_batch_size, device=input_ids.device)
+            order = torch.randperm(sizes.local_batch_size, device=batch.query_ids.device)
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
                 mini = order[start : start + sizes.local_mini_batch_size]
                 for k, micro_start in enumerate(range(0, len(mini), micro)):
-                    idx = mini[micro_start : micro_start + micro]
-                    mask = batch.response_mask[idx]
                     last_micro = k == sizes.micro_batches_per_mini_batch - 1
                     with contextlib.nullcontext() if last_micro else acc.no_sync(self.model):
-                        logits, values = self.model(input_ids[idx], attention_mask[idx])
-                        response_logits = logits[:, width - 1 : -1]
-                        new_logprobs = ops.logprobs_from_logits(
-                            response_logits, batch.response_ids[idx], args.temperature
-                        )
-                        vpred = values[:, width - 1 : -1]
-                        pg = ops.clipped_policy_loss(
-                            new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange
-                        )
-                        vf = ops.clipped_value_loss(vpred, batch.values[idx], returns[idx], mask, args.cliprange_value)
-                        loss = (pg.loss + args.vf_coef * vf.loss) / sizes.micro_batches_per_mini_batch
-                        acc.backward(loss)
-                    with torch.no_grad():
-                        entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
-                        tokens = mask.sum()
-                        ratio = pg.ratio.detach()
-                        m.add(M.POLICY_APPROXKL_AVG, (pg.approx_kl * mask).sum(), tokens)
-                        m.add(
-                            M.POLICY_POLICYKL_AVG, ((batch.logprobs[idx] - new_logprobs.detach()) * mask).sum(), tokens
-                        )
-                        m.add(M.POLICY_CLIPFRAC_AVG, (pg.clipped & mask).sum(), tokens)
-                        m.add(M.POLICY_ENTROPY_AVG, (entropy * mask).sum(), tokens)
-                        m.add(M.LOSS_POLICY_AVG, (pg.per_token_loss.detach() * mask).sum(), tokens)
-                        # per_token_loss already holds the 1/2 of the value loss (ops.clipped_value_loss).
-                        m.add(M.LOSS_VALUE_AVG, (vf.per_token_loss.detach() * mask).sum(), tokens)
-                        m.add(M.VAL_CLIPFRAC_AVG, (vf.clipped & mask).sum(), tokens)
-                        m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
-                        m.add_tensor(M.VAL_RATIO_VAR, ratio, mask)
-                        m.add_values(M.POLICY_RATIO_DIST, ratio[mask])
+                        self.micro_step(batch, advantages, returns, mini[micro_start : micro_start + micro])
                 self.steps.step(acc, self.model, self.optimizer, args.max_grad_norm)
+
+    def micro_step(self, batch: RolloutBatch, advantages, returns, idx: torch.Tensor) -> None:
+        """Forward, backward and statistics of one micro-batch (rows `idx`). A method of its own so that its
+        activations are released when it returns, before the next micro-batch's forward (lower peak memory)."""
+        args, m = self.args, self.metrics
+        width = batch.query_ids.shape[1]
+        mask = batch.response_mask[idx]
+        logits, values = self.model(batch.input_ids[idx], batch.attention_mask[idx])
+        response_logits = logits[:, width - 1 : -1]
+        new_logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
+        vpred = values[:, width - 1 : -1]
+        pg = ops.clipped_policy_loss(new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange)
+        vf = ops.clipped_value_loss(vpred, batch.values[idx], returns[idx], mask, args.cliprange_value)
+        loss = (pg.loss + args.vf_coef * vf.loss) / self.sizes.micro_batches_per_mini_batch
+        self.accelerator.backward(loss)
+        with torch.no_grad():
+            entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
+            tokens = mask.sum()
+            ratio = pg.ratio.detach()
+            m.add(M.POLICY_APPROXKL_AVG, (pg.approx_kl * mask).sum(), tokens)
+            m.add(M.POLICY_POLICYKL_AVG, ((batch.logprobs[idx] - new_logprobs.detach()) * mask).sum(), tokens)
+            m.add(M.POLICY_CLIPFRAC_AVG, (pg.clipped & mask).sum(), tokens)
+            m.add(M.POLICY_ENTROPY_AVG, (entropy * mask).sum(), tokens)
+            m.add(M.LOSS_POLICY_AVG, (pg.per_token_loss.detach() * mask).sum(), tokens)
+            # per_token_loss already holds the 1/2 of the value loss (ops.clipped_value_loss).
+            m.add(M.LOSS_VALUE_AVG, (vf.per_token_loss.detach() * mask).sum(), tokens)
+            m.add(M.VAL_CLIPFRAC_AVG, (vf.clipped & mask).sum(), tokens)
+            m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
+            m.add_tensor(M.VAL_RATIO_VAR, ratio, mask)
+            m.add_values(M.POLICY_RATIO_DIST, ratio[mask])
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
