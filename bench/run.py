@@ -36,8 +36,16 @@ sys.path.insert(0, str(BENCH_DIR))
 import settings as S  # noqa: E402
 
 # Libraries both sides share, pinned in TRL's environments to the versions of rlhfkit's environment.
-SHARED_PACKAGES = ("torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "huggingface_hub",
-                   "numpy")
+SHARED_PACKAGES = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "huggingface_hub",
+    "numpy",
+)
 LIBRARIES = ("rlhfkit", "trl")
 
 
@@ -113,8 +121,9 @@ def child_env(threads: int, device: str, tokenizer_json: str) -> dict[str, str]:
     return env
 
 
-def run_one(library: str, trainer: str, run: int, seed: int, python: Path, cfg: dict, paths: dict, ns,
-            session_dir: Path) -> dict:
+def run_one(
+    library: str, trainer: str, run: int, seed: int, python: Path, cfg: dict, paths: dict, ns, session_dir: Path
+) -> dict:
     run_dir = session_dir / f"{trainer}-{library}-{run}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -139,8 +148,13 @@ def run_one(library: str, trainer: str, run: int, seed: int, python: Path, cfg: 
     cwd = REPO_DIR if library == "rlhfkit" else run_dir  # TRL's runner starts where nothing of rlhfkit is importable
     with open(run_dir / "log.txt", "w") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen([str(python), str(runner), str(run_dir / "spec.json")], cwd=cwd, env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(python), str(runner), str(run_dir / "spec.json")],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
         timer = threading.Timer(ns.timeout, proc.kill)
         timer.start()
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (peak RSS), not all children's
@@ -221,8 +235,9 @@ def medians(results: list[dict]) -> dict:
 def summarize(data: dict) -> dict:
     summary = {}
     for trainer in data["meta"]["trainers"]:
-        by_lib = {lib: [r for r in data["runs"] if r["trainer"] == trainer and r["library"] == lib]
-                  for lib in LIBRARIES}
+        by_lib = {
+            lib: [r for r in data["runs"] if r["trainer"] == trainer and r["library"] == lib] for lib in LIBRARIES
+        }
         if not all(by_lib.values()):
             continue
         med = {lib: medians(rs) for lib, rs in by_lib.items()}
@@ -231,9 +246,13 @@ def summarize(data: dict) -> dict:
             a, b = med["rlhfkit"][key], med["trl"][key]
             ratios[key] = a / b if a is not None and b not in (None, 0) else None
         pairs = [a["episodes_per_s"] / b["episodes_per_s"] for a, b in zip(by_lib["rlhfkit"], by_lib["trl"])]
-        summary[trainer] = {"median": med, "ratio": ratios, "n": {k: len(v) for k, v in by_lib.items()},
-                            "paired_eps_ratios": pairs,
-                            "versions": {lib: by_lib[lib][0]["version"] for lib in LIBRARIES}}
+        summary[trainer] = {
+            "median": med,
+            "ratio": ratios,
+            "n": {k: len(v) for k, v in by_lib.items()},
+            "paired_eps_ratios": pairs,
+            "versions": {lib: by_lib[lib][0]["version"] for lib in LIBRARIES},
+        }
     return summary
 
 
@@ -250,8 +269,14 @@ TITLES = {
 def title(trainer: str, data: dict) -> str:
     s = data["meta"]["settings"][trainer]
     sh = s["shared"]
-    return TITLES[trainer].format(episodes=s["episodes"], b=sh["per_device_train_batch_size"], n=s["new_tokens"],
-                                  e=sh.get("num_ppo_epochs"), g=sh.get("num_generations"), beta=sh.get("beta"))
+    return TITLES[trainer].format(
+        episodes=s["episodes"],
+        b=sh["per_device_train_batch_size"],
+        n=s["new_tokens"],
+        e=sh.get("num_ppo_epochs"),
+        g=sh.get("num_generations"),
+        beta=sh.get("beta"),
+    )
 
 
 def table_lines(trainer: str, data: dict, summary: dict, markdown: bool) -> list[str]:
@@ -263,10 +288,19 @@ def table_lines(trainer: str, data: dict, summary: dict, markdown: bool) -> list
         a, b, r = s["median"]["rlhfkit"][key], s["median"]["trl"][key], s["ratio"][key]
         if a is None and b is None:  # not measured by this version of the harness
             continue
-        note = {"high": " (higher is better)", "low": " (lower is better)"}.get(better, "") if key in (
-            "episodes_per_s", "peak_rss_mb") else ""
-        rows.append([label.strip() if markdown else label, fmt(a, f), fmt(b, f),
-                     (fmt(r, "{:.2f}") + "x" if r is not None else "-") + note])
+        note = (
+            {"high": " (higher is better)", "low": " (lower is better)"}.get(better, "")
+            if key in ("episodes_per_s", "peak_rss_mb")
+            else ""
+        )
+        rows.append(
+            [
+                label.strip() if markdown else label,
+                fmt(a, f),
+                fmt(b, f),
+                (fmt(r, "{:.2f}") + "x" if r is not None else "-") + note,
+            ]
+        )
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -284,17 +318,24 @@ def print_summary(data: dict) -> None:
         log(f"== {title(trainer, data)}: median of {s['n']['rlhfkit']} (rlhfkit) / {s['n']['trl']} (TRL) runs")
         for line in table_lines(trainer, data, summary, markdown=False):
             log(line)
-        log("per run (episodes/s): " + "; ".join(
-            f"{r['library']}#{r['run']} {r['episodes_per_s']:.2f}"
-            for r in data["runs"] if r["trainer"] == trainer))
+        log(
+            "per run (episodes/s): "
+            + "; ".join(
+                f"{r['library']}#{r['run']} {r['episodes_per_s']:.2f}" for r in data["runs"] if r["trainer"] == trainer
+            )
+        )
         target_eps = s["ratio"]["episodes_per_s"]
         target_rss = s["ratio"]["peak_rss_mb"]
-        log(f"target episodes/s >= 2x TRL: {'met' if target_eps and target_eps >= 2 else 'NOT met'} "
+        log(
+            f"target episodes/s >= 2x TRL: {'met' if target_eps and target_eps >= 2 else 'NOT met'} "
             f"({fmt(target_eps, '{:.2f}')}x); peak RSS <= TRL: "
-            f"{'met' if target_rss and target_rss <= 1 else 'NOT met'} ({fmt(target_rss, '{:.2f}')}x)")
+            f"{'met' if target_rss and target_rss <= 1 else 'NOT met'} ({fmt(target_rss, '{:.2f}')}x)"
+        )
         if not all(r["generation_observed"] for r in data["runs"] if r["trainer"] == trainer):
-            log("warning: a run's generation did not go through transformers' generate; its generation phase is "
-                "not measured (tokens counted as episodes x new tokens)")
+            log(
+                "warning: a run's generation did not go through transformers' generate; its generation phase is "
+                "not measured (tokens counted as episodes x new tokens)"
+            )
     if "baseline_success" in data["meta"]:
         log(f"\nSFT model before training: task success {data['meta']['baseline_success']['task_success']:.3f}")
 
@@ -309,15 +350,19 @@ def readme_section(data: dict) -> str:
     lines = [
         f"Measured {meta['date']} on {meta['machine']['cpu']} ({meta['machine']['cores']} cores, "
         f"{meta['machine']['memory_gb']} GB), device {meta['device']}, {meta['threads']} threads, "
-        f"{'--quick, ' if meta['quick'] else ''}" + "; ".join(
-            f"{t.upper()}: median of {s['n']['rlhfkit']} runs per library" for t, s in summary.items()) + ".",
+        f"{'--quick, ' if meta['quick'] else ''}"
+        + "; ".join(f"{t.upper()}: median of {s['n']['rlhfkit']} runs per library" for t, s in summary.items())
+        + ".",
     ]
     if meta.get("note"):
         lines += ["", f"**{meta['note']}**"]
     for trainer in summary:
         lines += ["", f"**{title(trainer, data)}**", ""] + table_lines(trainer, data, summary, markdown=True)
     if "baseline_success" in meta:
-        lines += ["", f"Task success of the SFT model before training: {meta['baseline_success']['task_success']:.3f}."]
+        lines += [
+            "",
+            f"Task success of the SFT model before training: {meta['baseline_success']['task_success']:.3f}.",
+        ]
     lines += ["", "Library versions: " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v) + "."]
     return "\n".join(lines)
 
@@ -354,10 +399,12 @@ def load_results(files: list[str]) -> dict:
 def rlhfkit_revision() -> str | None:
     """The repository's commit, with '+dirty' when rlhfkit/ has uncommitted changes (what was measured)."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "rlhfkit"], cwd=REPO_DIR, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "rlhfkit"], cwd=REPO_DIR, capture_output=True, text=True, check=True
+        ).stdout.strip()
         return head + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -387,17 +434,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=None, help="runs per library and trainer (default 3; 1 with --quick)")
     p.add_argument("--trainers", default="ppo,grpo", help="comma-separated: ppo, grpo")
     p.add_argument("--quick", action="store_true", help="toy model and lengths: checks the harness in minutes")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch / OpenMP threads of every run (default 1: at these model sizes a second thread mostly "
-                   "adds synchronisation, and on a shared machine oversubscribed threads spin; see README)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch / OpenMP threads of every run (default 1: at these model sizes a second thread mostly "
+        "adds synchronisation, and on a shared machine oversubscribed threads spin; see README)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu hides GPUs from both libraries")
     p.add_argument("--seed", type=int, default=42, help="seed of run 0; run i uses seed + i on both sides")
     p.add_argument("--timeout", type=float, default=3600, help="seconds before a run is killed")
     p.add_argument("--keep-models", action="store_true", help="keep the trained weights under bench/.runs/")
     p.add_argument("--note", default=None, help="a line shown above the README table (e.g. 'preliminary')")
-    p.add_argument("--readme", nargs="*", default=None, metavar="RESULTS.json",
-                   help="only rewrite bench/README.md's results table from results files (default: the latest); "
-                   "several files are merged (e.g. PPO and GRPO measured in separate invocations)")
+    p.add_argument(
+        "--readme",
+        nargs="*",
+        default=None,
+        metavar="RESULTS.json",
+        help="only rewrite bench/README.md's results table from results files (default: the latest); "
+        "several files are merged (e.g. PPO and GRPO measured in separate invocations)",
+    )
     p.add_argument("--write-readme", action="store_true", help="also rewrite README's table after this run")
     p.add_argument("--summary", nargs="+", metavar="RESULTS.json", help="only print the tables of results files")
     ns = p.parse_args(argv)
@@ -427,16 +483,22 @@ def main(argv: list[str] | None = None) -> int:
 
     assets = ensure_assets("quick" if ns.quick else "bench")
     paths = {k: assets[k] for k in ("tokenizer", "sft", "reward", "prompts", "eval_tokenizer")}
-    baseline = task_success(assets["sft_original"], assets["eval_tokenizer"], assets["prompts"],
-                            S.EVAL_MAX_NEW_TOKENS)
-    log(f"[bench] assets {assets['key']}: {assets['num_parameters'] / 1e6:.2f}M parameters, "
-        f"SFT task success {baseline['task_success']:.3f}")
+    baseline = task_success(assets["sft_original"], assets["eval_tokenizer"], assets["prompts"], S.EVAL_MAX_NEW_TOKENS)
+    log(
+        f"[bench] assets {assets['key']}: {assets['num_parameters'] / 1e6:.2f}M parameters, "
+        f"SFT task success {baseline['task_success']:.3f}"
+    )
 
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     session_dir = RUNS_DIR / stamp
     configs = {t: S.trainer_settings(t, ns.quick) for t in trainers}
-    versions = {"rlhfkit": shared["rlhfkit"], "rlhfkit commit": rlhfkit_revision(), **{f"trl ({t})": S.TRL_PINS[t].split("==")[1] for t in trainers},
-                **shared_pins, "python": platform.python_version()}
+    versions = {
+        "rlhfkit": shared["rlhfkit"],
+        "rlhfkit commit": rlhfkit_revision(),
+        **{f"trl ({t})": S.TRL_PINS[t].split("==")[1] for t in trainers},
+        **shared_pins,
+        "python": platform.python_version(),
+    }
     data = {
         "meta": {
             "date": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
@@ -462,14 +524,25 @@ def main(argv: list[str] | None = None) -> int:
             order = LIBRARIES if run % 2 == 0 else LIBRARIES[::-1]  # alternate who goes first
             for library in order:
                 log(f"[bench] {trainer} run {run + 1}/{runs}: {library} ...")
-                r = run_one(library, trainer, run, ns.seed + run, pythons[trainer][library], configs[trainer], paths,
-                            ns, session_dir)
+                r = run_one(
+                    library,
+                    trainer,
+                    run,
+                    ns.seed + run,
+                    pythons[trainer][library],
+                    configs[trainer],
+                    paths,
+                    ns,
+                    session_dir,
+                )
                 data["runs"].append(r)
                 ph = r["phases"]
-                log(f"[bench]   {r['episodes_per_s']:.2f} episodes/s, {r['tokens_per_s']:.0f} tokens/s, train "
+                log(
+                    f"[bench]   {r['episodes_per_s']:.2f} episodes/s, {r['tokens_per_s']:.0f} tokens/s, train "
                     f"{r['train_seconds']:.1f}s (gen {ph['generation']:.1f}, score {ph['scoring']:.1f}, "
                     f"opt {ph['optimization']:.1f}, other {ph['other']:.1f}), peak RSS {r['peak_rss_mb']:.0f} MB, "
-                    f"success {r['task_success']:.3f}")
+                    f"success {r['task_success']:.3f}"
+                )
                 out_path.write_text(json.dumps(data, indent=2))
     shutil.copyfile(out_path, RESULTS / "latest.json")
     print_summary(data)

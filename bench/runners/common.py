@@ -8,7 +8,6 @@ the seed and where to write RESULT.json.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
@@ -50,19 +49,27 @@ def run_timed(probe, train) -> float:
     return seconds
 
 
-def finish(spec: dict, probe, library: str, version: str, train_seconds: float, model_dir: str,
-           setup_seconds: float, extra: dict | None = None) -> None:
+def finish(
+    spec: dict,
+    probe,
+    library: str,
+    version: str,
+    train_seconds: float,
+    model_dir: str,
+    setup_seconds: float,
+    extra: dict | None = None,
+) -> None:
     """Peak RSS (before evaluation), task success of the saved policy, then RESULT.json."""
+    import torch
     from evaluate import task_success
     from probe import peak_rss_mb
-
-    import torch
 
     peak = peak_rss_mb()
     gpu_peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() else None
     t0 = time.perf_counter()
-    success = task_success(model_dir, spec["paths"]["eval_tokenizer"], spec["paths"]["prompts"],
-                           spec["eval_max_new_tokens"])
+    success = task_success(
+        model_dir, spec["paths"]["eval_tokenizer"], spec["paths"]["prompts"], spec["eval_max_new_tokens"]
+    )
     result = {
         "library": library,
         "version": version,

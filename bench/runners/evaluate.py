@@ -22,8 +22,14 @@ def answer(prompt: str) -> str:
     return "".join(sorted(body[len(PREFIX) : -len(SUFFIX)]))
 
 
-def task_success(model_dir: str, tokenizer_dir: str, prompts_dir: str, max_new_tokens: int = 48,
-                 batch_size: int = 128, split: str = "test") -> dict:
+def task_success(
+    model_dir: str,
+    tokenizer_dir: str,
+    prompts_dir: str,
+    max_new_tokens: int = 48,
+    batch_size: int = 128,
+    split: str = "test",
+) -> dict:
     import torch
     from datasets import load_from_disk
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig

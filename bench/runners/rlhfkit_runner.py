@@ -59,8 +59,16 @@ def main() -> None:
     setup = time.time() - PROCESS_START
     seconds = run_timed(probe, trainer.train)
     assert "trl" not in sys.modules, "rlhfkit imported TRL"
-    finish(spec, probe, "rlhfkit", version, seconds, spec["output_dir"], setup,
-           {"library_timings": own_timings(spec["output_dir"]), "argv": argv})
+    finish(
+        spec,
+        probe,
+        "rlhfkit",
+        version,
+        seconds,
+        spec["output_dir"],
+        setup,
+        {"library_timings": own_timings(spec["output_dir"]), "argv": argv},
+    )
 
 
 def wrap_generation(probe) -> None:

@@ -40,8 +40,10 @@ def main() -> None:
 
     def tokenize(split):
         ds = splits[split]
-        return ds.map(lambda row: {"input_ids": tokenizer(row["prompt"], padding=False)["input_ids"]},
-                      remove_columns=ds.column_names)
+        return ds.map(
+            lambda row: {"input_ids": tokenizer(row["prompt"], padding=False)["input_ids"]},
+            remove_columns=ds.column_names,
+        )
 
     trainer = PPOTrainer(
         args=config,
