@@ -119,8 +119,10 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     state: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    save_total_limit: int | None = None,
 ) -> None:
-    """Write a checkpoint to `path` atomically (a collective: every process must call it).
+    """Write a checkpoint to `path` atomically (a collective: every process must call it), then keep only the
+    newest `save_total_limit` checkpoints beside it (all when None or 0).
 
     write_models(dir): saves the models (main process). state: JSON-able counters. extra: tensors / plain data.
     """
@@ -142,6 +144,7 @@ def save_checkpoint(
     if accelerator.is_main_process:
         shutil.rmtree(path, ignore_errors=True)
         os.replace(tmp, path)
+        prune_checkpoints(os.path.dirname(path) or ".", save_total_limit)
     accelerator.wait_for_everyone()
 
 
@@ -156,6 +159,15 @@ def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         if match and (child / STATE_FILE).is_file():
             found.append((int(match.group(1)), child))
     return sorted(found)
+
+
+def prune_checkpoints(output_dir: str | os.PathLike, limit: int | None) -> None:
+    """Delete all but the newest `limit` complete checkpoints of `output_dir` (none when limit is None or 0)."""
+    if not limit:
+        return
+    found = checkpoints(output_dir)
+    for _, path in found[: max(0, len(found) - limit)]:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def resolve_checkpoint(spec: str, output_dir: str | os.PathLike | None) -> Path:

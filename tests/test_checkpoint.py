@@ -35,7 +35,7 @@ def test_rng_state_round_trip_through_a_weights_only_file(tmp_path):
     assert draw() == expected
 
 
-def fake_checkpoint(accelerator, path, step):
+def fake_checkpoint(accelerator, path, step, save_total_limit=None):
     optimizer = torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())
     save_checkpoint(
         accelerator,
@@ -44,6 +44,7 @@ def fake_checkpoint(accelerator, path, step):
         optimizer,
         {"progress": {"step": step}},
         {"batch": None},
+        save_total_limit,
     )
 
 
@@ -61,6 +62,15 @@ def test_save_is_atomic_and_latest_skips_incomplete(tmp_path):
     extra, rng = load_process_state(tmp_path / "checkpoint-4", state, 0, 1)
     assert extra == {"batch": None} and set(rng) >= {"python", "numpy", "torch"}
     assert not any(p.name.endswith(".tmp") for p in tmp_path.iterdir() if p.name != "checkpoint-6.tmp")
+
+
+def test_save_total_limit_keeps_the_newest_complete_checkpoints(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    (tmp_path / "checkpoint-9").mkdir()  # incomplete, with a higher step: neither counted nor deleted
+    for step in (2, 4, 6):
+        fake_checkpoint(accelerator, tmp_path / f"checkpoint-{step}", step, save_total_limit=2)
+    assert [step for step, _ in checkpoints(tmp_path)] == [4, 6]
+    assert (tmp_path / "checkpoint-9").is_dir()
 
 
 def test_errors_name_the_checkpoint_and_the_fix(tmp_path):

@@ -1,6 +1,6 @@
-"""Pieces every trainer uses the same way: the accelerator and trackers, the learning-rate schedule, the
-sample-generation schedule, and saving models atomically. Helpers, not a base class: each trainer's
-``train()`` stays readable on its own.
+"""Pieces every trainer uses the same way: the accelerator and trackers, resuming, the learning-rate and
+sample-generation schedules, saving models atomically, interrupts, skipped non-finite steps and early stops.
+Helpers, not a base class: each trainer's ``train()`` stays readable on its own.
 """
 
 from __future__ import annotations
@@ -138,42 +138,23 @@ def is_sample_step(step: int, num_steps: int, every: int) -> bool:
     return bool(every) and (step % every == 0 or step == num_steps)
 
 
-def save_atomically(accelerator: Accelerator, path: str, write: Callable[[str], None], merge: bool = False) -> None:
-    """Write a directory with `write(tmp_dir)` on the main process, then move it into place.
-
-    merge=False replaces `path` (a checkpoint); merge=True moves the written files into an existing `path`
-    (the run directory, which already holds logs). Either way a crash mid-write leaves only a `.tmp` behind.
-    """
+def save_into(accelerator: Accelerator, path: str, write: Callable[[str], None]) -> None:
+    """Write files into the directory `path` (the run directory, which already holds logs): `write(tmp_dir)` on the
+    main process, then each written file or folder is moved into `path`, replacing one of the same name. A crash
+    mid-write leaves only `path`.tmp behind, never a half-written model in `path`."""
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         tmp = path.rstrip("/") + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         write(tmp)
-        if merge:
-            os.makedirs(path, exist_ok=True)
-            for name in os.listdir(tmp):
-                target = os.path.join(path, name)
-                if os.path.isdir(target):
-                    shutil.rmtree(target)
-                os.replace(os.path.join(tmp, name), target)
-            os.rmdir(tmp)
-        else:
-            shutil.rmtree(path, ignore_errors=True)
-            os.replace(tmp, path)
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(tmp):
+            target = os.path.join(path, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            os.replace(os.path.join(tmp, name), target)
+        os.rmdir(tmp)
     accelerator.wait_for_everyone()
-
-
-def prune_checkpoints(output_dir: str, limit: int | None) -> None:
-    """Keep the newest `limit` checkpoint-N directories of `output_dir` (all when limit is None or 0)."""
-    if not limit:
-        return
-    found = sorted(
-        (int(d.split("-")[1]), d)
-        for d in os.listdir(output_dir)
-        if d.startswith("checkpoint-") and d.split("-")[1].isdigit()
-    )
-    for _, name in found[: max(0, len(found) - limit)]:
-        shutil.rmtree(os.path.join(output_dir, name), ignore_errors=True)
 
 
 class InterruptGuard:

@@ -56,10 +56,9 @@ from rlhfkit.trainers.common import (
     make_logger,
     make_optimizer,
     open_resume,
-    prune_checkpoints,
     resolve_config_report_to,
     sample_every,
-    save_atomically,
+    save_into,
     set_lr,
     stop_early,
 )
@@ -215,19 +214,18 @@ class GRPOTrainer:
     def save_checkpoint(self, step: int) -> str:
         """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
         path = os.path.join(self.args.output_dir, f"checkpoint-{step}")
-
-        def write_models(tmp: str) -> None:
-            self.accelerator.unwrap_model(self.model).save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-
         # A batch that still has iterations to serve is part of the state (num_iterations > 1).
         reused = self._batch is not None and step % self.args.num_iterations != 0
         extra = {"batch": asdict(self._batch) if reused else None, "metrics": self.metrics.state_dict()}
         state = {"progress": asdict(self.progress), "tracker_ids": self.logger.tracker_ids()}
-        save_checkpoint(self.accelerator, path, write_models, self.optimizer, state, extra)
-        if self.accelerator.is_main_process:
-            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+        limit = self.args.save_total_limit
+        save_checkpoint(self.accelerator, path, self.write_models, self.optimizer, state, extra, limit)
         return path
+
+    def write_models(self, directory: str) -> None:
+        """The policy and its tokenizer."""
+        self.accelerator.unwrap_model(self.model).save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
 
     # ------------------------------------------------------------------------------------------------
     def train(self) -> None:
@@ -300,7 +298,7 @@ class GRPOTrainer:
                 if args.save_steps and step % args.save_steps == 0 and step < sizes.num_steps:
                     self.save_checkpoint(step)
         self.save_checkpoint(sizes.num_steps)
-        self.save(args.output_dir, final=True)
+        self.save_model()
         self.logger.finish()
 
     # ------------------------------------------------------------------------------------------------
@@ -498,13 +496,6 @@ class GRPOTrainer:
         model.train()
         self.logger.log(metrics.reduce(acc).scalars, step=step)
 
-    def save(self, path: str, final: bool = False) -> None:
-        """The policy with its tokenizer (a checkpoint directory, or the run directory at the end), atomically."""
-
-        def write(tmp: str) -> None:
-            self.accelerator.unwrap_model(self.model).save_pretrained(tmp)
-            self.tokenizer.save_pretrained(tmp)
-
-        save_atomically(self.accelerator, path, write, merge=final)
-        if not final and self.accelerator.is_main_process:
-            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+    def save_model(self) -> None:
+        """The trained policy into the run directory, so `output_dir` itself loads as the model."""
+        save_into(self.accelerator, self.args.output_dir, self.write_models)

@@ -58,10 +58,9 @@ from rlhfkit.trainers.common import (
     make_logger,
     make_optimizer,
     open_resume,
-    prune_checkpoints,
     resolve_config_report_to,
     sample_every,
-    save_atomically,
+    save_into,
     set_lr,
     stop_early,
 )
@@ -183,19 +182,18 @@ class PPOTrainer:
     def save_checkpoint(self, step: int) -> str:
         """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
         path = os.path.join(self.args.output_dir, f"checkpoint-{step}")
-
-        def write_models(tmp: str) -> None:
-            model = self.unwrapped
-            model.policy.save_pretrained(tmp)
-            model.value_model.save_pretrained(os.path.join(tmp, "value_model"))
-            self.tokenizer.save_pretrained(tmp)
-
         extra = {"kl_ctl": self.kl_ctl.state_dict()} if self.kl_ctl is not None else {}
         state = {"progress": asdict(self.progress), "tracker_ids": self.logger.tracker_ids()}
-        save_checkpoint(self.accelerator, path, write_models, self.optimizer, state, extra)
-        if self.accelerator.is_main_process:
-            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+        limit = self.args.save_total_limit
+        save_checkpoint(self.accelerator, path, self.write_models, self.optimizer, state, extra, limit)
         return path
+
+    def write_models(self, directory: str) -> None:
+        """Policy (loadable on its own), value model in value_model/, and the tokenizer."""
+        model = self.unwrapped
+        model.policy.save_pretrained(directory)
+        model.value_model.save_pretrained(os.path.join(directory, "value_model"))
+        self.tokenizer.save_pretrained(directory)
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -290,7 +288,7 @@ class PPOTrainer:
                 if args.save_steps and update % args.save_steps == 0 and update < sizes.num_total_batches:
                     self.save_checkpoint(update)
         self.save_checkpoint(sizes.num_total_batches)
-        self.save(args.output_dir, final=True)
+        self.save_model()
         self.logger.finish()
 
     # ------------------------------------------------------------------------------------------------
@@ -482,17 +480,6 @@ class PPOTrainer:
         columns = ["query", "model response", "score"] + (["correct"] if self.task is not None else [])
         self.logger.log_table("completions", columns, table[: min(size, 16)], step=step)
 
-    def save(self, path: str, final: bool = False) -> None:
-        """Policy (and value model in value_model/) with the tokenizer, written to a temp dir then renamed.
-
-        final=True: into the run directory, so `output_dir` itself loads as the trained model."""
-
-        def write(tmp: str) -> None:
-            model = self.unwrapped
-            model.policy.save_pretrained(tmp)
-            model.value_model.save_pretrained(os.path.join(tmp, "value_model"))
-            self.tokenizer.save_pretrained(tmp)
-
-        save_atomically(self.accelerator, path, write, merge=final)
-        if not final and self.accelerator.is_main_process:
-            prune_checkpoints(self.args.output_dir, self.args.save_total_limit)
+    def save_model(self) -> None:
+        """The trained models into the run directory, so `output_dir` itself loads as the policy."""
+        save_into(self.accelerator, self.args.output_dir, self.write_models)
