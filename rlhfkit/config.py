@@ -8,6 +8,7 @@ field's ``help`` metadata is the ``--help`` text of the CLI. Derived batch sizes
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import asdict, dataclass, field, fields
@@ -513,12 +514,8 @@ def resolve_output_dir(args: TrainConfig) -> str:
             args.run_name = default_run_name(args)
     if args.output_dir is None:
         args.output_dir = os.path.join("runs", args.run_name)
-    held = [name for name in RUN_FILES if os.path.isfile(os.path.join(args.output_dir, name))]
-    if (
-        held
-        and os.path.getsize(os.path.join(args.output_dir, held[-1]))
-        and not (args.resume_from_checkpoint or args.overwrite_output_dir)
-    ):
+    if holds_run(args.output_dir) and not (args.resume_from_checkpoint or args.overwrite_output_dir):
+        held = [name for name in RUN_FILES if os.path.isfile(os.path.join(args.output_dir, name))]
         raise ConfigError(
             f"--output_dir {args.output_dir} already holds a run ({', '.join(held)}). Continue it with "
             "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
@@ -526,9 +523,17 @@ def resolve_output_dir(args: TrainConfig) -> str:
     return args.output_dir
 
 
-def _previous_config(output_dir: str) -> dict:
-    import json
+def holds_run(output_dir: str) -> bool:
+    """Whether output_dir holds another run: one that logged metrics, or a run_config.json without metrics.jsonl.
+    A run_config.json beside an empty metrics.jsonl is a run that never logged a step (a trainer built, never
+    trained) and may be reused."""
+    config, metrics = (os.path.join(output_dir, name) for name in RUN_FILES)
+    if os.path.isfile(metrics):
+        return os.path.getsize(metrics) > 0
+    return os.path.isfile(config) and os.path.getsize(config) > 0
 
+
+def _previous_config(output_dir: str) -> dict:
     path = os.path.join(output_dir, "run_config.json")
     try:
         with open(path, encoding="utf-8") as f:
