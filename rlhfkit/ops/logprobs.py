@@ -3,9 +3,10 @@
 Both functions walk the batch in chunks of rows whose temporaries (the temperature-scaled logits, the softmax)
 hold at most CHUNK_ELEMENTS numbers: with V ~ 50k that is one sequence at a time, the difference between
 megabytes and gigabytes (TRL's `selective_log_softmax` walks rows too); with a small vocabulary a chunk is the
-whole batch, which saves a Python-level loop over rows (and its autograd nodes) on every micro-batch. Half-precision logits are upcast one row at a time and the
-result is float32: PPO takes exp(new - old) of these numbers, and bfloat16's 8-bit mantissa would turn a
-log-prob of -20 into -20 +- 0.06, i.e. a ratio off by 6% before any learning happens.
+whole batch, which saves a Python-level loop over rows (and its autograd nodes) on every micro-batch.
+Half-precision logits are upcast one chunk at a time and the result is float32: PPO takes exp(new - old) of these
+numbers, and bfloat16's 8-bit mantissa would turn a log-prob of -20 into -20 +- 0.06, i.e. a ratio off by 6%
+before any learning happens.
 """
 
 import torch
@@ -33,7 +34,8 @@ def _row_chunks(logits: Tensor):
 
 
 def _scaled(row_logits: Tensor, temperature: float) -> Tensor:
-    """Logits of a chunk of rows in the compute dtype, divided by the sampling temperature (no copy when neither applies)."""
+    """Logits of a chunk of rows in the compute dtype, divided by the sampling temperature (no copy when neither
+    applies)."""
     z = row_logits.to(_compute_dtype(row_logits.dtype))
     return z if temperature == 1.0 else z / temperature
 
