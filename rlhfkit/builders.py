@@ -9,7 +9,14 @@ import warnings
 
 from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig, TrainConfig
 from rlhfkit.data import load_prompt_splits
-from rlhfkit.models import ModelLoadError, choose_dtype, load_policy, load_scalar_model, load_tokenizer
+from rlhfkit.models import (
+    check_same_vocabulary,
+    choose_dtype,
+    load_policy,
+    load_reward_model,
+    load_scalar_model,
+    load_tokenizer,
+)
 
 MODEL_FLAGS = ("model_name_or_path", "sft_model_path", "reward_model_path", "value_model_path", "model_name")
 
@@ -167,25 +174,6 @@ def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = f
     )
 
 
-def check_same_vocabulary(tokenizer, path: str, model, flag: str) -> None:
-    """PPO scores the policy's token ids with the reward model and trains a value model copied from it, so both
-    must read the policy's vocabulary; a mismatch would silently score garbage. Refuse it with the way out."""
-    from transformers import AutoTokenizer
-
-    try:
-        own = AutoTokenizer.from_pretrained(path)
-        same = own.get_vocab() == tokenizer.get_vocab()
-    except (OSError, ValueError):  # no tokenizer saved with the model: compare embedding sizes
-        size = getattr(model.config, "vocab_size", None)
-        same = size is None or size >= len(tokenizer)
-    if not same:
-        raise ModelLoadError(
-            f"--{flag} {path!r} uses a different vocabulary than the policy's tokenizer. PPO feeds the policy's token "
-            "ids to the reward and value models, so they must share it: use a reward model trained on the policy's "
-            "tokenizer, or GRPO (rlhfkit grpo --reward_model_path), which re-tokenises text for each reward model."
-        )
-
-
 def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
     """A PPOTrainer from paths in ``args``. Without model flags, the built-in task is used."""
     from rlhfkit.trainers.ppo import PPOTrainer
@@ -205,14 +193,13 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
         )
     reward_path = args.reward_model_path or sft_path
     reward_flag = "reward_model_path" if args.reward_model_path else sft_flag
-    reward_model = load_scalar_model(reward_path, dtype, reward_flag, args.trust_remote_code)
+    # Scored with the policy's token ids: the reward model reads the policy's tokenizer (checked just below).
+    reward_model, _ = load_reward_model(reward_path, tokenizer, dtype, args.trust_remote_code, reward_flag)
     check_same_vocabulary(tokenizer, reward_path, reward_model, reward_flag)
     value_model = None
     if args.value_model_path:
         value_model = load_scalar_model(args.value_model_path, dtype, "value_model_path", args.trust_remote_code)
         check_same_vocabulary(tokenizer, args.value_model_path, value_model, "value_model_path")
-    if reward_model.config.pad_token_id is None:
-        reward_model.config.pad_token_id = tokenizer.pad_token_id
     train, test, task = _load_data_and_task(args)
     return PPOTrainer(
         args=args,

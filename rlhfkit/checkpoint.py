@@ -5,10 +5,10 @@ A checkpoint directory ``checkpoint-N`` (N = the step it was taken after) holds:
     model.safetensors, config.json, tokenizer files   the policy, loadable on its own by any transformers tool
     value_model/                                      PPO's value model (safetensors)
     optimizer.pt                                      optimizer state (tensors and numbers only)
-    extra_state.pt                                    trainer-specific tensors (e.g. a GRPO batch still in use,
-                                                      metric sums of an unfinished logging window)
+    extra_state.pt                                    the trainer's own tensors (PPO's KL controller, a GRPO batch still
+                                                      in use) and the metric sums of an unfinished logging window
     rng_state_<rank>.pt                               every library's RNG state, one file per process
-    trainer_state.json                                counters, KL coefficient, data position; written last
+    trainer_state.json                                counters (steps, episodes, data position, skipped steps); written last
 
 Everything is written into ``checkpoint-N.tmp`` and renamed once complete, so a crash during a save leaves the
 previous checkpoints intact and never a directory that looks complete but is not (trainer_state.json is the
@@ -32,8 +32,15 @@ import torch
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 EXTRA_FILE = "extra_state.pt"
-FORMAT_VERSION = 1
+# 2: extra_state.pt holds {"trainer": the trainer's own state, "window": the unfinished logging window} and
+# trainer_state.json the skipped-step counters ("nonfinite"), the same for PPO and GRPO.
+FORMAT_VERSION = 2
 _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_path(output_dir: str | os.PathLike, step: int) -> str:
+    """Where the checkpoint taken after `step` lives."""
+    return os.path.join(output_dir, f"checkpoint-{step}")
 
 
 class CheckpointError(ValueError):
@@ -202,8 +209,13 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
         state = json.loads(state_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{state_file} is corrupt ({e}). Resume from an earlier checkpoint.") from e
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{state_file} is not an rlhfkit checkpoint of format {FORMAT_VERSION}.")
+    if not isinstance(state, dict) or "format_version" not in state:
+        raise CheckpointError(f"{state_file} is not an rlhfkit checkpoint (no format_version).")
+    if state["format_version"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{state_file} has checkpoint format {state['format_version']}; this rlhfkit reads format "
+            f"{FORMAT_VERSION}. Resume it with the rlhfkit version that wrote it, or start the run afresh."
+        )
     return state
 
 

@@ -1,4 +1,5 @@
-"""Loading the four PPO models and the tokenizer from local paths, and reading values/scores from them."""
+"""Every model and tokenizer rlhfkit trains or scores with is loaded here (both trainers and the CLI builders call
+these functions), plus the forward passes that read log-probs, values and scores from them."""
 
 from __future__ import annotations
 
@@ -74,6 +75,60 @@ def load_scalar_model(path: str, dtype: torch.dtype, flag: str, trust_remote_cod
     if _score_head(model) is None:
         raise ModelLoadError(f"--{flag} {path!r}: the model has no 'score' head to read scalar values from.")
     return model
+
+
+def load_policy_and_tokenizer(
+    model: str | nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    flag: str = "model_name_or_path",
+) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer from a path (the tokenizer saved beside it unless one is given), or a model
+    object with its tokenizer (then required)."""
+    if isinstance(model, str):
+        tokenizer = tokenizer or load_tokenizer(model, flag, trust_remote_code)
+        model = load_policy(model, dtype, flag, trust_remote_code)
+    if tokenizer is None:
+        raise ModelLoadError("processing_class (the policy's tokenizer) is required when the model is an object.")
+    return model, tokenizer
+
+
+def load_reward_model(
+    model: str | nn.Module,
+    tokenizer: PreTrainedTokenizerBase | None,
+    dtype: torch.dtype,
+    trust_remote_code: bool = False,
+    flag: str = "reward_model_path",
+) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+    """A reward model (sequence classification, 1 label) and its own tokenizer, from a path or a model object (its
+    tokenizer then loads from the path it was loaded from unless given); its pad token id is set from the
+    tokenizer when missing, as batched scoring needs one."""
+    if isinstance(model, str):
+        tokenizer = tokenizer or load_tokenizer(model, flag, trust_remote_code)
+        model = load_scalar_model(model, dtype, flag, trust_remote_code)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(model.config._name_or_path, flag, trust_remote_code)
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model, tokenizer
+
+
+def check_same_vocabulary(tokenizer: PreTrainedTokenizerBase, path: str, model: nn.Module, flag: str) -> None:
+    """PPO scores the policy's token ids with the reward model and trains a value model copied from it, so both
+    must read the policy's vocabulary; a mismatch would silently score garbage. Refuse it with the way out."""
+    try:
+        own = AutoTokenizer.from_pretrained(path)
+        same = own.get_vocab() == tokenizer.get_vocab()
+    except (OSError, ValueError):  # no tokenizer saved with the model: compare embedding sizes
+        size = getattr(model.config, "vocab_size", None)
+        same = size is None or size >= len(tokenizer)
+    if not same:
+        raise ModelLoadError(
+            f"--{flag} {path!r} uses a different vocabulary than the policy's tokenizer. PPO feeds the policy's token "
+            "ids to the reward and value models, so they must share it: use a reward model trained on the policy's "
+            "tokenizer, or GRPO (rlhfkit grpo --reward_model_path), which re-tokenises text for each reward model."
+        )
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
-from rlhfkit.models import token_values
+from rlhfkit.config import ConfigError
+from rlhfkit.models import load_reward_model, token_values
 
 
 @torch.inference_mode()
@@ -163,3 +166,52 @@ class RewardModelFunction:
             for i in range(0, len(ids), self.batch_size)
         ]
         return torch.cat(scores).double().cpu().tolist()
+
+
+def reward_name(source: Callable | nn.Module) -> str:
+    """The name a reward source's metrics and table column carry: a function's __name__, a model's directory name."""
+    if isinstance(source, nn.Module):
+        path = getattr(getattr(source, "config", None), "_name_or_path", "") or type(source).__name__
+        return os.path.basename(os.path.normpath(path))
+    return getattr(source, "__name__", type(source).__name__)
+
+
+def reward_sources(
+    sources: Callable | str | nn.Module | Sequence[Callable | str | nn.Module],
+    processing_classes: Sequence[PreTrainedTokenizerBase | None] | None,
+    policy_tokenizer: PreTrainedTokenizerBase,
+    dtype: torch.dtype,
+    device: torch.device,
+    trust_remote_code: bool = False,
+) -> tuple[list[str], list[Callable]]:
+    """Names and callables of GRPO's reward sources (TRL's ``reward_funcs``): callables stay as they are; reward
+    models, given as paths or modules, are loaded with their own tokenizer and wrapped as RewardModelFunction.
+
+    processing_classes: the reward models' tokenizers, aligned with `sources` (None: load from the model's path)."""
+    sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
+    if not sources:
+        raise ConfigError("reward_funcs is empty: give at least one reward function or reward model.")
+    processing_classes = list(processing_classes or [None] * len(sources))
+    if len(processing_classes) != len(sources):
+        raise ConfigError(
+            f"reward_processing_classes has {len(processing_classes)} entries for {len(sources)} reward_funcs: give "
+            "one per reward function (None for functions), in the same order."
+        )
+    names, funcs = [], []
+    for source, tokenizer in zip(sources, processing_classes):
+        if isinstance(source, (str, nn.Module)):
+            model, tokenizer = load_reward_model(source, tokenizer, dtype, trust_remote_code)
+            same_vocab = tokenizer.get_vocab() == policy_tokenizer.get_vocab()
+            model = model.eval().requires_grad_(False).to(device)
+            source = RewardModelFunction(model, tokenizer, reward_name(model), same_vocab)
+        elif not callable(source):
+            raise ConfigError(f"reward_funcs entry {source!r} is neither callable, a model, nor a model path.")
+        names.append(reward_name(source))
+        funcs.append(source)
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(
+            f"two reward functions share the name {duplicates[0]!r}; metric names rewards/<name>/mean must be "
+            "unique: rename one (set its __name__)."
+        )
+    return names, funcs

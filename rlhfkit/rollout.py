@@ -191,6 +191,23 @@ def complete(
         yield Chunk(query_ids, query_mask, responses, logprobs)
 
 
+def greedy_completions(
+    model: nn.Module,
+    rows: list[dict],
+    tokenizer: PreTrainedTokenizerBase,
+    stop_ids: list[int],
+    max_new_tokens: int,
+    batch_size: int,
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[list[dict], Chunk]]:
+    """Greedy responses to tokenized dataset rows (their "input_ids"), in batches: (the batch's rows, its Chunk)."""
+    config = sampling_config(max_new_tokens, None, tokenizer.pad_token_id, stop_ids)
+    prompt_ids = [row["input_ids"] for row in rows]
+    chunks = complete(model, prompt_ids, config, stop_ids, tokenizer.pad_token_id, batch_size, device)
+    for i, chunk in enumerate(chunks):
+        yield rows[i * batch_size : (i + 1) * batch_size], chunk
+
+
 def pad_right(tensors: list[torch.Tensor], value: int | bool | float) -> torch.Tensor:
     """Concatenate (B_i, T_i) tensors along the batch, padding on the right to the widest."""
     width = max(t.shape[1] for t in tensors)

@@ -198,9 +198,10 @@ OBJECTIVE_SCORES_STD = Metric(
 )
 OBJECTIVE_KL_COEF = Metric(
     name="objective/kl_coef",
-    meaning="KL penalty coefficient (beta) used for this update, fixed or set by the adaptive controller.",
-    formula="kl_coef when kl_target is unset; otherwise after each update beta <- beta * (1 + clip(objective/kl / "
-    "kl_target - 1, -0.2, 0.2) * n_episodes / kl_horizon) (Ziegler et al. 2019)",
+    meaning="KL penalty coefficient (beta) used for the logged update, fixed or set by the adaptive controller.",
+    formula="kl_coef when kl_target is unset; otherwise after each update beta <- beta * (1 + clip(KL_u / "
+    "kl_target - 1, -0.2, 0.2) * n_episodes / kl_horizon) (Ziegler et al. 2019), KL_u = that update's own "
+    "objective/kl (not pooled over the logging window)",
     unit="reward/nat",
     reduction="last",
     trainers=PPO,
@@ -468,19 +469,21 @@ EVAL_SCORES = Metric(
 # Wall time
 TIME_ROLLOUT = Metric(
     name="time/rollout",
-    meaning="Wall-clock seconds of this step's rollout: generation, scoring and the no-gradient forward passes.",
+    meaning="Wall-clock seconds per step spent on rollouts: generation, scoring and the no-gradient forward passes.",
     formula="PPO: generation, policy/reference/value forwards and reward-model scores; GRPO: generation, rewards, "
-    "reference and old log-prob forwards (0 on steps that reuse a batch); main process",
+    "reference and old log-prob forwards (0 on steps that reuse a batch); mean over the steps of the logging window "
+    "and the processes",
     unit="s",
-    reduction="last",
+    reduction="mean",
     trainers=BOTH,
 )
 TIME_OPTIMIZATION = Metric(
     name="time/optimization",
-    meaning="Wall-clock seconds of this step's optimisation (forward, backward and optimizer steps).",
-    formula="seconds from the end of the rollout to the end of the last optimizer step (main process)",
+    meaning="Wall-clock seconds per step spent on optimisation (forward, backward and optimizer steps).",
+    formula="seconds of the forward/backward passes and optimizer steps of a step; mean over the steps of the logging "
+    "window and the processes",
     unit="s",
-    reduction="last",
+    reduction="mean",
     trainers=BOTH,
 )
 
@@ -786,8 +789,9 @@ EVAL_REWARD = Metric(
 
 NONFINITE_STEPS = Metric(
     name="nonfinite_steps",
-    meaning="Optimizer steps skipped since the last log because the loss or gradient was NaN or inf.",
-    formula="count of optimizer steps whose (all-reduced) gradient norm was not finite; their update is dropped",
+    meaning="Optimizer steps skipped since the previous logged row because the loss or gradient was NaN or inf.",
+    formula="count, over the steps of the logging window, of optimizer steps whose (all-reduced) gradient norm was "
+    "not finite; their update is dropped",
     unit="count",
     reduction="last",
     trainers=BOTH,
@@ -891,10 +895,19 @@ _CONVENTIONS = """\
 ## Conventions
 
 - **Step.** PPO: the tracker step is the update index (one rollout batch and its PPO epochs), starting at 1.
-  GRPO: the optimizer step, starting at 1; a generated batch serves `num_iterations` steps. Training
-  metrics are logged every `logging_steps` steps and pool everything since the previous log. `eval/*`
+  GRPO: the optimizer step, starting at 1; a generated batch serves `num_iterations` steps. `eval/*`
   metrics and completion tables are logged at sample-generation steps, step 0 being the policy before
   training.
+- **Logging window.** Training metrics are logged as one row every `logging_steps` steps and after the
+  last step. A row covers every step since the previous row (its window), the same way for PPO and GRPO:
+  the sums, counts and extremes of all the window's steps are pooled as each metric's reduction says
+  (below) before dividing, so a row with `logging_steps 2` is exactly what pooling the two rows of
+  `logging_steps 1` gives, not the last step alone; histograms hold the values of every step of the
+  window; `nonfinite_steps` counts the skipped steps of the whole window; `last` metrics (`lr`,
+  `episode`, `eps`, `objective/kl_coef`, `num_tokens`) are their values at the logged step. Per-step means
+  such as `time/*` are averaged over the window's steps. PPO's adaptive KL controller still adapts after
+  every update, with that update's own KL. A checkpoint taken mid-window carries the window's sums, so a
+  resumed run logs the same rows.
 - **Masking.** Per-token statistics count real response tokens only: the mask is True from the first
   response token up to and including the stop token, False on padding and on anything generated after
   the stop token. Padded positions never carry sentinel values and never enter a numerator or a
@@ -911,8 +924,8 @@ _CONVENTIONS = """\
     `(sum x^2 - (sum x)^2 / n) / (n - 1)` is formed (0 when n < 2); `std` is its square root.
   - `sum`: summed over everything, including processes.
   - `min` / `max`: over everything.
-  - `last`: the main process's value for this update (learning rate, counters, timings).
-  - `histogram`: the raw values of all processes, gathered.
+  - `last`: the main process's value at the logged step (learning rate, episode and token counters).
+  - `histogram`: the raw values of all processes and all steps of the window, gathered.
   An empty pool (no tokens) gives 0, not NaN.
 - **Units.** Log-probabilities and KL are in nats. `reward` is the unit of the reward model's or
   reward function's score; `reward^2` for squared errors and variances of rewards, values and returns.

@@ -1,6 +1,5 @@
-"""Pieces every trainer uses the same way: the accelerator and trackers, resuming, the learning-rate and
-sample-generation schedules, saving models atomically, interrupts, skipped non-finite steps and early stops.
-Helpers, not a base class: each trainer's ``train()`` stays readable on its own.
+"""Small pieces of a training run that the run lifecycle (run.py) composes: the optimizer, the learning-rate and
+sample-generation schedules, saving models atomically, interrupts and skipped non-finite steps.
 """
 
 from __future__ import annotations
@@ -11,99 +10,11 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
 
-from rlhfkit.checkpoint import (
-    Interrupted,
-    NonFiniteStop,
-    load_process_state,
-    read_state,
-    resolve_checkpoint,
-)
-from rlhfkit.config import ConfigError, TrainConfig
-from rlhfkit.health.watch import HealthStop
-from rlhfkit.tracking import RunLogger, make_trackers, resolve_report_to
-
-
-@dataclass
-class Progress:
-    """The counters a checkpoint carries; a resumed run continues them (eps included, through `elapsed`)."""
-
-    step: int = 0  # steps (PPO updates, GRPO optimizer steps) completed
-    episode: int = 0  # episodes (responses / completions) generated, all processes
-    elapsed: float = 0.0  # seconds of training so far
-    num_tokens: int = 0  # GRPO: prompt + completion tokens processed, all processes
-    generations: int = 0  # GRPO: generation batches drawn (data position)
-
-
-@dataclass
-class Resume:
-    """A checkpoint to resume from: its path and trainer_state.json (read before anything is written)."""
-
-    path: Path
-    state: dict
-
-    @property
-    def step(self) -> int:
-        return int(self.state["progress"]["step"])
-
-    def load(self, accelerator) -> tuple[dict, dict]:
-        """(extra tensors, this process's RNG state)."""
-        return load_process_state(self.path, self.state, accelerator.process_index, accelerator.num_processes)
-
-
-def open_resume(args: TrainConfig) -> Resume | None:
-    if not args.resume_from_checkpoint:
-        return None
-    path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
-    return Resume(path, read_state(path))
-
-
-def resolve_config_report_to(args: TrainConfig) -> list[str]:
-    """The trackers of report_to, or a ConfigError naming the field (unknown or not installed)."""
-    try:
-        return resolve_report_to(args.report_to)
-    except (ValueError, ImportError) as e:
-        raise ConfigError(f"--report_to: {e}") from None
-
-
-def make_logger(args: TrainConfig, accelerator: Accelerator, report_to: list[str], resume: Resume | None):
-    return RunLogger(
-        accelerator,
-        output_dir=args.output_dir,
-        config=args.to_dict(),
-        project=args.project,
-        run_name=args.run_name,
-        report_to=report_to,
-        logging_dir=args.logging_dir,
-        resume=resume is not None,
-        resume_step=resume.step if resume is not None else None,
-    )
-
-
-def make_accelerator(args: TrainConfig, report_to: list[str], resume: Resume | None = None) -> Accelerator:
-    """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process)."""
-    tracker_ids = resume.state.get("tracker_ids", {}) if resume is not None else {}
-    trackers = make_trackers(
-        report_to,
-        project=args.project,
-        run_name=args.run_name,
-        output_dir=args.output_dir,
-        logging_dir=args.logging_dir,
-        resume=resume is not None,
-        wandb_id=tracker_ids.get("wandb"),
-    )
-    # Without CUDA, accelerate only forms a process group (gloo) for torchrun-launched processes when told
-    # cpu=True; a single process keeps its default device (e.g. MPS).
-    multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(log_with=trackers or None, cpu=multi_cpu)
-    set_seed(args.seed, device_specific=True)  # each process samples different responses
-    return accelerator
+from rlhfkit.config import TrainConfig
 
 
 def make_optimizer(params, args: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -228,22 +139,12 @@ class StepGuard:
         return self.streak >= self.max_streak
 
     def take_skipped(self) -> int:
+        """Steps skipped since the previous call (the logging window's count), and start counting afresh."""
         skipped, self.skipped = self.skipped, 0
         return skipped
 
+    def state_dict(self) -> dict[str, int]:
+        return {"streak": self.streak, "skipped": self.skipped}
 
-def stop_early(trainer, step: int, finding, interrupt: InterruptGuard) -> None:
-    """End training cleanly after `step` when a signal arrived, a critical health finding asks for it (--health
-    stop) or max_nonfinite_steps optimizer steps in a row were skipped: save a checkpoint, close the trackers and
-    raise the TrainingStopped that explains what happened and how to go on. Collective: every process calls it."""
-    signum = interrupt.requested(trainer.accelerator)
-    if finding is None and signum is None and not trainer.steps.exhausted:
-        return
-    checkpoint = trainer.save_checkpoint(step)
-    trainer.logger.finish()
-    output_dir = trainer.args.output_dir
-    if finding is not None:
-        raise HealthStop(finding, checkpoint, output_dir)
-    if trainer.steps.exhausted:
-        raise NonFiniteStop(trainer.steps.streak, step, checkpoint)
-    raise Interrupted(signum, step, checkpoint, output_dir)
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.streak, self.skipped = int(state["streak"]), int(state["skipped"])

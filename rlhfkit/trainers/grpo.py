@@ -25,8 +25,6 @@ Deliberate differences from TRL (docs/algorithms/grpo.md gives the details):
 from __future__ import annotations
 
 import contextlib
-import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -36,32 +34,23 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
-from rlhfkit.checkpoint import load_optimizer, load_weights, save_checkpoint, set_rng_state
-from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes, resolve_output_dir, warmup_steps
+from rlhfkit.checkpoint import load_weights
+from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes
 from rlhfkit.data import endless_batches, tokenize_prompts
-from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.models import choose_dtype, disable_dropout, frozen_copy, load_policy, load_tokenizer, policy_logits
-from rlhfkit.rewards import RewardModelFunction, RewardOutput, call_reward_function, weighted_total
-from rlhfkit.rollout import complete, decode, response_logprobs, sampling_config, terminator_ids
-from rlhfkit.trainers.common import (
-    InterruptGuard,
-    Progress,
-    Resume,
-    StepGuard,
-    is_sample_step,
-    linear_lr,
-    make_accelerator,
-    make_logger,
-    make_optimizer,
-    open_resume,
-    resolve_config_report_to,
-    sample_every,
-    save_into,
-    set_lr,
-    stop_early,
+from rlhfkit.models import choose_dtype, disable_dropout, frozen_copy, load_policy_and_tokenizer, policy_logits
+from rlhfkit.rewards import RewardModelFunction, RewardOutput, call_reward_function, reward_sources, weighted_total
+from rlhfkit.rollout import (
+    complete,
+    decode,
+    greedy_completions,
+    response_logprobs,
+    sampling_config,
+    terminator_ids,
 )
+from rlhfkit.trainers.common import make_optimizer
+from rlhfkit.trainers.run import TrainingRun
 
 
 @dataclass
@@ -81,13 +70,6 @@ class GenerationBatch:
     ref_logprobs: torch.Tensor | None  # (N, T), only when beta > 0
     num_items: float  # loss tokens of the whole step per process (global / world size): dapo's normaliser
     global_tokens: int  # prompt + completion tokens, all processes
-
-
-def _reward_name(source) -> str:
-    if isinstance(source, nn.Module):
-        path = getattr(getattr(source, "config", None), "_name_or_path", "") or type(source).__name__
-        return os.path.basename(os.path.normpath(path))
-    return getattr(source, "__name__", type(source).__name__)
 
 
 class GRPOTrainer:
@@ -114,22 +96,17 @@ class GRPOTrainer:
         self.args = args = args or GRPOConfig()
         if train_dataset is None:
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
-        resolve_output_dir(args)
-        self.report_to = resolve_config_report_to(args)
-        resume = open_resume(args)  # read (and checked) before anything is written
-        self.accelerator = acc = make_accelerator(args, self.report_to, resume)
+        self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
+        self.accelerator = acc = run.accelerator
         dtype = choose_dtype(args.bf16, args.fp16)
-        if isinstance(model, str):
-            processing_class = processing_class or load_tokenizer(model, "model_name_or_path", args.trust_remote_code)
-            model = load_policy(model, dtype, "model_name_or_path", args.trust_remote_code)
-        if processing_class is None:
-            raise ConfigError("processing_class (the policy's tokenizer) is required when model is a module.")
-        self.tokenizer = tok = processing_class
+        model, tok = load_policy_and_tokenizer(model, processing_class, dtype, args.trust_remote_code)
+        self.tokenizer = tok
         self.task = task
         self.stop_ids = terminator_ids(tok, model)
         model.generation_config.pad_token_id = tok.pad_token_id
-
-        self.reward_names, self.reward_funcs = self._reward_sources(reward_funcs, reward_processing_classes, dtype)
+        self.reward_names, self.reward_funcs = reward_sources(
+            reward_funcs, reward_processing_classes, tok, dtype, acc.device, args.trust_remote_code
+        )
         weights = args.reward_weights or [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
             raise ConfigError(
@@ -159,77 +136,32 @@ class GRPOTrainer:
         self.reward_metrics = [
             (M.expand(M.REWARDS_FUNC_MEAN, name), M.expand(M.REWARDS_FUNC_STD, name)) for name in self.reward_names
         ]
-        self.metrics = MetricAccumulator(extra_metrics=[m for pair in self.reward_metrics for m in pair])
-        self.steps = StepGuard(args.max_nonfinite_steps)
-        self.progress, self._rng, self._batch = Progress(), None, None
-        if resume is not None:
-            self._restore(resume)
-        self.logger = make_logger(args, acc, self.report_to, resume)
-        self.health = HealthWatch(args.health, args.health_thresholds, self.logger, acc, resume and self.progress.step)
+        self._batch: GenerationBatch | None = None
+        extra_metrics = [m for pair in self.reward_metrics for m in pair]
+        run.start(self, self.sizes.num_steps, extra_metrics)  # restores a checkpoint; opens the run dir
 
-    def _reward_sources(self, reward_funcs, processing_classes, dtype) -> tuple[list[str], list[Callable]]:
-        """Names and callables of every reward source; reward models become RewardModelFunction objects."""
-        from rlhfkit.models import load_scalar_model
-
-        sources = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        if not sources:
-            raise ConfigError("reward_funcs is empty: give at least one reward function or reward model.")
-        processing_classes = list(processing_classes or [None] * len(sources))
-        names, funcs = [], []
-        for source, rm_tokenizer in zip(sources, processing_classes, strict=True):
-            if isinstance(source, str):
-                rm_tokenizer = rm_tokenizer or load_tokenizer(source, "reward_model_path", self.args.trust_remote_code)
-                source = load_scalar_model(source, dtype, "reward_model_path", self.args.trust_remote_code)
-            if isinstance(source, nn.Module):
-                if rm_tokenizer is None:
-                    rm_tokenizer = load_tokenizer(source.config._name_or_path, "reward_model_path")
-                if source.config.pad_token_id is None:
-                    source.config.pad_token_id = rm_tokenizer.pad_token_id
-                name = _reward_name(source)
-                same_vocab = rm_tokenizer.get_vocab() == self.tokenizer.get_vocab()
-                source = source.eval().requires_grad_(False).to(self.accelerator.device)
-                source = RewardModelFunction(source, rm_tokenizer, name, same_vocab)
-            elif not callable(source):
-                raise ConfigError(f"reward_funcs entry {source!r} is neither callable, a model, nor a model path.")
-            names.append(_reward_name(source))
-            funcs.append(source)
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ConfigError(
-                f"two reward functions share the name {duplicates[0]!r}; metric names rewards/<name>/mean must be "
-                "unique: rename one (set its __name__)."
-            )
-        return names, funcs
-
-    def _restore(self, resume: Resume) -> None:
-        """Weights, optimizer, counters, the batch still in use and the unfinished logging window of a checkpoint."""
-        load_weights(self.accelerator.unwrap_model(self.model), resume.path)
-        load_optimizer(self.optimizer, resume.path)
-        extra, self._rng = resume.load(self.accelerator)
-        self.progress = Progress(**resume.state["progress"])
-        if extra.get("batch") is not None:
-            self._batch = GenerationBatch(**extra["batch"])
-        self.metrics.load_state_dict(extra["metrics"])
-
-    def save_checkpoint(self, step: int) -> str:
-        """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
-        path = os.path.join(self.args.output_dir, f"checkpoint-{step}")
-        # A batch that still has iterations to serve is part of the state (num_iterations > 1).
-        reused = self._batch is not None and step % self.args.num_iterations != 0
-        extra = {"batch": asdict(self._batch) if reused else None, "metrics": self.metrics.state_dict()}
-        state = {"progress": asdict(self.progress), "tracker_ids": self.logger.tracker_ids()}
-        limit = self.args.save_total_limit
-        save_checkpoint(self.accelerator, path, self.write_models, self.optimizer, state, extra, limit)
-        return path
-
+    # What the run lifecycle needs from its trainer: models, own state, evaluation.
     def write_models(self, directory: str) -> None:
         """The policy and its tokenizer."""
         self.accelerator.unwrap_model(self.model).save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
 
+    def load_models(self, directory) -> None:
+        load_weights(self.accelerator.unwrap_model(self.model), directory)
+
+    def state_dict(self) -> dict:
+        """A batch that still has iterations to serve (num_iterations > 1) is part of the state."""
+        reused = self._batch is not None and self.run.progress.step % self.args.num_iterations != 0
+        return {"batch": asdict(self._batch) if reused else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("batch") is not None:
+            self._batch = GenerationBatch(**state["batch"])
+
     # ------------------------------------------------------------------------------------------------
     def train(self) -> None:
-        args, sizes, acc, progress = self.args, self.sizes, self.accelerator, self.progress
+        args, sizes, run, acc = self.args, self.sizes, self.run, self.accelerator
+        progress = run.progress
         prompts = endless_batches(
             len(self.train_dataset),
             sizes.local_prompts,
@@ -238,68 +170,25 @@ class GRPOTrainer:
             acc.num_processes,
             skip=progress.generations,
         )
-        every = sample_every(sizes.num_steps, args.num_sample_generations)
-        warmup = warmup_steps(args, sizes.num_steps)
-        if every and progress.step == 0:
-            self.evaluate(step=0)
-        if self._rng is not None:
-            set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
-        start = time.time() - progress.elapsed
-        with InterruptGuard() as interrupt:
-            for step in range(progress.step + 1, sizes.num_steps + 1):
-                lr = linear_lr(args.learning_rate, step, sizes.num_steps, warmup)
-                set_lr(self.optimizer, lr)
-
-                # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).
-                t0 = time.time()
+        for step in run.steps():
+            # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).
+            with run.timed(M.TIME_ROLLOUT):
                 if (step - 1) % args.num_iterations == 0:
                     self._batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
                     progress.generations += 1
                     progress.episode += sizes.completions
                     progress.num_tokens += self._batch.global_tokens
-                t1 = time.time()
 
-                # 2. Optimise: one optimizer step over gradient_accumulation_steps micro-batches of the batch.
+            # 2. Optimise: one optimizer step over gradient_accumulation_steps micro-batches of the batch.
+            with run.timed(M.TIME_OPTIMIZATION):
                 self.optimize(self._batch)
-                t2 = time.time()
-                progress.step, progress.elapsed = step, time.time() - start
 
-                # 3. Log the window's pooled metrics and health; the completions table and evaluation on schedule.
-                sample_step = is_sample_step(step, sizes.num_steps, every)
-                finding = None
-                if step % args.logging_steps == 0 or step == sizes.num_steps:
-                    scalars = self.metrics.reduce(acc).scalars
-                    for name in (M.COMPLETIONS_MIN_TERMINATED_LENGTH.name, M.COMPLETIONS_MAX_TERMINATED_LENGTH.name):
-                        if M.COMPLETIONS_MEAN_LENGTH.name in scalars:
-                            scalars.setdefault(name, 0.0)  # no completion terminated in the window
-                    scalars.update(
-                        {
-                            M.EPS.name: progress.episode / progress.elapsed,
-                            M.EPISODE.name: progress.episode,
-                            M.LR.name: lr,
-                            M.NUM_TOKENS.name: progress.num_tokens,
-                            M.NONFINITE_STEPS.name: self.steps.take_skipped(),
-                            M.TIME_ROLLOUT.name: t1 - t0,
-                            M.TIME_OPTIMIZATION.name: t2 - t1,
-                        }
-                    )
-                    finding = self.health.observe(step, scalars)
-                    self.logger.log(scalars, step=step)
-                    self.logger.progress(step, sizes.num_steps, scalars, unit="step")
-                    if args.log_completions and not sample_step:
-                        self.log_completions(self._batch, step)
-                if sample_step:
-                    self.log_completions(self._batch, step)
-                    self.evaluate(step=step)
+            # 3. The completions table on sample steps (and logging steps with log_completions).
+            if run.is_sample_step(step) or (args.log_completions and run.is_log_step(step)):
+                self.log_completions(self._batch, step)
 
-                # 4. Checkpoint on schedule; stop early on a signal, a critical finding (--health stop) or
-                #    too many non-finite steps, with a checkpoint to resume from.
-                stop_early(self, step, finding, interrupt)
-                if args.save_steps and step % args.save_steps == 0 and step < sizes.num_steps:
-                    self.save_checkpoint(step)
-        self.save_checkpoint(sizes.num_steps)
-        self.save_model()
-        self.logger.finish()
+            # 4. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
+            run.end_step(step, {M.NUM_TOKENS.name: progress.num_tokens})
 
     # ------------------------------------------------------------------------------------------------
     def _score(self, rows: list[dict], prompts: list[str], completions: list[str], ids, mask, resp_ids, resp_mask):
@@ -387,7 +276,7 @@ class GRPOTrainer:
 
     def log_generation(self, outputs: list[RewardOutput], total, resp, prompts, completions) -> None:
         """Completion lengths, rewards and true success of one generation, pooled when reduced."""
-        m, G = self.metrics, self.args.num_generations
+        m, G = self.run.metrics, self.args.num_generations
         lengths = resp.mask.sum(1).double()
         m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
         m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
@@ -419,13 +308,13 @@ class GRPOTrainer:
         for k in range(steps):
             with contextlib.nullcontext() if k == steps - 1 else acc.no_sync(self.model):
                 step_loss += self.micro_step(batch, slice(k * micro, (k + 1) * micro))
-        self.steps.step(acc, self.model, self.optimizer, args.max_grad_norm)
-        self.metrics.add(M.LOSS, step_loss, 1)
+        self.run.optimizer_step(self.model, self.optimizer)
+        self.run.metrics.add(M.LOSS, step_loss, 1)
 
     def micro_step(self, batch: GenerationBatch, idx: slice) -> float:
         """Forward, backward and statistics of one micro-batch; returns its (scaled) loss. A method of its own so
         that its activations are released when it returns, before the next micro-batch's forward."""
-        args, m = self.args, self.metrics
+        args, m = self.args, self.run.metrics
         mask = batch.loss_mask[idx]
         logits = policy_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx])
         response_logits = logits[:, batch.query_width - 1 : -1]
@@ -464,25 +353,20 @@ class GRPOTrainer:
             [p, c, *[None if r != r else r for r in rs], a]
             for p, c, rs, a in zip(batch.prompts, batch.completions, rewards, batch.advantages.tolist())
         ]
-        self.logger.log_table("completions", columns, rows, step=step, console_rows=self.args.num_completions_to_print)
+        console_rows = self.args.num_completions_to_print
+        self.run.logger.log_table("completions", columns, rows, step=step, console_rows=console_rows)
 
     @torch.inference_mode()
     def evaluate(self, step: int) -> None:
         """Greedy completions of the eval prompts: mean total reward and, with a task, true success."""
-        if self.eval_dataset is None:
-            return
         args, acc, tok = self.args, self.accelerator, self.tokenizer
-        model = acc.unwrap_model(self.model)
-        model.eval()
-        rows = [self.eval_dataset[i] for i in range(acc.process_index, len(self.eval_dataset), acc.num_processes)]
-        config = sampling_config(args.max_completion_length, None, tok.pad_token_id, self.stop_ids)
+        model = acc.unwrap_model(self.model).eval()
         metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
         size = args.per_device_eval_batch_size
-        prompt_ids = [r["input_ids"] for r in rows]
-        for i, chunk in enumerate(
-            complete(model, prompt_ids, config, self.stop_ids, tok.pad_token_id, size, acc.device)
+        rows = self.run.local_rows(self.eval_dataset)
+        for part, chunk in greedy_completions(
+            model, rows, tok, self.stop_ids, args.max_completion_length, size, acc.device
         ):
-            part = rows[i * size : (i + 1) * size]
             prompts = [r[args.dataset_text_field] for r in part]
             resp = chunk.responses
             completions = decode(tok, resp.ids, resp.mask)
@@ -494,8 +378,4 @@ class GRPOTrainer:
                 correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
                 metrics.add(M.EVAL_TASK_SUCCESS, float(sum(correct)), len(correct))
         model.train()
-        self.logger.log(metrics.reduce(acc).scalars, step=step)
-
-    def save_model(self) -> None:
-        """The trained policy into the run directory, so `output_dir` itself loads as the model."""
-        save_into(self.accelerator, self.args.output_dir, self.write_models)
+        self.run.logger.log(metrics.reduce(acc).scalars, step=step)

@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from datasets import Dataset
@@ -31,10 +30,9 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
-from rlhfkit.checkpoint import load_optimizer, load_weights, save_checkpoint, set_rng_state
-from rlhfkit.config import PPOConfig, ppo_batch_sizes, resolve_output_dir, warmup_steps
+from rlhfkit.checkpoint import load_weights
+from rlhfkit.config import PPOConfig, ppo_batch_sizes
 from rlhfkit.data import endless_batches, tokenize_prompts
-from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import disable_dropout, frozen_copy, policy_logits, token_values
@@ -42,28 +40,14 @@ from rlhfkit.rewards import apply_eos_trick, reward_model_scores
 from rlhfkit.rollout import (
     complete,
     decode,
+    greedy_completions,
     pad_right,
     response_logprobs,
     sampling_config,
     terminator_ids,
 )
-from rlhfkit.trainers.common import (
-    InterruptGuard,
-    Progress,
-    Resume,
-    StepGuard,
-    is_sample_step,
-    linear_lr,
-    make_accelerator,
-    make_logger,
-    make_optimizer,
-    open_resume,
-    resolve_config_report_to,
-    sample_every,
-    save_into,
-    set_lr,
-    stop_early,
-)
+from rlhfkit.trainers.common import make_optimizer
+from rlhfkit.trainers.run import TrainingRun
 
 
 class PolicyAndValue(nn.Module):
@@ -122,10 +106,8 @@ class PPOTrainer:
         task=None,
     ):
         self.args = args
-        resolve_output_dir(args)
-        self.report_to = resolve_config_report_to(args)
-        resume = open_resume(args)  # read (and checked) before anything is written
-        self.accelerator = make_accelerator(args, self.report_to, resume)
+        self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
+        self.accelerator = acc = run.accelerator
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
@@ -137,7 +119,7 @@ class PPOTrainer:
             if eval_dataset is not None
             else None
         )
-        self.sizes = ppo_batch_sizes(args, self.accelerator.num_processes, len(self.train_dataset))
+        self.sizes = ppo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
         if ref_model is None:
             ref_model = frozen_copy(model)
@@ -145,12 +127,12 @@ class PPOTrainer:
             value_model = frozen_copy(reward_model).requires_grad_(True).train()
         for m in (model, ref_model, reward_model, value_model):
             disable_dropout(m)
-        self.ref_model = ref_model.eval().requires_grad_(False).to(self.accelerator.device)
-        self.reward_model = reward_model.eval().requires_grad_(False).to(self.accelerator.device)
+        self.ref_model = ref_model.eval().requires_grad_(False).to(acc.device)
+        self.reward_model = reward_model.eval().requires_grad_(False).to(acc.device)
         model.generation_config.pad_token_id = processing_class.pad_token_id
         wrapper = PolicyAndValue(model, value_model)
-        optimizer = make_optimizer(wrapper.parameters(), args, self.accelerator.device)
-        self.model, self.optimizer = self.accelerator.prepare(wrapper, optimizer)
+        optimizer = make_optimizer(wrapper.parameters(), args, acc.device)
+        self.model, self.optimizer = acc.prepare(wrapper, optimizer)
         # In fp32 the log-probs computed while sampling equal a full forward's to ~1e-6, so the rollout skips the
         # policy forward (the first PPO ratio is then 1 up to that rounding); in half precision cached decoding and
         # a full pass differ by ~1e-2, which would show up as spurious clipping, so we recompute.
@@ -158,36 +140,9 @@ class PPOTrainer:
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
-        self.metrics = MetricAccumulator()
-        self.steps = StepGuard(args.max_nonfinite_steps)
-        self.progress, self._rng = Progress(), None
-        if resume is not None:
-            self._restore(resume)
-        self.logger = make_logger(args, self.accelerator, self.report_to, resume)
-        self.health = HealthWatch(
-            args.health, args.health_thresholds, self.logger, self.accelerator, resume and self.progress.step
-        )
+        run.start(self, self.sizes.num_total_batches, unit="update")  # restores a checkpoint; opens the run dir
 
-    def _restore(self, resume: Resume) -> None:
-        """Weights, optimizer, KL coefficient, counters and RNG states of a checkpoint (RNG applied in train())."""
-        model = self.unwrapped
-        load_weights(model.policy, resume.path)
-        load_weights(model.value_model, resume.path / "value_model")
-        load_optimizer(self.optimizer, resume.path)
-        extra, self._rng = resume.load(self.accelerator)
-        if self.kl_ctl is not None:
-            self.kl_ctl.load_state_dict(extra["kl_ctl"])
-        self.progress = Progress(**resume.state["progress"])
-
-    def save_checkpoint(self, step: int) -> str:
-        """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
-        path = os.path.join(self.args.output_dir, f"checkpoint-{step}")
-        extra = {"kl_ctl": self.kl_ctl.state_dict()} if self.kl_ctl is not None else {}
-        state = {"progress": asdict(self.progress), "tracker_ids": self.logger.tracker_ids()}
-        limit = self.args.save_total_limit
-        save_checkpoint(self.accelerator, path, self.write_models, self.optimizer, state, extra, limit)
-        return path
-
+    # What the run lifecycle needs from its trainer: models, own state, evaluation.
     def write_models(self, directory: str) -> None:
         """Policy (loadable on its own), value model in value_model/, and the tokenizer."""
         model = self.unwrapped
@@ -195,7 +150,17 @@ class PPOTrainer:
         model.value_model.save_pretrained(os.path.join(directory, "value_model"))
         self.tokenizer.save_pretrained(directory)
 
-    # ------------------------------------------------------------------------------------------------
+    def load_models(self, directory) -> None:
+        load_weights(self.unwrapped.policy, directory)
+        load_weights(self.unwrapped.value_model, os.path.join(directory, "value_model"))
+
+    def state_dict(self) -> dict:
+        return {"kl_ctl": self.kl_ctl.state_dict()} if self.kl_ctl is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.kl_ctl is not None:
+            self.kl_ctl.load_state_dict(state["kl_ctl"])
+
     @property
     def unwrapped(self) -> PolicyAndValue:
         return self.accelerator.unwrap_model(self.model)
@@ -204,92 +169,48 @@ class PPOTrainer:
     def kl_coef(self) -> float:
         return self.kl_ctl.value if self.kl_ctl else self.args.kl_coef
 
+    # ------------------------------------------------------------------------------------------------
     def train(self) -> None:
-        args, sizes, acc, progress = self.args, self.sizes, self.accelerator, self.progress
+        args, sizes, run, acc = self.args, self.sizes, self.run, self.accelerator
         prompts = endless_batches(
             len(self.train_dataset),
             sizes.local_batch_size,
             args.seed,
             acc.process_index,
             acc.num_processes,
-            skip=progress.step,  # one batch per update
+            skip=run.progress.step,  # one batch per update
         )
-        every = sample_every(sizes.num_total_batches, args.num_sample_generations)
-        warmup = warmup_steps(args, sizes.num_total_batches)
-        if every and progress.step == 0:
-            self.evaluate(step=0)
-        if self._rng is not None:
-            set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
-        start = time.time() - progress.elapsed
-        with InterruptGuard() as interrupt:
-            for update in range(progress.step + 1, sizes.num_total_batches + 1):
-                lr = linear_lr(args.learning_rate, update, sizes.num_total_batches, warmup)
-                set_lr(self.optimizer, lr)
-
-                # 1. Rollout: sample responses to a batch of prompts from the current policy.
-                t0 = time.time()
-                rows = [self.train_dataset[i] for i in next(prompts)]
+        for update in run.steps():
+            # 1. Rollout: sample responses to a batch of prompts from the current policy, score them.
+            rows = [self.train_dataset[i] for i in next(prompts)]
+            with run.timed(M.TIME_ROLLOUT):
                 batch = self.rollout([r["input_ids"] for r in rows], [r[args.dataset_text_field] for r in rows])
 
-                # 2. Rewards: per-token KL penalty to the reference, score on the last real response token.
-                mask = batch.response_mask
-                kl = ops.kl_per_token(batch.logprobs, batch.ref_logprobs, args.kl_estimator) * mask
-                shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, self.kl_coef)
-                rewards = shaped.rewards
-                if args.whiten_rewards:
-                    rewards = ops.masked_whiten(rewards, mask, keep_mean=True)
+            # 2. Rewards: per-token KL penalty to the reference, score on the last real response token.
+            mask = batch.response_mask
+            kl = ops.kl_per_token(batch.logprobs, batch.ref_logprobs, args.kl_estimator) * mask
+            shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, self.kl_coef)
+            rewards = shaped.rewards
+            if args.whiten_rewards:
+                rewards = ops.masked_whiten(rewards, mask, keep_mean=True)
 
-                # 3. Advantages: GAE over response tokens, then whitened over the rollout batch.
-                gae = ops.gae(rewards, batch.values, mask, args.gamma, args.lam)
-                advantages = ops.masked_whiten(gae.advantages, mask)
-                self.log_rollout(batch, kl, shaped.non_score_reward, gae)
-                t1 = time.time()
+            # 3. Advantages: GAE over response tokens, then whitened over the rollout batch.
+            gae = ops.gae(rewards, batch.values, mask, args.gamma, args.lam)
+            advantages = ops.masked_whiten(gae.advantages, mask)
+            self.log_rollout(batch, kl, shaped.non_score_reward, gae)
 
-                # 4. Optimise: num_ppo_epochs passes of shuffled mini-batches, one optimizer step per mini-batch.
+            # 4. Optimise: num_ppo_epochs passes of shuffled mini-batches, one optimizer step per mini-batch.
+            with run.timed(M.TIME_OPTIMIZATION):
                 self.optimize(batch, advantages, gae.returns)
-                t2 = time.time()
+            run.progress.episode += sizes.batch_size
 
-                # 5. Adapt the KL coefficient towards kl_target (Ziegler et al. 2019), when enabled.
-                kl_coef_used = self.kl_coef
-                progress.step, progress.episode = update, progress.episode + sizes.batch_size
-                progress.elapsed = time.time() - start
-                reduced = self.metrics.reduce(acc)
-                if self.kl_ctl:
-                    self.kl_ctl.update(reduced.scalars[M.OBJECTIVE_KL.name], sizes.batch_size)
+            # 5. Adapt the KL coefficient towards kl_target with this update's KL (Ziegler et al. 2019), if enabled.
+            kl_coef_used = self.kl_coef
+            if self.kl_ctl:
+                self.kl_ctl.update(run.global_mean(kl.sum(1)), sizes.batch_size)
 
-                # 6. Log: pooled metrics, histograms, health, progress; samples on their schedule.
-                scalars = reduced.scalars
-                scalars[M.LOSS_TOTAL_AVG.name] = (
-                    scalars[M.LOSS_POLICY_AVG.name] + args.vf_coef * scalars[M.LOSS_VALUE_AVG.name]
-                )
-                scalars.update(
-                    {
-                        M.EPS.name: progress.episode / progress.elapsed,
-                        M.EPISODE.name: progress.episode,
-                        M.LR.name: lr,
-                        M.OBJECTIVE_KL_COEF.name: kl_coef_used,
-                        M.NONFINITE_STEPS.name: self.steps.take_skipped(),
-                        M.TIME_ROLLOUT.name: t1 - t0,
-                        M.TIME_OPTIMIZATION.name: t2 - t1,
-                    }
-                )
-                finding = None
-                if update % args.logging_steps == 0 or update == sizes.num_total_batches:
-                    finding = self.health.observe(update, scalars)
-                    self.logger.log(scalars, step=update)
-                    self.logger.log_histograms(reduced.histograms, step=update)
-                self.logger.progress(update, sizes.num_total_batches, scalars)
-                if is_sample_step(update, sizes.num_total_batches, every):
-                    self.evaluate(step=update)
-
-                # 7. Checkpoint on schedule; stop early on a signal, a critical finding (--health stop) or
-                #    too many non-finite steps, with a checkpoint to resume from.
-                stop_early(self, update, finding, interrupt)
-                if args.save_steps and update % args.save_steps == 0 and update < sizes.num_total_batches:
-                    self.save_checkpoint(update)
-        self.save_checkpoint(sizes.num_total_batches)
-        self.save_model()
-        self.logger.finish()
+            # 6. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
+            run.end_step(update, {M.OBJECTIVE_KL_COEF.name: kl_coef_used})
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -360,7 +281,7 @@ class PPOTrainer:
 
     def log_rollout(self, batch: RolloutBatch, kl: torch.Tensor, non_score_reward: torch.Tensor, gae) -> None:
         """Rollout statistics, pooled over processes when reduced."""
-        m, mask = self.metrics, batch.response_mask
+        m, mask = self.run.metrics, batch.response_mask
         n = len(batch.scores)
         seq_kl, seq_nsr = kl.sum(1), non_score_reward.sum(1)
         m.add(M.OBJECTIVE_KL, seq_kl.sum(), n)
@@ -398,7 +319,7 @@ class PPOTrainer:
         optimizer step."""
         args, sizes, acc = self.args, self.sizes, self.accelerator
         micro = args.per_device_train_batch_size
-        self.metrics.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.response_mask])
+        self.run.metrics.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.response_mask])
         for _ in range(args.num_ppo_epochs):
             order = torch.randperm(sizes.local_batch_size, device=batch.query_ids.device)
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
@@ -407,12 +328,12 @@ class PPOTrainer:
                     last_micro = k == sizes.micro_batches_per_mini_batch - 1
                     with contextlib.nullcontext() if last_micro else acc.no_sync(self.model):
                         self.micro_step(batch, advantages, returns, mini[micro_start : micro_start + micro])
-                self.steps.step(acc, self.model, self.optimizer, args.max_grad_norm)
+                self.run.optimizer_step(self.model, self.optimizer)
 
     def micro_step(self, batch: RolloutBatch, advantages, returns, idx: torch.Tensor) -> None:
         """Forward, backward and statistics of one micro-batch (rows `idx`). A method of its own so that its
         activations are released when it returns, before the next micro-batch's forward (lower peak memory)."""
-        args, m = self.args, self.metrics
+        args, m = self.args, self.run.metrics
         width = batch.query_ids.shape[1]
         mask = batch.response_mask[idx]
         logits, values = self.model(batch.input_ids[idx], batch.attention_mask[idx])
@@ -431,9 +352,11 @@ class PPOTrainer:
             m.add(M.POLICY_POLICYKL_AVG, ((batch.logprobs[idx] - new_logprobs.detach()) * mask).sum(), tokens)
             m.add(M.POLICY_CLIPFRAC_AVG, (pg.clipped & mask).sum(), tokens)
             m.add(M.POLICY_ENTROPY_AVG, (entropy * mask).sum(), tokens)
-            m.add(M.LOSS_POLICY_AVG, (pg.per_token_loss.detach() * mask).sum(), tokens)
             # per_token_loss already holds the 1/2 of the value loss (ops.clipped_value_loss).
-            m.add(M.LOSS_VALUE_AVG, (vf.per_token_loss.detach() * mask).sum(), tokens)
+            pg_loss, vf_loss = pg.per_token_loss.double(), vf.per_token_loss.double()
+            m.add_tensor(M.LOSS_POLICY_AVG, pg_loss, mask)
+            m.add_tensor(M.LOSS_VALUE_AVG, vf_loss, mask)
+            m.add_tensor(M.LOSS_TOTAL_AVG, pg_loss + args.vf_coef * vf_loss, mask)
             m.add(M.VAL_CLIPFRAC_AVG, (vf.clipped & mask).sum(), tokens)
             m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
             m.add_tensor(M.VAL_RATIO_VAR, ratio, mask)
@@ -443,19 +366,14 @@ class PPOTrainer:
     @torch.inference_mode()
     def evaluate(self, step: int) -> None:
         """Greedy completions on the eval prompts: a samples table and, with a task, true success."""
-        if self.eval_dataset is None:
-            return
         args, acc, tok = self.args, self.accelerator, self.tokenizer
-        model = self.unwrapped
-        model.eval()
-        rows = [self.eval_dataset[i] for i in range(acc.process_index, len(self.eval_dataset), acc.num_processes)]
-        config = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
+        model = self.unwrapped.eval()
+        metrics, table = MetricAccumulator(), []  # its own: the training window's metrics keep accumulating
         size = args.per_device_eval_batch_size
-        chunks = complete(
-            model.policy, [r["input_ids"] for r in rows], config, self.stop_ids, tok.pad_token_id, size, acc.device
-        )
-        metrics, table = MetricAccumulator(), []
-        for i, chunk in enumerate(chunks):
+        rows = self.run.local_rows(self.eval_dataset)
+        for part, chunk in greedy_completions(
+            model.policy, rows, tok, self.stop_ids, args.response_length, size, acc.device
+        ):
             resp = chunk.responses
             score = apply_eos_trick(
                 reward_model_scores(self.reward_model, chunk.input_ids, chunk.attention_mask),
@@ -467,7 +385,7 @@ class PPOTrainer:
             metrics.add_tensor(M.EVAL_SCORES, score)
             queries, responses = decode(tok, chunk.query_ids, chunk.query_mask), decode(tok, resp.ids, resp.mask)
             shown = decode(tok, resp.ids, resp.mask, skip_special_tokens=False)  # a missing EOS stays visible
-            prompts = [r[args.dataset_text_field] for r in rows[i * size : (i + 1) * size]]
+            prompts = [r[args.dataset_text_field] for r in part]
             for prompt, q, r, text, s in zip(prompts, queries, responses, shown, score.tolist()):
                 row = [q, text, s]
                 if self.task is not None:
@@ -476,10 +394,7 @@ class PPOTrainer:
                     row.append(correct)
                 table.append(row)
         model.train()
-        self.logger.log(metrics.reduce(acc).scalars, step=step)
+        logger = self.run.logger
+        logger.log(metrics.reduce(acc).scalars, step=step)
         columns = ["query", "model response", "score"] + (["correct"] if self.task is not None else [])
-        self.logger.log_table("completions", columns, table[: min(size, 16)], step=step)
-
-    def save_model(self) -> None:
-        """The trained models into the run directory, so `output_dir` itself loads as the policy."""
-        save_into(self.accelerator, self.args.output_dir, self.write_models)
+        logger.log_table("completions", columns, table[: min(size, 16)], step=step)

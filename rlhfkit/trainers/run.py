@@ -1,0 +1,302 @@
+"""The run lifecycle both trainers hold: everything a training run does around its algorithm, in one object.
+
+A trainer builds a :class:`TrainingRun` first: it resolves output_dir, reads the checkpoint to resume from and
+creates the accelerator with the trackers, and writes nothing. The trainer then prepares its models and calls
+:meth:`TrainingRun.start`, which restores the checkpoint and opens the run directory, the trackers and the health
+watch. Its ``train()`` loops over :meth:`TrainingRun.steps` with its own numbered phases, adds raw metric sums to
+``run.metrics`` and ends each step with :meth:`TrainingRun.end_step`, where the logging window, health checks,
+progress, evaluation, checkpoints and early stops happen the same way for PPO and GRPO.
+
+The logging window: a row logged every ``logging_steps`` steps (and after the last) pools every sum and count added
+since the previous row, as the registry declares per metric (histograms included), reduced across processes once.
+Counters of the window (skipped non-finite steps) add up over it; "last" metrics (lr, episode, eps, kl_coef, ...)
+are the values at the logged step. An unfinished window is part of a checkpoint, so a resumed run logs the same rows.
+
+What the run needs from its trainer (``start(trainer, ...)``): ``model`` and ``optimizer`` (prepared),
+``write_models(dir)`` and ``load_models(dir)``, ``state_dict()`` / ``load_state_dict(state)`` for the trainer's own
+state (PPO's KL controller, GRPO's batch in use), and ``evaluate(step)``, called on the sample-generation schedule
+when the trainer has an ``eval_dataset``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+from rlhfkit.checkpoint import (
+    Interrupted,
+    NonFiniteStop,
+    checkpoint_path,
+    load_optimizer,
+    load_process_state,
+    read_state,
+    resolve_checkpoint,
+    save_checkpoint,
+    set_rng_state,
+)
+from rlhfkit.config import ConfigError, TrainConfig, resolve_output_dir, warmup_steps
+from rlhfkit.health.watch import HealthStop, HealthWatch
+from rlhfkit.metrics import registry as M
+from rlhfkit.metrics.accumulate import MetricAccumulator
+from rlhfkit.tracking import RunLogger, make_trackers, resolve_report_to
+from rlhfkit.trainers.common import (
+    InterruptGuard,
+    StepGuard,
+    is_sample_step,
+    linear_lr,
+    sample_every,
+    save_into,
+    set_lr,
+)
+
+
+class Trainee(Protocol):
+    """What a trainer gives its run (see the module docstring)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    eval_dataset: Any  # evaluate() runs only when there is one
+
+    def write_models(self, directory: str) -> None: ...
+    def load_models(self, directory: Path) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def evaluate(self, step: int) -> None: ...
+
+
+@dataclass
+class Progress:
+    """The counters a checkpoint carries; a resumed run continues them (eps included, through `elapsed`)."""
+
+    step: int = 0  # steps (PPO updates, GRPO optimizer steps) completed
+    episode: int = 0  # episodes (responses / completions) generated, all processes
+    elapsed: float = 0.0  # seconds of training so far
+    num_tokens: int = 0  # GRPO: prompt + completion tokens processed, all processes
+    generations: int = 0  # GRPO: generation batches drawn (data position)
+
+
+@dataclass
+class Resume:
+    """A checkpoint to resume from: its path and trainer_state.json (read before anything is written)."""
+
+    path: Path
+    state: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.state["progress"]["step"])
+
+
+class TrainingRun:
+    """One training run's accelerator, trackers, logging window, health watch, progress and checkpoints."""
+
+    def __init__(self, args: TrainConfig):
+        """Resolve output_dir and report_to, read the checkpoint to resume from, create the accelerator. Writes
+        nothing: a bad flag or checkpoint fails here with output_dir untouched."""
+        self.args = args
+        resolve_output_dir(args)
+        try:
+            self.report_to = resolve_report_to(args.report_to)
+        except (ValueError, ImportError) as e:
+            raise ConfigError(f"--report_to: {e}") from None
+        self.resume = None
+        if args.resume_from_checkpoint:
+            path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
+            self.resume = Resume(path, read_state(path))
+        self.accelerator = self._make_accelerator()
+        self.progress = Progress()
+        self.guard = StepGuard(args.max_nonfinite_steps)
+        self.interrupt = InterruptGuard()
+        self.metrics = MetricAccumulator()
+        self.logger: RunLogger | None = None
+        self.health: HealthWatch | None = None
+        self._rng: dict | None = None
+        self._lr = 0.0
+        self._row: dict[str, float] = {}  # the latest logged row: the progress bar shows it until the next one
+
+    def _make_accelerator(self) -> Accelerator:
+        """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process)."""
+        args = self.args
+        tracker_ids = self.resume.state.get("tracker_ids", {}) if self.resume is not None else {}
+        trackers = make_trackers(
+            self.report_to,
+            project=args.project,
+            run_name=args.run_name,
+            output_dir=args.output_dir,
+            logging_dir=args.logging_dir,
+            resume=self.resume is not None,
+            wandb_id=tracker_ids.get("wandb"),
+        )
+        # Without CUDA, accelerate only forms a process group (gloo) for torchrun-launched processes when told
+        # cpu=True; a single process keeps its default device (e.g. MPS).
+        multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+        accelerator = Accelerator(log_with=trackers or None, cpu=multi_cpu)
+        set_seed(args.seed, device_specific=True)  # each process samples different responses
+        return accelerator
+
+    def start(self, trainer: Trainee, num_steps: int, extra_metrics: Sequence[M.Metric] = (), unit="step") -> None:
+        """Restore the checkpoint being resumed (if any), then open the run directory, trackers and health watch.
+
+        num_steps: steps of the whole run. extra_metrics: template expansions the trainer logs (per-reward-function
+        metrics). unit: what the progress bar counts ("update" for PPO)."""
+        args = self.args
+        self.trainer, self.num_steps, self.unit = trainer, num_steps, unit
+        self.metrics = MetricAccumulator(extra_metrics)
+        self.sample_every = sample_every(num_steps, args.num_sample_generations)
+        self.warmup = warmup_steps(args, num_steps)
+        if self.resume is not None:
+            self._restore(self.resume)
+        self.logger = RunLogger(
+            self.accelerator,
+            output_dir=args.output_dir,
+            config=args.to_dict(),
+            project=args.project,
+            run_name=args.run_name,
+            report_to=self.report_to,
+            logging_dir=args.logging_dir,
+            resume=self.resume is not None,
+            resume_step=self.resume.step if self.resume is not None else None,
+        )
+        resume_step = self.progress.step if self.resume is not None else None
+        self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator, resume_step)
+
+    def _restore(self, resume: Resume) -> None:
+        """Weights, optimizer, the trainer's own state, the unfinished logging window, counters and RNG states
+        (applied when training starts) of a checkpoint."""
+        acc = self.accelerator
+        self.trainer.load_models(resume.path)
+        load_optimizer(self.trainer.optimizer, resume.path)
+        extra, self._rng = load_process_state(resume.path, resume.state, acc.process_index, acc.num_processes)
+        self.trainer.load_state_dict(extra["trainer"])
+        self.metrics.load_state_dict(extra["window"])
+        self.guard.load_state_dict(resume.state["nonfinite"])
+        self.progress = Progress(**resume.state["progress"])
+
+    def save_checkpoint(self, step: int) -> str:
+        """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
+        path = checkpoint_path(self.args.output_dir, step)
+        extra = {"trainer": self.trainer.state_dict(), "window": self.metrics.state_dict()}
+        state = {
+            "progress": asdict(self.progress),
+            "nonfinite": self.guard.state_dict(),
+            "tracker_ids": self.logger.tracker_ids(),
+        }
+        limit = self.args.save_total_limit
+        save_checkpoint(self.accelerator, path, self.trainer.write_models, self.trainer.optimizer, state, extra, limit)
+        return path
+
+    # ------------------------------------------------------------------------------------------------
+    def steps(self) -> Iterator[int]:
+        """The steps left to train (1-based), each after setting its learning rate (linear warm-up, then decay).
+
+        Before the first: the evaluation at step 0 and a resumed run's RNG states; during: SIGINT/SIGTERM become a
+        clean stop at the end of the step; after the last: the final checkpoint, the models saved into output_dir
+        (which then loads as the trained policy) and the trackers closed."""
+        if self.sample_every and self.progress.step == 0:
+            self._evaluate(step=0)
+        if self._rng is not None:
+            set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
+        self._start = time.time() - self.progress.elapsed
+        with self.interrupt:
+            for step in range(self.progress.step + 1, self.num_steps + 1):
+                self._lr = linear_lr(self.args.learning_rate, step, self.num_steps, self.warmup)
+                set_lr(self.trainer.optimizer, self._lr)
+                yield step
+        self.save_checkpoint(self.num_steps)
+        save_into(self.accelerator, self.args.output_dir, self.trainer.write_models)
+        self.logger.finish()
+
+    @contextmanager
+    def timed(self, metric: M.Metric) -> Iterator[None]:
+        """Add the seconds the block takes to `metric` (a per-step mean over the window and processes)."""
+        start = time.perf_counter()
+        yield
+        self.metrics.add(metric, time.perf_counter() - start, 1)
+
+    def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+        """Clip the gradients to max_grad_norm and apply them, unless they are NaN/inf (then the step is skipped
+        and counted). True if applied."""
+        return self.guard.step(self.accelerator, model, optimizer, self.args.max_grad_norm)
+
+    def global_mean(self, values: torch.Tensor) -> float:
+        """Mean of `values` over every process (a collective: every process must call it)."""
+        pair = torch.stack([values.double().sum(), torch.tensor(values.numel(), dtype=torch.float64)])
+        total, count = self.accelerator.reduce(pair.to(self.accelerator.device), "sum").tolist()
+        return total / count if count else 0.0
+
+    def local_rows(self, dataset) -> list[dict]:
+        """This process's share of a dataset (every num_processes-th row), e.g. the eval prompts."""
+        acc = self.accelerator
+        return [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
+
+    def is_log_step(self, step: int) -> bool:
+        return step % self.args.logging_steps == 0 or step == self.num_steps
+
+    def is_sample_step(self, step: int) -> bool:
+        return is_sample_step(step, self.num_steps, self.sample_every)
+
+    def end_step(self, step: int, scalars: Mapping[str, float] | None = None) -> None:
+        """Close training step `step` (a collective: every process calls it).
+
+        scalars: the trainer's "last" metrics at this step (e.g. objective/kl_coef), logged if it ends a window.
+        On a logging step the window's metrics are reduced, checked by the health rules and logged; on a sample step
+        the trainer evaluates; then the run stops cleanly if asked (signal, critical finding with --health stop,
+        too many non-finite steps) or checkpoints on schedule."""
+        self.progress.step, self.progress.elapsed = step, time.time() - self._start
+        finding = self._log_window(step, scalars or {}) if self.is_log_step(step) else None
+        self.logger.progress(step, self.num_steps, {**self._row, **self._counters()}, unit=self.unit)
+        if self.is_sample_step(step):
+            self._evaluate(step)
+        self._stop_if_asked(step, finding)
+        if self.args.save_steps and step % self.args.save_steps == 0 and step < self.num_steps:
+            self.save_checkpoint(step)
+
+    def _counters(self) -> dict[str, float]:
+        progress = self.progress
+        eps = progress.episode / progress.elapsed if progress.elapsed > 0 else 0.0
+        return {M.EPS.name: eps, M.EPISODE.name: progress.episode}
+
+    def _evaluate(self, step: int) -> None:
+        if self.trainer.eval_dataset is not None:
+            self.trainer.evaluate(step)
+
+    def _log_window(self, step: int, scalars: Mapping[str, float]):
+        """Reduce the window into one row; health checks; log it. Returns a finding that should stop training."""
+        reduced = self.metrics.reduce(self.accelerator)
+        row = {
+            **reduced.scalars,
+            **scalars,
+            **self._counters(),
+            M.LR.name: self._lr,
+            M.NONFINITE_STEPS.name: self.guard.take_skipped(),
+        }
+        finding = self.health.observe(step, row)
+        self.logger.log(row, step=step)
+        self.logger.log_histograms(reduced.histograms, step=step)
+        self._row = row
+        return finding
+
+    def _stop_if_asked(self, step: int, finding) -> None:
+        """End training cleanly after `step` on a signal, a critical finding (--health stop) or max_nonfinite_steps
+        skipped steps in a row: save a checkpoint, close the trackers and raise the TrainingStopped that explains
+        what happened and how to go on."""
+        signum = self.interrupt.requested(self.accelerator)
+        if finding is None and signum is None and not self.guard.exhausted:
+            return
+        checkpoint = self.save_checkpoint(step)
+        self.logger.finish()
+        output_dir = self.args.output_dir
+        if finding is not None:
+            raise HealthStop(finding, checkpoint, output_dir)
+        if self.guard.exhausted:
+            raise NonFiniteStop(self.guard.streak, step, checkpoint)
+        raise Interrupted(signum, step, checkpoint, output_dir)
