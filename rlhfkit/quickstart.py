@@ -62,6 +62,6 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
     minutes, seconds = divmod(round(time.time() - start), 60)
     print(f"Done in {minutes}m{seconds:02d}s. Run directory: {run_dir}")
     print(f"Report: {report}")
-    if "trackio" in trainer.report_to:
+    if "trackio" in trainer.run.report_to:
         print(f"Dashboard: trackio show --project {args.project}")
     return 0
