@@ -54,16 +54,20 @@ def assert_same_run(original, resumed, model_files):
             assert torch.equal(a[key], b[key]), (name, key)
 
 
-def test_ppo_resumes_exactly(tiny_assets, tmp_path):
+@pytest.mark.parametrize("logging_steps, logged", [(1, [1, 2, 3, 4]), (3, [3, 4])])
+def test_ppo_resumes_exactly(tiny_assets, tmp_path, logging_steps, logged):
     def make_config(out, **extra):
         return small_config(
-            tiny_assets, tmp_path, output_dir=str(out), total_episodes=64, save_steps=2, kl_target=0.5, **extra
-        )  # 4 updates of 16; the adaptive KL coefficient is part of the state
+            tiny_assets, tmp_path, output_dir=str(out), total_episodes=64, save_steps=2, kl_target=0.5,
+            logging_steps=logging_steps, **extra,
+        )  # fmt: skip
+        # 4 updates of 16; the adaptive KL coefficient is part of the state, and with logging_steps 3 so is the
+        # logging window of updates 1-3, half done at the checkpoint after update 2
 
     original = tmp_path / "original"
     build_ppo_trainer(make_config(original)).train()
     resumed = resume_from(original, 2, tmp_path, make_config, build_ppo_trainer)
-    assert [r["step"] for r in rows_of(resumed) if "episode" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows_of(resumed) if "episode" in r] == logged
     assert_same_run(original, resumed, ["model.safetensors", "value_model/model.safetensors"])
 
 
