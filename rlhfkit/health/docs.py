@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import string
 from dataclasses import fields
 
@@ -50,19 +51,20 @@ run directory and counted in two logged scalars.
 """
 
 
-def _placeholders(text: str) -> list[str]:
-    """The {name} fields of a condition, in order, without repeats."""
-    names = [name for _, name, _, _ in string.Formatter().parse(text) if name]
-    return list(dict.fromkeys(names))
+def placeholders(text: str) -> list[str]:
+    """The $name fields (Thresholds fields) of a rule's condition, in order, without repeats."""
+    return list(dict.fromkeys(re.findall(r"\$([A-Za-z_][A-Za-z0-9_]*)", text)))
 
 
 def _condition(rule: Rule, t: Thresholds) -> str:
-    return rule.condition.format(**{name: f"{getattr(t, name):g}" for name in _placeholders(rule.condition)})
+    return string.Template(rule.condition).substitute(
+        {name: f"{getattr(t, name):g}" for name in placeholders(rule.condition)}
+    )
 
 
 def _rule_section(rule: Rule, t: Thresholds) -> list[str]:
     reads = ", ".join(f"`{m}`" for m in rule.metrics) or "every metric of the row"
-    knobs = ", ".join(f"`{name}` = {getattr(t, name):g}" for name in _placeholders(rule.condition))
+    knobs = ", ".join(f"`{name}` = {getattr(t, name):g}" for name in placeholders(rule.condition))
     return [
         f"### `{rule.name}`",
         "",

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 from rlhfkit.health.monitor import Finding, HealthMonitor
 from rlhfkit.health.output import SEVERITY_STYLES
 from rlhfkit.health.rules import CRITICAL, WARNING, Thresholds, parse_thresholds
-from rlhfkit.tracking.rundir import METRICS_FILE
+from rlhfkit.tracking.rundir import METRICS_FILE, read_jsonl
 
 
 class Diagnosis(NamedTuple):
@@ -27,24 +27,6 @@ class Diagnosis(NamedTuple):
     skipped_lines: list[int]  # 1-based line numbers that were not a JSON object (a crash tears the last one)
     last_step: int | None
     firing_at_end: dict[str, str]  # rules still firing at the last row: name -> severity
-
-
-def read_metrics(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
-    """Rows of a metrics.jsonl, and the line numbers that could not be read (blank lines are ignored)."""
-    rows, skipped = [], []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if isinstance(row, dict):
-                rows.append(row)
-            else:
-                skipped.append(number)
-    return rows, skipped
 
 
 def doctor(run_dir: str | os.PathLike, thresholds: Thresholds | None = None) -> Diagnosis:
@@ -58,7 +40,7 @@ def doctor(run_dir: str | os.PathLike, thresholds: Thresholds | None = None) -> 
     path = run_dir / METRICS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no {METRICS_FILE} in {str(run_dir)!r} (looked for {str(path)!r})")
-    rows, skipped = read_metrics(path)
+    rows, skipped = read_jsonl(path)
     monitor, findings = replay(rows, thresholds)
     return Diagnosis(findings, len(rows), skipped, monitor.history.step, monitor.firing())
 
@@ -86,7 +68,7 @@ def resume_monitor(
     A missing metrics.jsonl gives a fresh monitor.
     """
     path = Path(run_dir) / METRICS_FILE
-    rows = read_metrics(path)[0] if path.is_file() else []
+    rows = read_jsonl(path)[0] if path.is_file() else []
     return replay(rows, thresholds, until_step)[0]
 
 

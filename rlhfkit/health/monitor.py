@@ -3,7 +3,7 @@
     monitor = HealthMonitor(parse_thresholds(cfg.health_thresholds))
     for step ...:
         findings = monitor.observe(step, scalars)      # only NEW findings
-        scalars.update(monitor.summary_metrics())      # health/warnings, health/critical
+        scalars.update(monitor.summary_metrics())      # how many rules fire, per severity
         ...
 
 A rule that keeps firing step after step is one problem, not a hundred: it is reported when it starts,
@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from rlhfkit.health.rules import CRITICAL, RULES, SEVERITIES, WARNING, History, Rule, Thresholds
+from rlhfkit.metrics import registry as M
 
 
 @dataclass(frozen=True)
@@ -35,17 +36,6 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         """The health.jsonl record: {"step", "rule", "severity", "metrics", "message", "advice"}."""
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, record: Mapping[str, Any]) -> Finding:
-        return cls(
-            step=int(record["step"]),
-            rule=str(record["rule"]),
-            severity=str(record["severity"]),
-            metrics={str(k): float(v) for k, v in record["metrics"].items()},
-            message=str(record["message"]),
-            advice=str(record["advice"]),
-        )
 
 
 def _rank(severity: str | None) -> int:
@@ -99,4 +89,4 @@ class HealthMonitor:
     def summary_metrics(self) -> dict[str, int]:
         """The two scalars the trainer logs each step: how many rules fire at each severity right now."""
         severities = list(self.firing().values())
-        return {"health/warnings": severities.count(WARNING), "health/critical": severities.count(CRITICAL)}
+        return {M.HEALTH_WARNINGS.name: severities.count(WARNING), M.HEALTH_CRITICAL.name: severities.count(CRITICAL)}

@@ -1,20 +1,13 @@
-"""Showing findings (rich) and keeping them in the run directory (health.jsonl).
-
-health.jsonl holds one finding per line, {"step", "rule", "severity", "metrics", "message", "advice"},
-appended and closed at each write so that a crash loses nothing already reported. Non-finite metric
-values are written as NaN / Infinity, as in metrics.jsonl (Python's json reads them back).
-"""
+"""Showing findings (rich) and keeping them in the run directory (health.jsonl, one Finding.to_dict() per line)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
-from pathlib import Path
 
 from rlhfkit.health.monitor import Finding
+from rlhfkit.tracking.rundir import RunDirectory
 
-HEALTH_FILE = "health.jsonl"
 SEVERITY_STYLES = {"info": "cyan", "warning": "yellow", "critical": "bold red"}
 
 
@@ -45,21 +38,6 @@ def print_finding(finding: Finding, console=None) -> None:
 
 def append_findings(run_dir: str | os.PathLike, findings: Iterable[Finding]) -> None:
     """Append findings to run_dir/health.jsonl (nothing is written, nor the file created, for none)."""
-    lines = [json.dumps(f.to_dict()) + "\n" for f in findings]
-    if lines:
-        with open(Path(run_dir) / HEALTH_FILE, "a", encoding="utf-8") as f:
-            f.writelines(lines)
-
-
-def read_findings(run_dir: str | os.PathLike) -> list[Finding]:
-    """Findings recorded in run_dir/health.jsonl; [] when the file is missing. A torn line is skipped."""
-    path = Path(run_dir) / HEALTH_FILE
-    if not path.is_file():
-        return []
-    findings = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            findings.append(Finding.from_dict(json.loads(line)))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue  # the line a crash cut short
-    return findings
+    records = [f.to_dict() for f in findings]
+    if records:
+        RunDirectory(run_dir).append_findings(records)

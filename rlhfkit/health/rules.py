@@ -10,7 +10,11 @@ and GRPO rows may lack rollout metrics, so "the last 5 values of ``val/ratio``" 
 Non-finite values are kept out of the windows (one NaN would turn every median into NaN); the
 ``nonfinite_metric`` and ``value_loss_spike`` rules look at them directly.
 
-This module is pure Python (stdlib only): the trainers, the ``doctor`` command and tests share it.
+Metric names come from the registry. A rule's ``condition`` is documentation: its ``$name``
+placeholders are Thresholds fields, filled in with their values in docs/health.md.
+
+This module is pure Python (stdlib and the stdlib-only metric registry): the trainers, the ``doctor``
+command and tests share it.
 """
 
 from __future__ import annotations
@@ -23,8 +27,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
+from rlhfkit.metrics import registry as M
+
 INFO, WARNING, CRITICAL = "info", "warning", "critical"
 SEVERITIES: tuple[str, ...] = (INFO, WARNING, CRITICAL)  # in increasing order of urgency
+# --health: no checks; report findings; also end training on a critical one (HealthWatch, rlhfkit/health/watch.py).
+HEALTH_MODES: tuple[str, ...] = ("off", "warn", "stop")
+
+# The metrics the rules read.
+RATIO, VALUE_LOSS = M.VAL_RATIO.name, M.LOSS_VALUE_AVG.name
+CLIPFRAC, APPROXKL = M.POLICY_CLIPFRAC_AVG.name, M.POLICY_APPROXKL_AVG.name
+PPO_KL, GRPO_KL, KL_COEF = M.OBJECTIVE_KL.name, M.KL.name, M.OBJECTIVE_KL_COEF.name
+ENTROPIES = (M.OBJECTIVE_ENTROPY.name, M.POLICY_ENTROPY_AVG.name, M.ENTROPY.name)
+PPO_REWARD, GRPO_REWARD = M.OBJECTIVE_RLHF_REWARD.name, M.REWARD.name
+REWARD_KL_PAIRS = ((PPO_REWARD, PPO_KL), (GRPO_REWARD, GRPO_KL))
+CLIPPED, ZERO_STD = M.COMPLETIONS_CLIPPED_RATIO.name, M.FRAC_REWARD_ZERO_STD.name
+CLIP_REGION = M.CLIP_RATIO_REGION_MEAN.name
 
 
 def _knob(default: float | int, help: str) -> Any:
@@ -45,26 +63,26 @@ class Thresholds:
         10, "A rule that stopped firing must stay quiet this many evaluations before it is reported again."
     )
     # PPO probability ratio.
-    ratio_warning_low: float = _knob(0.5, "`val/ratio` below this is a warning.")
-    ratio_warning_high: float = _knob(2.0, "`val/ratio` above this is a warning.")
-    ratio_critical_low: float = _knob(0.1, "`val/ratio` below this is critical.")
-    ratio_critical_high: float = _knob(10.0, "`val/ratio` above this is critical.")
+    ratio_warning_low: float = _knob(0.5, f"`{RATIO}` below this is a warning.")
+    ratio_warning_high: float = _knob(2.0, f"`{RATIO}` above this is a warning.")
+    ratio_critical_low: float = _knob(0.1, f"`{RATIO}` below this is critical.")
+    ratio_critical_high: float = _knob(10.0, f"`{RATIO}` above this is critical.")
     # Value loss.
     value_loss_window: int = _knob(
-        20, "Previous observations of `loss/value_avg` whose median a spike is measured against."
+        20, f"Previous observations of `{VALUE_LOSS}` whose median a spike is measured against."
     )
     value_loss_spike_factor: float = _knob(5.0, "A value loss this many times its recent median is a spike.")
     # Policy update size.
-    clipfrac_high: float = _knob(0.3, "`policy/clipfrac_avg` level that counts as high.")
-    approxkl_high: float = _knob(0.1, "`policy/approxkl_avg` level (nats/token) that counts as high.")
+    clipfrac_high: float = _knob(0.3, f"`{CLIPFRAC}` level that counts as high.")
+    approxkl_high: float = _knob(0.1, f"`{APPROXKL}` level (nats/token) that counts as high.")
     # KL to the reference.
     kl_window: int = _knob(20, "Observations per window of the KL checks.")
     kl_negative_below: float = _knob(-0.05, "A KL window mean below this counts as negative.")
     kl_growth_factor: float = _knob(2.5, "KL window median this many times the previous window's is runaway growth.")
-    kl_floor: float = _knob(5.0, "PPO `objective/kl` (nats/sequence) below this never counts as runaway.")
-    grpo_kl_floor: float = _knob(0.05, "GRPO `kl` (nats/token) below this never counts as runaway.")
-    kl_coef_rise_factor: float = _knob(2.0, "`objective/kl_coef` this many times its first value has risen a lot.")
-    kl_coef_window: int = _knob(10, "Recent changes of `objective/kl_coef` inspected for a steady rise.")
+    kl_floor: float = _knob(5.0, f"PPO `{PPO_KL}` (nats/sequence) below this never counts as runaway.")
+    grpo_kl_floor: float = _knob(0.05, f"GRPO `{GRPO_KL}` (nats/token) below this never counts as runaway.")
+    kl_coef_rise_factor: float = _knob(2.0, f"`{KL_COEF}` this many times its first value has risen a lot.")
+    kl_coef_window: int = _knob(10, f"Recent changes of `{KL_COEF}` inspected for a steady rise.")
     kl_coef_rise_share: float = _knob(0.8, "Share of those changes that must be increases.")
     # Entropy.
     entropy_collapse_fraction: float = _knob(0.1, "Entropy below this fraction of its start level has collapsed.")
@@ -72,10 +90,10 @@ class Thresholds:
     reward_window: int = _knob(50, "Observations compared half against half for the reward-versus-KL trend.")
     reward_kl_growth_factor: float = _knob(1.5, "KL growth (second half median / first half) that counts as growing.")
     # GRPO.
-    clipped_ratio_warning: float = _knob(0.5, "`completions/clipped_ratio` level that is a warning.")
-    clipped_ratio_critical: float = _knob(0.9, "`completions/clipped_ratio` level that is critical.")
-    zero_std_warning: float = _knob(0.9, "`frac_reward_zero_std` level that is a warning.")
-    clip_region_warning: float = _knob(0.2, "`clip_ratio/region_mean` (or `clip_ratio`) level that is a warning.")
+    clipped_ratio_warning: float = _knob(0.5, f"`{CLIPPED}` level that is a warning.")
+    clipped_ratio_critical: float = _knob(0.9, f"`{CLIPPED}` level that is critical.")
+    zero_std_warning: float = _knob(0.9, f"`{ZERO_STD}` level that is a warning.")
+    clip_region_warning: float = _knob(0.2, f"`{CLIP_REGION}` level that is a warning.")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -199,7 +217,7 @@ class Rule:
     metrics: the metrics it reads. It is evaluated only on rows carrying at least one of them (an
         empty tuple: every row), so a PPO-only rule stays silent in a GRPO run and vice versa.
     severities: what it can report (for the docs).
-    condition: when it fires, for the docs; ``{name}`` placeholders are Thresholds fields.
+    condition: when it fires, for the docs; ``$name`` placeholders are Thresholds fields.
     advice: what it usually means and what to try.
     check: (history, thresholds) -> Hit or None.
     """
@@ -223,14 +241,6 @@ def _g(x: float) -> str:
 # Checks. Each returns a Hit or None and reads only what its Rule declares.
 # ----------------------------------------------------------------------------------------------
 
-RATIO, VALUE_LOSS = "val/ratio", "loss/value_avg"
-CLIPFRAC, APPROXKL = "policy/clipfrac_avg", "policy/approxkl_avg"
-PPO_KL, GRPO_KL, KL_COEF = "objective/kl", "kl", "objective/kl_coef"
-ENTROPIES = ("objective/entropy", "policy/entropy_avg", "entropy")
-REWARD_KL_PAIRS = (("objective/rlhf_reward", PPO_KL), ("reward", GRPO_KL))
-CLIPPED, ZERO_STD = "completions/clipped_ratio", "frac_reward_zero_std"
-CLIP_REGIONS = ("clip_ratio/region_mean", "clip_ratio")
-
 
 def check_ratio(h: History, t: Thresholds) -> Hit | None:
     x = h.row.get(RATIO)
@@ -242,7 +252,7 @@ def check_ratio(h: History, t: Thresholds) -> Hit | None:
         severity, low, high = WARNING, t.ratio_warning_low, t.ratio_warning_high
     else:
         return None
-    return Hit(severity, {RATIO: x}, f"val/ratio = {_g(x)}, outside [{low:g}, {high:g}].")
+    return Hit(severity, {RATIO: x}, f"{RATIO} = {_g(x)}, outside [{low:g}, {high:g}].")
 
 
 def check_value_loss(h: History, t: Thresholds) -> Hit | None:
@@ -250,7 +260,7 @@ def check_value_loss(h: History, t: Thresholds) -> Hit | None:
     if x is None:
         return None
     if not math.isfinite(x):
-        return Hit(CRITICAL, {VALUE_LOSS: x}, f"loss/value_avg is {x}.")
+        return Hit(CRITICAL, {VALUE_LOSS: x}, f"{VALUE_LOSS} is {x}.")
     previous = h.values(VALUE_LOSS)[:-1][-t.value_loss_window :]  # [-1] is x itself
     if len(previous) < t.smooth_window:
         return None  # too little history for a median worth comparing with
@@ -259,7 +269,7 @@ def check_value_loss(h: History, t: Thresholds) -> Hit | None:
         return Hit(
             WARNING,
             {VALUE_LOSS: x},
-            f"loss/value_avg = {_g(x)}, {x / median:.1f}x its median {_g(median)} over the previous "
+            f"{VALUE_LOSS} = {_g(x)}, {x / median:.1f}x its median {_g(median)} over the previous "
             f"{len(previous)} observations.",
         )
     return None
@@ -284,8 +294,8 @@ def check_update_size(h: History, t: Thresholds) -> Hit | None:
         return Hit(
             WARNING,
             {CLIPFRAC: c, APPROXKL: k},
-            f"median over the last {n} updates: policy/clipfrac_avg = {_g(c)} (>= {t.clipfrac_high:g}) and "
-            f"policy/approxkl_avg = {_g(k)} (>= {t.approxkl_high:g}).",
+            f"median over the last {n} updates: {CLIPFRAC} = {_g(c)} (>= {t.clipfrac_high:g}) and "
+            f"{APPROXKL} = {_g(k)} (>= {t.approxkl_high:g}).",
         )
     return None
 
@@ -332,7 +342,7 @@ def check_kl_coef(h: History, t: Thresholds) -> Hit | None:
         return Hit(
             WARNING,
             {KL_COEF: now},
-            f"objective/kl_coef = {_g(now)}, {now / first[0]:.1f}x its first value {_g(first[0])}, and it rose in "
+            f"{KL_COEF} = {_g(now)}, {now / first[0]:.1f}x its first value {_g(first[0])}, and it rose in "
             f"{rises} of the last {w} updates.",
         )
     return None
@@ -407,16 +417,15 @@ def check_zero_std(h: History, t: Thresholds) -> Hit | None:
 
 
 def check_clip_region(h: History, t: Thresholds) -> Hit | None:
-    for name in CLIP_REGIONS:
-        level = _level(h, name, t.smooth_window) if name in h.row else None
-        if level is not None and level >= t.clip_region_warning:
-            return Hit(
-                WARNING,
-                {name: level},
-                f"{name} = {_g(level)} (median of the last {t.smooth_window} steps): that share of tokens hit the "
-                "epsilon bounds.",
-            )
-    return None
+    level = _level(h, CLIP_REGION, t.smooth_window)
+    if level is None or level < t.clip_region_warning:
+        return None
+    return Hit(
+        WARNING,
+        {CLIP_REGION: level},
+        f"{CLIP_REGION} = {_g(level)} (median of the last {t.smooth_window} steps): that share of tokens hit the "
+        "epsilon bounds.",
+    )
 
 
 RULES: tuple[Rule, ...] = (
@@ -435,8 +444,8 @@ RULES: tuple[Rule, ...] = (
         "ratio_far_from_one",
         (RATIO,),
         (WARNING, CRITICAL),
-        "`val/ratio` outside [{ratio_warning_low}, {ratio_warning_high}] (warning) or outside "
-        "[{ratio_critical_low}, {ratio_critical_high}] (critical)",
+        f"`{RATIO}` outside [$ratio_warning_low, $ratio_warning_high] (warning) or outside "
+        "[$ratio_critical_low, $ratio_critical_high] (critical)",
         "The policy changed a lot between sampling the batch and updating on it. Lower learning_rate, use fewer "
         "num_ppo_epochs or more num_mini_batches. If it happens from the very first update, rollout and training "
         "compute log-probs differently (temperature, padding, position ids, dropout): the ratio on the first "
@@ -447,8 +456,8 @@ RULES: tuple[Rule, ...] = (
         "value_loss_spike",
         (VALUE_LOSS,),
         (WARNING, CRITICAL),
-        "`loss/value_avg` at least {value_loss_spike_factor} times its median over the previous "
-        "{value_loss_window} observations (warning; needs {smooth_window} of them), or NaN/inf (critical)",
+        f"`{VALUE_LOSS}` at least $value_loss_spike_factor times its median over the previous "
+        "$value_loss_window observations (warning; needs $smooth_window of them), or NaN/inf (critical)",
         "The value model is diverging or the scale of the returns jumped. Lower learning_rate or vf_coef, tighten "
         "cliprange_value, and check the rewards: a reward model or function that returns huge values, or a "
         "penalty_reward_value far outside the usual score range, produces such spikes.",
@@ -458,8 +467,8 @@ RULES: tuple[Rule, ...] = (
         "updates_too_large",
         (CLIPFRAC, APPROXKL),
         (WARNING,),
-        "median of the last {smooth_window} observations of `policy/clipfrac_avg` >= {clipfrac_high} and of "
-        "`policy/approxkl_avg` >= {approxkl_high}, both at once",
+        f"median of the last $smooth_window observations of `{CLIPFRAC}` >= $clipfrac_high and of "
+        f"`{APPROXKL}` >= $approxkl_high, both at once",
         "Each optimisation step moves the policy so far that the clipped objective discards much of the batch. "
         "Lower learning_rate, use fewer num_ppo_epochs or more num_mini_batches; a larger batch steadies the "
         "advantages.",
@@ -469,7 +478,7 @@ RULES: tuple[Rule, ...] = (
         "kl_negative",
         (PPO_KL, GRPO_KL),
         (WARNING,),
-        "mean of the last {kl_window} observations of `objective/kl` (PPO) or `kl` (GRPO) below {kl_negative_below}",
+        f"mean of the last $kl_window observations of `{PPO_KL}` (PPO) or `{GRPO_KL}` (GRPO) below $kl_negative_below",
         "With the k1 estimator a KL to the reference cannot be negative on average, so the samples are not drawn "
         "from the distribution the log-probs are scored under: check that generation and scoring use the same "
         "temperature, that top_k/top_p sampling is off, and that the reference model starts equal to the policy.",
@@ -479,9 +488,9 @@ RULES: tuple[Rule, ...] = (
         "kl_runaway",
         (PPO_KL, GRPO_KL),
         (WARNING,),
-        "median of the last {kl_window} KL observations >= {kl_growth_factor} times the median of the "
-        "{kl_window} before, and >= {kl_floor} nats/sequence for `objective/kl` (PPO) or >= {grpo_kl_floor} "
-        "nats/token for `kl` (GRPO)",
+        "median of the last $kl_window KL observations >= $kl_growth_factor times the median of the "
+        f"$kl_window before, and >= $kl_floor nats/sequence for `{PPO_KL}` (PPO) or >= $grpo_kl_floor "
+        f"nats/token for `{GRPO_KL}` (GRPO)",
         "The policy is running away from the reference, usually toward something the reward overpays. Raise "
         "kl_coef (PPO) or beta (GRPO), lower learning_rate, and read the latest completion samples for "
         "degenerate text.",
@@ -491,8 +500,8 @@ RULES: tuple[Rule, ...] = (
         "kl_coef_rising",
         (KL_COEF,),
         (WARNING,),
-        "`objective/kl_coef` >= {kl_coef_rise_factor} times its first value and rising in at least "
-        "{kl_coef_rise_share} of its last {kl_coef_window} changes (adaptive KL controller)",
+        f"`{KL_COEF}` >= $kl_coef_rise_factor times its first value and rising in at least "
+        "$kl_coef_rise_share of its last $kl_coef_window changes (adaptive KL controller)",
         "The adaptive controller keeps raising the penalty because the KL stays above kl_target. Lower "
         "learning_rate so the policy moves more slowly, or raise kl_target if the current KL is acceptable; an "
         "ever-growing coefficient tends to come before numerical trouble.",
@@ -502,8 +511,9 @@ RULES: tuple[Rule, ...] = (
         "entropy_collapse",
         ENTROPIES,
         (WARNING,),
-        "median of the last {smooth_window} observations of `objective/entropy`, `policy/entropy_avg` or `entropy` "
-        "below {entropy_collapse_fraction} times the median of its first {smooth_window}",
+        f"median of the last $smooth_window observations of `{M.OBJECTIVE_ENTROPY.name}`, "
+        f"`{M.POLICY_ENTROPY_AVG.name}` or `{M.ENTROPY.name}` below $entropy_collapse_fraction times the median of "
+        "its first $smooth_window",
         "The policy has become nearly deterministic, so sampling explores little and learning stalls. Lower "
         "learning_rate, raise kl_coef or beta to hold it near the reference, raise the sampling temperature, and "
         "check the samples for one answer repeated for every prompt.",
@@ -513,9 +523,9 @@ RULES: tuple[Rule, ...] = (
         "reward_flat_kl_rising",
         tuple(name for pair in REWARD_KL_PAIRS for name in pair),
         (WARNING,),
-        "over the last {reward_window} observations, the mean of `objective/rlhf_reward` (PPO) or `reward` (GRPO) "
-        "in the second half is not above the first half's, while the KL median (`objective/kl` / `kl`) grew by a "
-        "factor >= {reward_kl_growth_factor}",
+        f"over the last $reward_window observations, the mean of `{PPO_REWARD}` (PPO) or `{GRPO_REWARD}` (GRPO) "
+        f"in the second half is not above the first half's, while the KL median (`{PPO_KL}` / `{GRPO_KL}`) grew by "
+        "a factor >= $reward_kl_growth_factor",
         "The policy spends its KL budget without earning reward: it drifts away from the reference for no gain, or "
         "exploits something the score does not pay for. Raise kl_coef or beta, lower learning_rate, and check the "
         "reward on recent samples; with a learned reward model, compare against the task's true success metric.",
@@ -525,8 +535,8 @@ RULES: tuple[Rule, ...] = (
         "completions_clipped",
         (CLIPPED,),
         (WARNING, CRITICAL),
-        "median of the last {smooth_window} observations of `completions/clipped_ratio` >= {clipped_ratio_warning} "
-        "(warning) or >= {clipped_ratio_critical} (critical)",
+        f"median of the last $smooth_window observations of `{CLIPPED}` >= $clipped_ratio_warning "
+        "(warning) or >= $clipped_ratio_critical (critical)",
         "Many completions hit max_completion_length before the EOS token, so they are cut mid-answer and scored "
         "that way. Raise max_completion_length, or teach the model to stop: a warm start on examples that end "
         "with EOS, or mask_truncated_completions=True so cut completions do not count in the loss.",
@@ -536,7 +546,7 @@ RULES: tuple[Rule, ...] = (
         "reward_zero_std",
         (ZERO_STD,),
         (WARNING,),
-        "median of the last {smooth_window} observations of `frac_reward_zero_std` >= {zero_std_warning}",
+        f"median of the last $smooth_window observations of `{ZERO_STD}` >= $zero_std_warning",
         "In nearly every group all completions got the same reward, so the group-relative advantages are zero and "
         "there is nothing to learn from. Match the prompts' difficulty to the model (drop prompts that are always "
         "or never solved), give partial credit in the reward, or raise num_generations or the temperature for "
@@ -545,10 +555,9 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "clip_ratio_high",
-        CLIP_REGIONS,
+        (CLIP_REGION,),
         (WARNING,),
-        "median of the last {smooth_window} observations of `clip_ratio/region_mean` (or `clip_ratio`) >= "
-        "{clip_region_warning}",
+        f"median of the last $smooth_window observations of `{CLIP_REGION}` >= $clip_region_warning",
         "A large share of tokens hit the epsilon clipping bounds: the policy changes too much between sampling "
         "and the update. Lower learning_rate or num_iterations; widen epsilon / epsilon_high only if the bounds "
         "were set tight on purpose.",

@@ -1,4 +1,4 @@
-"""Health checks wired into a training run: `--health off|warn|stop`.
+"""Health checks wired into a training run: the `--health` flag.
 
 Each logged row goes through :meth:`HealthWatch.observe`, which adds the ``health/*`` scalars to the row and, for
 each new finding, prints it, appends it to health.jsonl and raises a tracker alert (Trackio / W&B). With
@@ -15,9 +15,7 @@ from rlhfkit.config import ConfigError
 from rlhfkit.health.doctor import resume_monitor
 from rlhfkit.health.monitor import Finding, HealthMonitor
 from rlhfkit.health.output import append_findings, print_finding
-from rlhfkit.health.rules import CRITICAL, parse_thresholds
-
-HEALTH_MODES = ("off", "warn", "stop")
+from rlhfkit.health.rules import CRITICAL, HEALTH_MODES, parse_thresholds
 
 
 class HealthStop(TrainingStopped):

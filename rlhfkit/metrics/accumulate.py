@@ -1,7 +1,7 @@
-"""Pool metric values over micro-batches, PPO epochs and processes, exactly.
+"""Pool metric values over micro-batches, PPO epochs, steps and processes, exactly.
 
 A trainer adds raw sums and counts while it works and calls :meth:`MetricAccumulator.reduce` once per
-update. Every mean is formed once, from global sums and global counts, so splitting a batch into
+logged row. Every mean is formed once, from global sums and global counts, so splitting a batch into
 micro-batches or across processes cannot change a logged number (averaging per-micro-batch means
 would weight a micro-batch with 3 tokens like one with 300).
 
@@ -9,9 +9,11 @@ would weight a micro-batch with 3 tokens like one with 300).
     acc.add_tensor(M.VAL_RATIO, ratio, mask)        # pooled token mean
     acc.add_tensor(M.VAL_RATIO_VAR, ratio, mask)    # pooled token variance
     acc.add(M.VAL_NUM_EOS_TOKENS, has_eos.sum())    # summed over processes
-    acc.set(M.LR, scheduler.get_last_lr()[0])       # main process's value
     reduced = acc.reduce(accelerator)               # collective: every process must call it
-    logger.log(reduced.scalars, step)
+    logger.log({**reduced.scalars, M.LR.name: lr}, step)
+
+Metrics with the "last" reduction (the learning rate, say) are not pooled: the trainer puts the main
+process's value at the logged step into the row itself.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ _METHOD_FOR = {
     "std": "add_moments",
     "min": "add_extreme",
     "max": "add_extreme",
-    "last": "set",
     "histogram": "add_values",
 }
 
@@ -57,10 +58,6 @@ def _as_sum(x: Any) -> float | torch.Tensor:
     return float(x)
 
 
-def _as_float(x: Any) -> float:
-    return float(_as_sum(x))
-
-
 def _finalize(reduction: str, total: float, count: float, total_sq: float) -> float:
     """Turn pooled sums into the logged value; empty pools give 0 (never NaN)."""
     if reduction == "sum":
@@ -79,8 +76,9 @@ class MetricAccumulator:
     """Collects registered metrics for one update and reduces them exactly across processes.
 
     Each method accepts only the reductions it can pool (``add`` for "mean"/"sum", ``add_moments``
-    for "var"/"std", ``add_extreme`` for "min"/"max", ``set`` for "last", ``add_values`` for
-    "histogram"); :meth:`add_tensor` picks the right one from the metric's declared reduction.
+    for "var"/"std", ``add_extreme`` for "min"/"max", ``add_values`` for "histogram");
+    :meth:`add_tensor` picks the right one from the metric's declared reduction. "last" metrics are
+    not pooled at all (see the module docstring).
     Values may be Python numbers, NumPy arrays or tensors of any shape (summed).
     """
 
@@ -98,8 +96,7 @@ class MetricAccumulator:
         self._layout_extreme = [m.name for m in known if m.reduction in ("min", "max")]
         self._layout_histogram = [m.name for m in known if m.reduction == "histogram"]
         self._pooled: dict[str, list] = {}  # name -> [total, count, total_sq]
-        self._extreme: dict[str, float] = {}
-        self._last: dict[str, float] = {}
+        self._extreme: dict[str, float | None] = {}  # None: added, but only empty selections (the value is 0)
         self._values: dict[str, list[torch.Tensor]] = {}
 
     # ------------------------------------------------------------------------------------------
@@ -115,9 +112,13 @@ class MetricAccumulator:
                 "given as extra_metrics); declare it there first"
             )
         if metric.reduction not in allowed:
-            raise ValueError(
-                f"{metric.name} has reduction {metric.reduction!r}, which {method}() does not handle; "
+            fix = (
                 f"use {_METHOD_FOR[metric.reduction]}()"
+                if metric.reduction in _METHOD_FOR
+                else "put its value into the logged row instead (a 'last' metric is not pooled)"
+            )
+            raise ValueError(
+                f"{metric.name} has reduction {metric.reduction!r}, which {method}() does not handle; {fix}"
             )
         return metric.name
 
@@ -144,20 +145,20 @@ class MetricAccumulator:
         self._pool(name, total, count, total_sq)
 
     def add_extreme(self, metric: Metric, value: Any) -> None:
-        """Fold `value` (a number or a tensor/array of any shape) into a "min" or "max" metric."""
+        """Fold `value` (a number or a tensor/array of any shape) into a "min" or "max" metric.
+
+        An empty tensor/array still counts as added: if nothing else is added before the reduce, the metric is
+        logged as 0, like an empty mean (e.g. the shortest terminated completion when none terminated)."""
         name = self._check(metric, ("min", "max"), "add_extreme")
         pick = min if metric.reduction == "min" else max
         if isinstance(value, (torch.Tensor, np.ndarray)):
             if np.size(value) == 0 if isinstance(value, np.ndarray) else value.numel() == 0:
-                return  # nothing to fold in
+                self._extreme.setdefault(name, None)
+                return
             value = value.min() if metric.reduction == "min" else value.max()
         value = float(value)
-        self._extreme[name] = pick(self._extreme[name], value) if name in self._extreme else value
-
-    def set(self, metric: Metric, value: Any) -> None:
-        """Set a "last" metric (learning rate, counters, timings); reduce() keeps the local value."""
-        name = self._check(metric, ("last",), "set")
-        self._last[name] = _as_float(value)
+        current = self._extreme.get(name)
+        self._extreme[name] = value if current is None else pick(current, value)
 
     def add_values(self, metric: Metric, values: Any) -> None:
         """Collect raw values (any shape, flattened) for a "histogram" metric."""
@@ -207,15 +208,13 @@ class MetricAccumulator:
         With an accelerator running more than one process this is a collective (every process must
         call it): one all-reduce(sum) of all pooled sums, counts and histogram sizes, one all-reduce(max)
         if any min/max metric was added anywhere, and one all-gather if any histogram has values. Every
-        process gets the same scalars and histograms, except "last" metrics, which keep the local value
-        (the main process's value is the one logged).
+        process gets the same scalars and histograms.
         """
         num_processes = getattr(accelerator, "num_processes", 1) if accelerator is not None else 1
         if num_processes > 1:
             scalars, histograms = self._reduce_distributed(accelerator, num_processes)
         else:
             scalars, histograms = self._reduce_local()
-        scalars.update(self._last)
         scalars = {name: scalars[name] for name in self._known if name in scalars}  # registry order
         self.clear()
         return Reduced(scalars, histograms)
@@ -226,7 +225,6 @@ class MetricAccumulator:
         return {
             "pooled": {name: [float(v) for v in slot] for name, slot in self._pooled.items()},
             "extreme": dict(self._extreme),
-            "last": dict(self._last),
             "values": {name: torch.cat([p.cpu() for p in parts]) for name, parts in self._values.items()},
         }
 
@@ -234,21 +232,19 @@ class MetricAccumulator:
         self.clear()
         self._pooled.update({name: list(slot) for name, slot in state["pooled"].items()})
         self._extreme.update(state["extreme"])
-        self._last.update(state["last"])
         self._values.update({name: [values] for name, values in state["values"].items()})
 
     def clear(self) -> None:
         """Drop everything added since the last reduce (reduce() calls this itself)."""
         self._pooled.clear()
         self._extreme.clear()
-        self._last.clear()
         self._values.clear()
 
     def _reduce_local(self) -> tuple[dict[str, float], dict[str, np.ndarray]]:
         scalars = {}
         for name, (total, count, total_sq) in self._pooled.items():
             scalars[name] = _finalize(self._known[name].reduction, float(total), float(count), float(total_sq))
-        scalars.update(self._extreme)
+        scalars.update({name: 0.0 if value is None else value for name, value in self._extreme.items()})
         histograms = {
             name: torch.cat([p.cpu() for p in self._values[name]]).numpy()
             for name in self._layout_histogram
@@ -262,8 +258,8 @@ class MetricAccumulator:
         f64 = dict(dtype=torch.float64, device=device)
 
         # 1. One vector of sums: per pooled metric [present, total, count, total_sq]; per extreme metric
-        #    [present]; per histogram metric one length slot per process (only ours is filled).
-        n_pooled, n_extreme = 4 * len(self._layout_pooled), len(self._layout_extreme)
+        #    [present, has a value]; per histogram metric one length slot per process (only ours is filled).
+        n_pooled, n_extreme = 4 * len(self._layout_pooled), 2 * len(self._layout_extreme)
         sums = torch.zeros(n_pooled + n_extreme + len(self._layout_histogram) * num_processes, **f64)
         for i, name in enumerate(self._layout_pooled):
             if name in self._pooled:
@@ -273,7 +269,8 @@ class MetricAccumulator:
                 sums[4 * i + 2] = torch.as_tensor(count, **f64)
                 sums[4 * i + 3] = torch.as_tensor(total_sq, **f64)
         for i, name in enumerate(self._layout_extreme):
-            sums[n_pooled + i] = float(name in self._extreme)
+            sums[n_pooled + 2 * i] = float(name in self._extreme)
+            sums[n_pooled + 2 * i + 1] = float(self._extreme.get(name) is not None)
         local_values = [
             torch.cat([p.to(device) for p in self._values[name]]) if name in self._values else None
             for name in self._layout_histogram
@@ -289,17 +286,15 @@ class MetricAccumulator:
                 scalars[name] = _finalize(self._known[name].reduction, total, count, total_sq)
 
         # 2. Extremes in one all-reduce(max); a min is the max of the negated values.
-        extreme_present = sums[n_pooled : n_pooled + n_extreme].tolist()
-        if any(extreme_present):
+        flags = sums[n_pooled : n_pooled + n_extreme].view(-1, 2).tolist()  # [present, has a value] per metric
+        if any(present for present, _ in flags):
             signs = [1.0 if self._known[name].reduction == "max" else -1.0 for name in self._layout_extreme]
-            local = torch.tensor(
-                [sign * self._extreme.get(name, -sign * math.inf) for sign, name in zip(signs, self._layout_extreme)],
-                **f64,
-            )
+            local = [self._extreme.get(name) for name in self._layout_extreme]
+            local = torch.tensor([-math.inf if v is None else sign * v for sign, v in zip(signs, local)], **f64)
             best = accelerator.reduce(local, "max").cpu().tolist()
-            for sign, name, value, present in zip(signs, self._layout_extreme, best, extreme_present):
+            for sign, name, value, (present, valued) in zip(signs, self._layout_extreme, best, flags):
                 if present:
-                    scalars[name] = sign * value
+                    scalars[name] = sign * value if valued else 0.0
 
         # 3. Histogram values in one all-gather: each process sends its values of all histogram metrics
         #    back to back, padded to the longest process's length; the exchanged lengths unpack them.

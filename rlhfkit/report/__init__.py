@@ -1,7 +1,7 @@
 """Reports of training runs: `rlhfkit report RUN [RUN ...] --out DIR`.
 
-Reads only the run directories (run_config.json, metrics.jsonl, samples.jsonl, health.jsonl) and
-writes a self-contained report.html plus one PNG per chart:
+Reads only the run directories (format: rlhfkit/tracking/rundir.py) and writes a self-contained
+report.html plus one PNG per chart:
 
     from rlhfkit.report import build_report
     build_report(["runs/a", "runs/b"], "report/", smooth=0.6)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhfkit.metrics import registry as M
 from rlhfkit.report import charts, page
 from rlhfkit.report.rundata import ReportError, Run, load_run, unique_names
 from rlhfkit.report.series import (
@@ -72,8 +73,8 @@ def _last_finite(run: Run, name: str) -> float | None:
 
 def _run_summary(run: Run, color: str, key: str, metrics: Sequence[str]) -> page.RunSummary:
     updates = {row["step"] for row in run.metrics if any(not k.startswith("eval/") and k != "step" for k in row)}
-    episodes = _last_finite(run, "episode")
-    eps = _last_finite(run, "eps")  # episodes per second since the start of training
+    episodes = _last_finite(run, M.EPISODE.name)
+    eps = _last_finite(run, M.EPS.name)  # episodes per second since the start of training
     seconds = episodes / eps if episodes is not None and eps else None
     return page.RunSummary(
         name=run.name,

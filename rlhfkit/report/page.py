@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from rlhfkit.health.rules import SEVERITIES
 from rlhfkit.report.charts import SEVERITY_COLORS
-from rlhfkit.report.rundata import SEVERITIES, Run
+from rlhfkit.report.rundata import Run
 from rlhfkit.report.series import FirstLast, higher_is_better
 
 CSS = """

@@ -1,30 +1,20 @@
 """Reading a run directory for the report: config, metrics, samples and health findings.
 
-The report reads nothing but these files (see rlhfkit/tracking/rundir.py for how they are written):
-
-  run_config.json  the resolved config (a JSON object)
-  metrics.jsonl    {"step": int, metric: number, ...} per line; eval rows carry only eval/* keys
-  samples.jsonl    {"step": int, "key": str, column: value, ...} per completion-table row
-  health.jsonl     {"step", "rule", "severity", "metrics", "message", "advice"} per finding (may be absent)
-
-A run that crashed can leave a half-written last line, and a run that is still going can be read
-mid-write, so unreadable lines are skipped and counted, never fatal. Only a missing directory or a
-missing metrics.jsonl is an error: without metrics there is nothing to report.
+The report reads nothing but the run directory (its format: rlhfkit/tracking/rundir.py). Unreadable lines
+are skipped and counted, never fatal: a crashed run leaves a half-written last line, and a running one
+can be read mid-write. Only a missing directory or a missing metrics.jsonl is an error: without metrics
+there is nothing to report.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-CONFIG_FILE = "run_config.json"
-METRICS_FILE = "metrics.jsonl"
-SAMPLES_FILE = "samples.jsonl"
-HEALTH_FILE = "health.jsonl"
-SEVERITIES = ("info", "warning", "critical")
+from rlhfkit.health.rules import SEVERITIES
+from rlhfkit.tracking.rundir import CONFIG_FILE, HEALTH_FILE, METRICS_FILE, SAMPLES_FILE, read_config, read_jsonl
 
 
 class ReportError(ValueError):
@@ -56,48 +46,19 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _has_step(row: Any) -> bool:
-    return isinstance(row, dict) and _is_number(row.get("step")) and float(row["step"]).is_integer()
+def _has_step(row: dict[str, Any]) -> bool:
+    return _is_number(row.get("step")) and float(row["step"]).is_integer()
 
 
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    """Rows of a JSONL file that are objects with an integer "step", and the number of lines skipped."""
-    rows: list[dict[str, Any]] = []
-    skipped = 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                skipped += 1
-                continue
-            if not _has_step(row):
-                skipped += 1
-                continue
-            row["step"] = int(row["step"])
-            rows.append(row)
-    return rows, skipped
+def _rows_with_step(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """Rows of a run-directory file that carry an integer "step", and the number of lines skipped."""
+    rows, unreadable = read_jsonl(path)
+    kept = [{**row, "step": int(row["step"])} for row in rows if _has_step(row)]
+    return kept, len(unreadable) + len(rows) - len(kept)
 
 
 def _numeric_row(row: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in row.items() if _is_number(v)}
-
-
-def _read_config(path: Path, notes: list[str]) -> dict[str, Any]:
-    if not path.is_file():
-        notes.append(f"{CONFIG_FILE} is missing")
-        return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        notes.append(f"{CONFIG_FILE} is not valid JSON ({e})")
-        return {}
-    if not isinstance(config, dict):
-        notes.append(f"{CONFIG_FILE} does not hold a JSON object")
-        return {}
-    return config
 
 
 def _clean_finding(row: dict[str, Any]) -> dict[str, Any]:
@@ -123,22 +84,26 @@ def load_run(path: str | os.PathLike) -> Run:
         raise ReportError(f"run directory {str(path)!r} has no {METRICS_FILE}; is it an rlhfkit output_dir?")
 
     notes: list[str] = []
-    config = _read_config(path / CONFIG_FILE, notes)
+    config = read_config(path)
+    if not (path / CONFIG_FILE).is_file():
+        notes.append(f"{CONFIG_FILE} is missing")
+    elif not config:
+        notes.append(f"{CONFIG_FILE} does not hold a readable JSON object")
 
-    rows, skipped = read_jsonl(path / METRICS_FILE)
+    rows, skipped = _rows_with_step(path / METRICS_FILE)
     metrics = [_numeric_row(r) for r in rows]
     if skipped:
         notes.append(f"{METRICS_FILE}: skipped {skipped} unreadable line(s) (a crash mid-write truncates the last)")
 
     samples: list[dict[str, Any]] = []
     if (path / SAMPLES_FILE).is_file():
-        samples, skipped = read_jsonl(path / SAMPLES_FILE)
+        samples, skipped = _rows_with_step(path / SAMPLES_FILE)
         if skipped:
             notes.append(f"{SAMPLES_FILE}: skipped {skipped} unreadable line(s)")
 
     findings = None
     if (path / HEALTH_FILE).is_file():
-        raw, skipped = read_jsonl(path / HEALTH_FILE)
+        raw, skipped = _rows_with_step(path / HEALTH_FILE)
         findings = [_clean_finding(r) for r in raw]
         if skipped:
             notes.append(f"{HEALTH_FILE}: skipped {skipped} unreadable line(s)")

@@ -13,37 +13,42 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rlhfkit.metrics.registry import REGISTRY
+from rlhfkit.metrics import registry as M
 from rlhfkit.report.rundata import Run
 
-HEADLINE = "eval/task_success"
+
+def pattern(metric: M.Metric) -> str:
+    """The metric's name, or for a per-reward-function template the glob of its expansions (rewards/*/mean)."""
+    return metric.name.replace("{reward_func_name}", "*")
+
+
+HEADLINE = M.EVAL_TASK_SUCCESS.name
 
 # The seeds' "Crucial values" lists, in their order (PPO: 002/004; GRPO: 004 "Crucial GRPO values").
 CRUCIAL = {
-    "ppo": ["objective/rlhf_reward", "objective/scores", "objective/kl", "objective/entropy"],
-    "grpo": ["reward", "kl", "entropy", "completions/clipped_ratio"],
+    "ppo": [M.OBJECTIVE_RLHF_REWARD, M.OBJECTIVE_SCORES, M.OBJECTIVE_KL, M.OBJECTIVE_ENTROPY],
+    "grpo": [M.REWARD, M.KL, M.ENTROPY, M.COMPLETIONS_CLIPPED_RATIO],
 }
 # Next to the crucial values: true success on the rollout, the KL penalty, per-function GRPO rewards.
-CRUCIAL_EXTRA = ["rollout/task_success", "objective/non_score_reward", "rewards/*/mean"]
+CRUCIAL_EXTRA = [M.ROLLOUT_TASK_SUCCESS, M.OBJECTIVE_NON_SCORE_REWARD, M.REWARDS_FUNC_MEAN]
 # The seeds' "useful to monitor for stability" lists; the registry adds what it marks as stability.
 STABILITY = [
-    "loss/value_avg",
-    "val/ratio",
-    "policy/clipfrac_avg",
-    "policy/approxkl_avg",
-    "objective/kl_coef",
-    "clip_ratio/region_mean",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio",
-    "reward_std",
+    M.LOSS_VALUE_AVG,
+    M.VAL_RATIO,
+    M.POLICY_CLIPFRAC_AVG,
+    M.POLICY_APPROXKL_AVG,
+    M.OBJECTIVE_KL_COEF,
+    M.CLIP_RATIO_REGION_MEAN,
+    M.CLIP_RATIO_LOW_MEAN,
+    M.CLIP_RATIO_HIGH_MEAN,
+    M.REWARD_STD,
 ]
 # Higher is better for these; the summary colours their change green or red. Others (KL, entropy) get
 # no colour: whether they should rise or fall depends on the run.
-HIGHER_IS_BETTER = ["eval/task_success", "rollout/task_success", "objective/rlhf_reward", "objective/scores"]
-HIGHER_IS_BETTER += ["reward", "eval/scores", "rewards/*/mean"]
+HIGHER_IS_BETTER = [M.EVAL_TASK_SUCCESS, M.ROLLOUT_TASK_SUCCESS, M.OBJECTIVE_RLHF_REWARD, M.OBJECTIVE_SCORES]
+HIGHER_IS_BETTER += [M.REWARD, M.EVAL_SCORES, M.REWARDS_FUNC_MEAN]
 # Axes, not curves.
-NOT_CHARTED = {"step", "episode"}
+NOT_CHARTED = {"step", M.EPISODE.name}
 
 
 def metric_names(run: Run) -> list[str]:
@@ -55,12 +60,12 @@ def metric_names(run: Run) -> list[str]:
 
 
 def detect_trainer(names: list[str] | set[str]) -> str:
-    """'ppo', 'grpo' or 'unknown', from the metric names a run logged (the config may not say)."""
-    names = set(names)
-    if names & {"objective/rlhf_reward", "objective/scores", "objective/kl"}:
-        return "ppo"
-    if names & {"reward", "completions/clipped_ratio", "num_tokens"} or any(n.startswith("rewards/") for n in names):
-        return "grpo"
+    """'ppo', 'grpo' or 'unknown': the trainer whose own metrics (the registry's) a run logged; the config may
+    not say."""
+    names = list(names)
+    for trainer in M.TRAINERS:
+        if _matching([pattern(m) for m in M.REGISTRY.values() if m.trainers == {trainer}], names):
+            return trainer
     return "unknown"
 
 
@@ -74,22 +79,15 @@ def _matching(patterns: list[str], names: list[str]) -> list[str]:
 
 def crucial_metrics(trainers: set[str], names: list[str]) -> list[str]:
     """The headline and crucial metrics present, headline first."""
-    patterns = [HEADLINE]
-    for trainer in ("ppo", "grpo"):
-        if trainer in trainers:
-            patterns += CRUCIAL[trainer]
-    patterns += CRUCIAL_EXTRA
-    patterns += [m.name for m in REGISTRY.values() if m.importance == "crucial"]
-    return _matching(patterns, names)
+    metrics = [m for trainer in M.TRAINERS if trainer in trainers for m in CRUCIAL[trainer]] + CRUCIAL_EXTRA
+    metrics += [m for m in M.REGISTRY.values() if m.importance == "crucial"]
+    return _matching([HEADLINE, *map(pattern, metrics)], names)
 
 
 def summary_metrics(trainers: set[str], names: list[str]) -> list[str]:
     """The few metrics of the one-glance summary: the headline, the seeds' crucial list and rollout success."""
-    patterns = [HEADLINE]
-    for trainer in ("ppo", "grpo"):
-        if trainer in trainers:
-            patterns += CRUCIAL[trainer]
-    return _matching(patterns + ["rollout/task_success"], names)
+    metrics = [m for trainer in M.TRAINERS if trainer in trainers for m in CRUCIAL[trainer]] + [M.ROLLOUT_TASK_SUCCESS]
+    return _matching([HEADLINE, *map(pattern, metrics)], names)
 
 
 def chart_sections(
@@ -102,20 +100,20 @@ def chart_sections(
     if patterns:
         return [("Selected metrics", _matching(patterns, names))]
     crucial = crucial_metrics(trainers, names)
-    stability_patterns = STABILITY + [m.name for m in REGISTRY.values() if m.importance == "stability"]
-    stability = [n for n in _matching(stability_patterns, names) if n not in crucial]
+    stability_metrics = STABILITY + [m for m in M.REGISTRY.values() if m.importance == "stability"]
+    stability = [n for n in _matching([pattern(m) for m in stability_metrics], names) if n not in crucial]
     rest = sorted(n for n in names if n not in crucial and n not in stability)
     sections = [("Crucial values", crucial), ("Watch for stability", stability), ("Everything else", rest)]
     return [(title, members) for title, members in sections if members]
 
 
 def higher_is_better(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, p) for p in HIGHER_IS_BETTER)
+    return any(fnmatch.fnmatchcase(name, pattern(m)) for m in HIGHER_IS_BETTER)
 
 
 def meaning(name: str) -> str:
     """The registry's one-line meaning of a metric, or '' for metrics it does not declare (yet)."""
-    metric = REGISTRY.get(name)
+    metric = M.REGISTRY.get(name)
     return metric.meaning if metric is not None else ""
 
 
@@ -136,8 +134,8 @@ class Series:
 
 def x_key(runs: list[Run]) -> str:
     """'episode' when every run logs it (comparable across batch sizes), else 'step'."""
-    if runs and all(any("episode" in row for row in run.metrics) for run in runs):
-        return "episode"
+    if runs and all(any(M.EPISODE.name in row for row in run.metrics) for run in runs):
+        return M.EPISODE.name
     return "step"
 
 
@@ -147,7 +145,8 @@ def steps_to_x(run: Run, steps: np.ndarray, key: str) -> np.ndarray:
     steps = np.asarray(steps, dtype=np.float64)
     if key == "step":
         return steps
-    pairs = {int(r["step"]): r["episode"] for r in run.metrics if "episode" in r and np.isfinite(r["episode"])}
+    episode = M.EPISODE.name
+    pairs = {int(r["step"]): r[episode] for r in run.metrics if episode in r and np.isfinite(r[episode])}
     pairs.setdefault(0, 0.0)
     known = np.array(sorted(pairs), dtype=np.float64)
     return np.interp(steps, known, np.array([pairs[int(s)] for s in known]))

@@ -1,13 +1,11 @@
-"""The built-in offline task: tokenizer, tiny SFT model, reward model and prompts, built locally and cached."""
+"""The built-in offline tasks: prompts and checkers, and a tiny tokenizer, SFT model and reward model built locally
+and cached."""
 
-from . import addition, reverse, sort
-from .base import Task, import_ref, load_task
+from .base import Task, import_ref
 from .build import BUILDER_VERSION, PRESETS, build_tiny, builtin_assets
 from .generation import evaluate_success, generate_completions
+from .registry import DEFAULT_TASK, TASKS, load_task
 from .tokenizer import build_tokenizer
-
-TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK)}
-DEFAULT_TASK = "sort"
 
 __all__ = [
     "BUILDER_VERSION",

@@ -7,11 +7,9 @@ prompt, so reward functions need no extra dataset columns (TRL passes only promp
 from __future__ import annotations
 
 import importlib
-import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NamedTuple
 
 RewardFunc = Callable[..., list[float]]
@@ -60,31 +58,6 @@ def import_ref(ref: str):
     if not module_name or not attr:
         raise ValueError(f"expected 'module:function', got {ref!r}")
     return getattr(importlib.import_module(module_name), attr)
-
-
-def load_task(path: str | Path) -> Task:
-    """Read `task.json` from an assets dir (or the file itself) and return the registered `Task`.
-
-    The check function is imported from its "module:function" reference, and the reward functions from theirs, so
-    a task.json written by another version (or by hand) is honoured as written.
-    """
-    from . import TASKS  # late: the registry imports this module
-
-    path = Path(path)
-    meta = json.loads((path / "task.json" if path.is_dir() else path).read_text())
-    base = TASKS[meta["name"]]
-    check = import_ref(meta["check"])
-    reward_funcs = {name: import_ref(ref) for name, ref in meta.get("reward_funcs", {}).items()}
-    return Task(
-        name=base.name,
-        make_example=base.make_example,
-        answer=base.answer,
-        check=check,
-        reward_funcs=reward_funcs or dict(base.reward_funcs),
-        corrupt=base.corrupt,
-        max_new_tokens=int(meta.get("max_new_tokens", base.max_new_tokens)),
-        refs={"check": meta["check"], **meta.get("reward_funcs", {})},
-    )
 
 
 class AnswerRules(NamedTuple):

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .generation import generate_completions
+from .generation import evaluate_success, generate_completions
+from .registry import DEFAULT_TASK, TASKS
 from .tokenizer import build_tokenizer
 
 BUILDER_VERSION = 1
-DEFAULT_TASK = "sort"
 
 
 @dataclass(frozen=True)
@@ -336,8 +336,6 @@ def build_tiny(
 
 
 def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, task: str) -> dict:
-    from . import TASKS
-
     t0 = time.perf_counter()
     spec = TASKS[task]
     out_dir = Path(out_dir).expanduser().absolute()
@@ -372,8 +370,7 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
 
     # 4. measurements on held-out test prompts
     eval_prompts = test_prompts[: cfg.eval_prompts]
-    greedy = generate_completions(sft, tokenizer, eval_prompts, spec.max_new_tokens, None, 1, 256, seed)
-    greedy_success = float(np.mean([spec.check(p, c) for p, c in zip(eval_prompts, greedy.texts)]))
+    greedy_success = evaluate_success(sft, tokenizer, eval_prompts, spec.check, spec.max_new_tokens, None, 256, seed)
     n = cfg.best_of
     sampled = generate_completions(
         sft, tokenizer, eval_prompts, spec.max_new_tokens, cfg.temperature, n, 256, seed + 1

@@ -1,14 +1,11 @@
-"""RunLogger: one object per training run that sends metrics, histograms and completion tables to
-the trackers (through accelerate) and keeps the run directory's own record.
+"""RunLogger: one object per training run that sends metrics, histograms and completion tables to the
+trackers (through accelerate) and keeps the run directory's own record, written first so that it never
+depends on a tracker.
 
-    trackers = make_trackers(cfg.report_to, project=cfg.project, run_name=cfg.run_name,
-                             output_dir=cfg.output_dir, logging_dir=cfg.logging_dir)
-    accelerator = Accelerator(log_with=trackers, ...)
-    logger = RunLogger(accelerator, cfg.output_dir, config, cfg.project, cfg.run_name, cfg.report_to,
-                       cfg.logging_dir)
-    logger.log(reduced.scalars, step)
-    logger.log_histograms(reduced.histograms, step)
-    logger.log_table("samples", ["query", "model response", "score"], rows, step)
+    accelerator = Accelerator(log_with=make_trackers(report_to, project=..., run_name=..., output_dir=...))
+    logger = RunLogger(accelerator, output_dir, config, project, run_name, report_to)
+    logger.log(scalars, step)
+    logger.log_table("completions", columns, rows, step)
     logger.finish()
 
 Every method may be called on every process; only the main process writes files, prints or talks
@@ -24,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from rlhfkit.metrics.registry import REGISTRY
-from rlhfkit.tracking.rundir import RunDirectory, to_jsonable
+from rlhfkit.metrics import registry as M
+from rlhfkit.tracking.rundir import METRICS_FILE, RunDirectory, to_jsonable
 from rlhfkit.tracking.tables import format_cell, markdown_table, rich_table
 from rlhfkit.tracking.trackers import (
     flatten_config,
@@ -149,7 +146,7 @@ class RunLogger:
             self.accelerator.trackers = [t for t in self.accelerator.trackers if t.name != name]
             self.console.print(
                 f"[rlhfkit] the {name} tracker failed ({type(e).__name__}: {e}); it is dropped for the rest of the "
-                f"run. Training goes on; every metric is still in {self.output_dir / 'metrics.jsonl'}"
+                f"run. Training goes on; every metric is still in {self.output_dir / METRICS_FILE}"
                 + (f" and in {', '.join(self.tracker_names)}." if self.tracker_names else "."),
                 markup=False,
                 highlight=False,
@@ -294,10 +291,10 @@ class RunLogger:
         """
         if not self.is_main:
             return
-        crucial = [m.name for m in REGISTRY.values() if m.importance == "crucial" and m.kind == "scalar"]
+        crucial = [m.name for m in M.REGISTRY.values() if m.importance == "crucial" and m.kind == "scalar"]
         parts = [f"{name} {format_cell(float(scalars[name]))}" for name in crucial if name in scalars]
-        episode = int(scalars.get("episode", 0))
-        status = f"episode {episode} | eps {format_cell(float(scalars.get('eps', 0.0)))} | " + " | ".join(parts)
+        episode, eps = int(scalars.get(M.EPISODE.name, 0)), float(scalars.get(M.EPS.name, 0.0))
+        status = f"{M.EPISODE.name} {episode} | {M.EPS.name} {format_cell(eps)} | " + " | ".join(parts)
         if self.console.is_terminal:
             if self._progress is None:
                 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn

@@ -1,4 +1,4 @@
-"""The run directory: the run's own record, readable without any tracker.
+"""The run directory: the run's own record, readable without any tracker. This module is its format.
 
 output_dir/
   run_config.json the resolved config
@@ -8,6 +8,9 @@ output_dir/
 
 Lines are appended and the file closed at once, so a crash loses at most the line being written.
 Non-finite floats are written as NaN / Infinity, as Python's json module does (and reads back).
+Readers (resume, doctor, report) go through :func:`read_jsonl`, which skips a line torn by a crash.
+
+Stdlib only: checking an output_dir while parsing the config must not import the training stack.
 """
 
 from __future__ import annotations
@@ -21,7 +24,50 @@ from typing import Any
 CONFIG_FILE = "run_config.json"  # not config.json: the final model saved in the same directory writes that
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
-HEALTH_FILE = "health.jsonl"  # written by rlhfkit.health.append_findings; emptied here with the others
+HEALTH_FILE = "health.jsonl"
+
+
+def read_jsonl(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
+    """The JSON objects of a JSONL file in order, and the 1-based numbers of the lines that are not one.
+
+    Blank lines are ignored. A run that crashed leaves a half-written last line and a running one can be read
+    mid-write, so an unreadable line is reported, never fatal.
+    """
+    rows, bad = [], []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if isinstance(row, dict):
+                rows.append(row)
+            else:
+                bad.append(number)
+    return rows, bad
+
+
+def read_config(output_dir: str | os.PathLike) -> dict[str, Any]:
+    """The run's resolved config (run_config.json); {} when it is missing, unreadable or not a JSON object."""
+    try:
+        config = json.loads((Path(output_dir) / CONFIG_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def holds_run(output_dir: str | os.PathLike) -> bool:
+    """Whether output_dir holds a run: one that logged metrics, or a run_config.json without metrics.jsonl.
+
+    A run_config.json beside an empty metrics.jsonl is a run that never logged a step (a trainer built, never
+    trained) and may be reused.
+    """
+    config, metrics = Path(output_dir) / CONFIG_FILE, Path(output_dir) / METRICS_FILE
+    if metrics.is_file():
+        return metrics.stat().st_size > 0
+    return config.is_file() and config.stat().st_size > 0
 
 
 def to_jsonable(value: Any) -> Any:
@@ -63,14 +109,8 @@ class RunDirectory:
                 self._keep_until(name, resume_step)
 
     def _keep_until(self, name: str, step: int) -> None:
-        kept = []
-        for line in (self.path / name).read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line torn by the crash
-                continue
-            if record.get("step", 0) <= step:
-                kept.append(line + "\n")
+        rows, _ = read_jsonl(self.path / name)  # drops a line torn by the crash
+        kept = [json.dumps(row) + "\n" for row in rows if row.get("step", 0) <= step]
         tmp = self.path / (name + ".tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, self.path / name)
@@ -85,3 +125,7 @@ class RunDirectory:
 
     def append_samples(self, step: int, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         self._append(SAMPLES_FILE, [{"step": step, "key": key, **dict(zip(columns, row))} for row in rows])
+
+    def append_findings(self, findings: Sequence[Mapping[str, Any]]) -> None:
+        """Health findings as records ({"step", "rule", ...}: rlhfkit.health.Finding.to_dict())."""
+        self._append(HEALTH_FILE, findings)

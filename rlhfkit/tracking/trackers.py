@@ -1,8 +1,8 @@
-"""Which trackers to use and how to configure accelerate's own tracker classes for a run.
+"""Which trackers a run uses, and how accelerate's own tracker classes are set up for it.
 
-rlhfkit writes no tracker code: Trackio, W&B and TensorBoard are driven through accelerate's
-``TrackioTracker``, ``WandBTracker`` and ``TensorBoardTracker``; this module only decides their
-names, directories and modes.
+Runs, configs and scalars go through accelerate's tracker classes; this module decides their names,
+directories and modes. Histograms, tables and alerts, which accelerate has no API for, RunLogger sends
+with each tracker library's own types.
 
 Where each tracker writes (see :func:`make_trackers`):
   trackio      project = `project`, run name = `run_name`; data in trackio's SQLite store under
@@ -44,13 +44,14 @@ def installed_trackers() -> list[str]:
     return [name for name in TRACKERS if available[name]]
 
 
-def resolve_report_to(value: str | Sequence[str] | None) -> list[str]:
-    """Normalise a `report_to` setting into a list of tracker names.
+REPORT_TO_NAMES: tuple[str, ...] = (*TRACKERS, "all", "none")
 
-    None, "none" and [] mean no tracker; "all" means every installed one of trackio, wandb and
-    tensorboard; a comma-separated string ("wandb,tensorboard") is split. Names are case-insensitive,
-    duplicates are dropped, order is kept. Raises ValueError for an unknown name and ImportError for
-    a tracker that is requested by name but not installed.
+
+def parse_report_to(value: str | Sequence[str] | None) -> list[str]:
+    """The names of a `report_to` setting, checked for spelling only: lower-case, deduplicated, in order.
+
+    None and [] give []; a comma-separated string ("wandb,tensorboard") is split. Raises ValueError for an
+    entry that is not text, an unknown name, or "none" combined with trackers.
     """
     if value is None:
         return []
@@ -58,17 +59,29 @@ def resolve_report_to(value: str | Sequence[str] | None) -> list[str]:
     names: list[str] = []
     for item in items:
         if not isinstance(item, str):
-            raise ValueError(f"report_to entries must be strings, got {item!r}")
-        name = item.strip().lower()
-        if name and name not in names:
-            names.append(name)
-    allowed = (*TRACKERS, "all", "none")
-    unknown = [n for n in names if n not in allowed]
+            raise ValueError(f"entries must be tracker names ({', '.join(REPORT_TO_NAMES)}), got {item!r}")
+        for name in item.split(","):
+            name = name.strip().lower()
+            if name and name not in names:
+                names.append(name)
+    unknown = [n for n in names if n not in REPORT_TO_NAMES]
     if unknown:
-        raise ValueError(f"report_to={value!r}: unknown tracker {unknown[0]!r}; allowed: {', '.join(allowed)}")
-    if "none" in names:
-        if len(names) > 1:
-            raise ValueError(f"report_to={value!r}: 'none' cannot be combined with other trackers")
+        raise ValueError(f"{unknown[0]!r} is not a tracker; use {', '.join(REPORT_TO_NAMES)}")
+    if "none" in names and len(names) > 1:
+        raise ValueError("'none' cannot be combined with trackers")
+    return names
+
+
+def resolve_report_to(value: str | Sequence[str] | None) -> list[str]:
+    """The trackers a `report_to` setting asks for (:func:`parse_report_to`): "none" gives [], "all" every
+    installed one of TRACKERS. Raises ValueError for a misspelt setting and ImportError for a tracker that is
+    requested by name but not installed.
+    """
+    try:
+        names = parse_report_to(value)
+    except ValueError as e:
+        raise ValueError(f"report_to={value!r}: {e}") from None
+    if names == ["none"]:
         return []
     installed = installed_trackers()
     resolved: list[str] = []

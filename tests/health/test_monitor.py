@@ -73,7 +73,7 @@ def test_custom_rules_and_info_severity():
         HealthMonitor(rules=[rule, rule])
 
 
-def test_finding_json_round_trip():
+def test_finding_json_record():
     f = Finding(12, "ratio_far_from_one", WARNING, {"val/ratio": 2.5}, "val/ratio = 2.5", "Lower learning_rate.")
     record = json.loads(json.dumps(f.to_dict()))
     assert record == {
@@ -84,9 +84,8 @@ def test_finding_json_round_trip():
         "message": "val/ratio = 2.5",
         "advice": "Lower learning_rate.",
     }
-    assert Finding.from_dict(record) == f
-    nan = Finding.from_dict(json.loads(json.dumps(Finding(1, "r", CRITICAL, {"x": math.nan}, "m", "a").to_dict())))
-    assert math.isnan(nan.metrics["x"])
+    nan = json.loads(json.dumps(Finding(1, "r", CRITICAL, {"x": math.nan}, "m", "a").to_dict()))
+    assert math.isnan(nan["metrics"]["x"])
 
 
 def test_finding_carries_the_rules_advice_and_the_numbers():

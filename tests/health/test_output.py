@@ -1,11 +1,11 @@
-"""health.jsonl (append, read back, torn last line) and the console panel."""
+"""health.jsonl (append, read back) and the console panel."""
 
-import json
 import math
 
 from rich.console import Console
 
-from rlhfkit.health import CRITICAL, HEALTH_FILE, WARNING, Finding, append_findings, print_finding, read_findings
+from rlhfkit.health import CRITICAL, WARNING, Finding, append_findings, print_finding
+from rlhfkit.tracking.rundir import HEALTH_FILE, read_jsonl
 
 RATIO = Finding(
     3, "ratio_far_from_one", WARNING, {"val/ratio": 2.5}, "val/ratio = 2.5, outside [0.5, 2].", "Lower lr."
@@ -18,23 +18,16 @@ def test_append_writes_one_object_per_line_and_reads_back(tmp_path):
     append_findings(tmp_path, [NAN])
     lines = (tmp_path / HEALTH_FILE).read_text().splitlines()
     assert len(lines) == 2
-    assert list(json.loads(lines[0])) == ["step", "rule", "severity", "metrics", "message", "advice"]
     assert '"loss/value_avg": NaN' in lines[1]
-    back = read_findings(tmp_path)
-    assert back[0] == RATIO and back[1].rule == "nonfinite_metric" and math.isnan(back[1].metrics["loss/value_avg"])
+    back, unreadable = read_jsonl(tmp_path / HEALTH_FILE)
+    assert unreadable == [] and back[0] == RATIO.to_dict()
+    assert list(back[0]) == ["step", "rule", "severity", "metrics", "message", "advice"]
+    assert back[1]["rule"] == "nonfinite_metric" and math.isnan(back[1]["metrics"]["loss/value_avg"])
 
 
-def test_nothing_to_append_creates_no_file_and_missing_file_reads_empty(tmp_path):
+def test_nothing_to_append_creates_no_file(tmp_path):
     append_findings(tmp_path, [])
     assert not (tmp_path / HEALTH_FILE).exists()
-    assert read_findings(tmp_path) == []
-
-
-def test_a_line_torn_by_a_crash_is_skipped(tmp_path):
-    append_findings(tmp_path, [RATIO, RATIO])
-    with open(tmp_path / HEALTH_FILE, "a") as f:
-        f.write('{"step": 4, "rule": "ratio_far_fr')
-    assert read_findings(tmp_path) == [RATIO, RATIO]
 
 
 def test_print_finding_shows_severity_rule_step_message_and_advice_verbatim():

@@ -89,16 +89,14 @@ def test_add_moments_pools_like_add_tensor():
     assert acc.reduce().scalars[M.RETURNS_VAR.name] == pytest.approx(32 / 7)
 
 
-def test_sum_last_and_histogram():
+def test_sum_and_histogram():
     acc = MetricAccumulator()
     acc.add(M.VAL_NUM_EOS_TOKENS, torch.tensor([True, False, True]).sum())
     acc.add(M.VAL_NUM_EOS_TOKENS, 4)
-    acc.set(M.LR, 1e-3)
-    acc.set(M.LR, 5e-4)  # the latest value wins
     acc.add_values(M.ENV_REWARD_DIST, torch.tensor([[1.0, 2.0]]))
     acc.add_values(M.ENV_REWARD_DIST, np.array([3.0]))
     reduced = acc.reduce()
-    assert reduced.scalars == {M.LR.name: 5e-4, M.VAL_NUM_EOS_TOKENS.name: 6.0}
+    assert reduced.scalars == {M.VAL_NUM_EOS_TOKENS.name: 6.0}
     np.testing.assert_array_equal(reduced.histograms[M.ENV_REWARD_DIST.name], [1.0, 2.0, 3.0])
 
 
@@ -127,8 +125,8 @@ def test_only_registered_metrics_with_the_right_method_are_accepted():
         acc.add("objective/kl", 1.0)
     with pytest.raises(ValueError, match="add_moments"):
         acc.add(M.VAL_RATIO_VAR, 1.0)
-    with pytest.raises(ValueError, match="set"):
-        acc.add_tensor(M.LR, torch.ones(1))
+    with pytest.raises(ValueError, match="not pooled"):
+        acc.add_tensor(M.LR, torch.ones(1))  # a "last" metric goes into the logged row directly
 
 
 @pytest.fixture
@@ -160,6 +158,20 @@ def test_min_and_max(extreme_metrics):
     assert acc.reduce().scalars == {low.name: -1.0, high.name: 4.0}
 
 
+def test_an_extreme_of_nothing_is_zero_like_an_empty_mean():
+    """The shortest terminated completion of a window where none terminated: 0, as TRL logs it, and not missing."""
+    acc = MetricAccumulator()
+    acc.add_tensor(M.COMPLETIONS_MIN_TERMINATED_LENGTH, torch.tensor([5.0, 3.0]), torch.tensor([False, False]))
+    acc.add_tensor(M.COMPLETIONS_MEAN_TERMINATED_LENGTH, torch.tensor([5.0, 3.0]), torch.tensor([False, False]))
+    assert acc.reduce().scalars == {
+        M.COMPLETIONS_MEAN_TERMINATED_LENGTH.name: 0.0,
+        M.COMPLETIONS_MIN_TERMINATED_LENGTH.name: 0.0,
+    }
+    acc.add_extreme(M.COMPLETIONS_MIN_TERMINATED_LENGTH, torch.zeros(0))
+    acc.add_extreme(M.COMPLETIONS_MIN_TERMINATED_LENGTH, 7.0)  # a later step of the window has one
+    assert acc.reduce().scalars == {M.COMPLETIONS_MIN_TERMINATED_LENGTH.name: 7.0}
+
+
 # ------------------------------------------------------------------------------------------------
 # Two real processes (gloo, CPU) through accelerate's debug launcher
 # ------------------------------------------------------------------------------------------------
@@ -178,8 +190,10 @@ def feed(acc: MetricAccumulator, rank: int, low: Metric, high: Metric) -> None:
     acc.add(M.VAL_NUM_EOS_TOKENS, 2 + rank)
     acc.add_extreme(low, scores.min() - rank)
     acc.add_extreme(high, scores.max())
-    acc.set(M.LR, 0.1 * (rank + 1))
     acc.add_tensor(CORRECTNESS_MEAN, torch.ones(rank + 1))  # 1 value on process 0, 2 on process 1
+    # Terminated lengths: only process 1 has any for the min; no process has any for the max.
+    acc.add_extreme(M.COMPLETIONS_MIN_TERMINATED_LENGTH, torch.tensor([4.0, 2.0]) if rank else torch.zeros(0))
+    acc.add_extreme(M.COMPLETIONS_MAX_TERMINATED_LENGTH, torch.zeros(0))
     if rank == 1:
         acc.add(M.OBJECTIVE_KL, 5.0, 2)
         acc.add_values(M.ENV_REWARD_DIST, scores)
@@ -221,10 +235,9 @@ def test_two_process_reduce_is_exact(tmp_path, extreme_metrics):
     ratios = torch.cat([x0[m0], x1[m1]])
     scores = torch.cat([torch.arange(3.0, dtype=torch.float64), 2 * torch.arange(7.0, dtype=torch.float64)])
 
-    for rank, result in enumerate(results):
+    for result in results:  # every process gets the same numbers
         scalars = result["scalars"]
-        assert scalars.pop(M.LR.name) == pytest.approx(0.1 * (rank + 1))  # "last" keeps the local value
-        assert scalars == pytest.approx({k: v for k, v in expected.scalars.items() if k != M.LR.name}, rel=1e-12)
+        assert scalars == pytest.approx(expected.scalars, rel=1e-12)
         assert scalars[M.VAL_RATIO.name] == pytest.approx(ratios.mean().item(), rel=1e-12)
         torch.testing.assert_close(torch.tensor(scalars[M.VAL_RATIO_VAR.name], dtype=torch.float64), ratios.var())
         torch.testing.assert_close(
@@ -234,6 +247,8 @@ def test_two_process_reduce_is_exact(tmp_path, extreme_metrics):
         assert scalars[M.OBJECTIVE_KL.name] == 2.5  # added on process 1 only
         assert scalars["rewards/correctness/mean"] == 1.0
         assert scalars[low.name] == -1.0 and scalars[high.name] == 12.0
+        assert scalars[M.COMPLETIONS_MIN_TERMINATED_LENGTH.name] == 2.0
+        assert scalars[M.COMPLETIONS_MAX_TERMINATED_LENGTH.name] == 0.0
         hists = result["histograms"]
         assert set(hists) == {M.POLICY_RATIO_DIST.name, M.ENV_REWARD_DIST.name}
         np.testing.assert_allclose(hists[M.POLICY_RATIO_DIST.name], ratios.numpy(), rtol=0, atol=0)
@@ -250,7 +265,6 @@ def test_state_dict_round_trip_continues_a_window():
         acc.add_tensor(M.VAL_RATIO_VAR, x[:2], mask[:2])
         acc.add_extreme(M.CLIP_RATIO_HIGH_MAX, 0.25)
         acc.add_values(M.POLICY_RATIO_DIST, x[:2][mask[:2]])
-        acc.set(M.LR, 0.5)
 
     def second_half(acc):
         acc.add_tensor(M.VAL_RATIO, x[2:], mask[2:])

@@ -39,10 +39,9 @@ def pooled_row(states):
         for name, (total, count, total_sq) in state["pooled"].items():
             t, c, q = sums.get(name, (0.0, 0.0, 0.0))
             sums[name] = (t + total, c + count, q + total_sq)
-        for name, value in state["extreme"].items():
-            pick = min if reduction(name) == "min" else max
-            extremes[name] = pick(extremes[name], value) if name in extremes else value
-    row = dict(extremes)
+        for name, value in state["extreme"].items():  # None: added, but only empty selections
+            extremes.setdefault(name, []).extend([] if value is None else [value])
+    row = {name: (min if reduction(name) == "min" else max)(v) if v else 0.0 for name, v in extremes.items()}
     for name, (total, count, total_sq) in sums.items():
         kind = reduction(name)
         if kind == "sum":

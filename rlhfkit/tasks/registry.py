@@ -1,0 +1,35 @@
+"""The built-in tasks by name, and loading the task an assets dir was built for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import addition, reverse, sort
+from .base import Task, import_ref
+
+TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK)}
+DEFAULT_TASK = "sort"
+
+
+def load_task(path: str | Path) -> Task:
+    """Read `task.json` from an assets dir (or the file itself) and return the registered `Task`.
+
+    The check function is imported from its "module:function" reference, and the reward functions from theirs, so
+    a task.json written by another version (or by hand) is honoured as written.
+    """
+    path = Path(path)
+    meta = json.loads((path / "task.json" if path.is_dir() else path).read_text())
+    base = TASKS[meta["name"]]
+    check = import_ref(meta["check"])
+    reward_funcs = {name: import_ref(ref) for name, ref in meta.get("reward_funcs", {}).items()}
+    return Task(
+        name=base.name,
+        make_example=base.make_example,
+        answer=base.answer,
+        check=check,
+        reward_funcs=reward_funcs or dict(base.reward_funcs),
+        corrupt=base.corrupt,
+        max_new_tokens=int(meta.get("max_new_tokens", base.max_new_tokens)),
+        refs={"check": meta["check"], **meta.get("reward_funcs", {})},
+    )

@@ -1,0 +1,134 @@
+"""The import graph of rlhfkit/: no cycles, and the leaves DESIGN.md names stay leaves.
+
+The graph is read from the source with ast, imports inside functions included: a late import hides a cycle
+from Python, not from a reader. Edges: ``import a.b.c`` and ``from a.b import c`` (c a submodule) point at
+that module only; ``from a.b import name`` points at a.b. A submodule's implicit import of its parent package
+is not an edge (every module would otherwise depend on its package's __init__).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """Every module `name` imports, made absolute; `from a import b` names a.b when that is a module."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            out += [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """rlhfkit module -> the rlhfkit modules it imports."""
+    modules = _sources()
+    return {
+        name: {target for target in _imports(name, path, modules) if target in modules and target != name}
+        for name, path in modules.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return components
+
+
+def _third_party(name: str) -> list[str]:
+    """Top-level modules outside the standard library and rlhfkit that module `name` imports."""
+    modules = _sources()
+    tops = {target.split(".")[0] for target in _imports(name, modules[name], modules)}
+    return sorted(t for t in tops if t and t != "__future__" and t != "rlhfkit" and t not in sys.stdlib_module_names)
+
+
+def test_graph_sees_late_and_relative_imports():
+    graph = import_graph()
+    assert "rlhfkit.tracking.rundir" in graph["rlhfkit.tracking.logger"]
+    assert "rlhfkit.tasks.base" in graph["rlhfkit.tasks.sort"]  # from .base import ...
+    assert "rlhfkit.metrics.registry" in graph["rlhfkit.trainers.ppo"]  # from rlhfkit.metrics import registry
+    assert "rlhfkit.trainers.ppo" in graph["rlhfkit"]  # inside the package's __getattr__
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    cycles = _cycles(graph)
+    described = [
+        ", ".join(sorted(f"{a} -> {b}" for a in component for b in graph[a] if b in component)) for component in cycles
+    ]
+    assert not cycles, "import cycles in rlhfkit/:\n" + "\n".join(described)
+
+
+def test_leaves_import_nothing_above_them():
+    graph = import_graph()
+    for name, targets in graph.items():
+        if name.startswith("rlhfkit.ops"):
+            assert all(t.startswith("rlhfkit.ops") for t in targets), (name, targets)
+    for leaf in ("rlhfkit.metrics.registry", "rlhfkit.tracking.rundir"):
+        assert not graph[leaf], (leaf, graph[leaf])
+        assert not _third_party(leaf), (leaf, _third_party(leaf))
+    # The health rules run in `rlhfkit doctor` and in tests without torch: stdlib plus the metric registry.
+    assert graph["rlhfkit.health.rules"] <= {"rlhfkit.metrics.registry"}
+    assert not _third_party("rlhfkit.health.rules")
+
+
+def test_only_entry_points_import_the_trainers():
+    # DESIGN section 3 says only cli imports trainers; in practice the package's lazy public API
+    # (rlhfkit.PPOTrainer) and builders.py, which cli and quickstart call, are the entry points that do.
+    graph = import_graph()
+    importers = {
+        name
+        for name, targets in graph.items()
+        if not name.startswith("rlhfkit.trainers") and any(t.startswith("rlhfkit.trainers") for t in targets)
+    }
+    assert importers <= {"rlhfkit", "rlhfkit.builders"}, importers
