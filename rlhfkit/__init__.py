@@ -1,13 +1,16 @@
 """rlhfkit: RLHF for language models with logging that tells you what training is doing."""
 
-from rlhfkit.config import GRPOConfig, PPOConfig
-
 __version__ = "0.1.0"
 __all__ = ["GRPOConfig", "GRPOTrainer", "PPOConfig", "PPOTrainer"]
 
 
 def __getattr__(name: str):
-    # The trainers pull in torch, transformers and accelerate; import them only when asked for.
+    # The public API pulls in torch (configs check values against the ops they name; trainers need transformers
+    # and accelerate). Import it only when asked for, so `rlhfkit --help`, `doctor` and `report` start at once.
+    if name in ("PPOConfig", "GRPOConfig"):
+        from rlhfkit import config
+
+        return getattr(config, name)
     if name == "PPOTrainer":
         from rlhfkit.trainers.ppo import PPOTrainer
 

@@ -1,10 +1,10 @@
-"""The ``rlhfkit`` command line: ``rlhfkit ppo|build-tiny ...``."""
+"""The ``rlhfkit`` command line: one subcommand per entry of COMMANDS (``rlhfkit --help`` lists them), bad input
+reported as one message with exit status 2."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
@@ -23,56 +23,8 @@ Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see traceback
 """
 
 
-class UsageError(ValueError):
-    pass
-
-
-def explicit_flags(argv: Sequence[str]) -> set[str]:
-    """Names of the flags written on the command line (``--name`` or ``--name=value``)."""
-    return {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
-
-
-def parse_config(cls: type, argv: Sequence[str], prog: str):
-    """Parse a config dataclass from flags and an optional ``--config FILE.yaml`` (flags win over the file)."""
-    import yaml
-    from transformers import HfArgumentParser
-
-    argv = list(argv)
-    file_values: dict = {}
-    if "--config" in argv:
-        i = argv.index("--config")
-        if i + 1 >= len(argv):
-            raise UsageError("--config needs a path to a YAML file.")
-        path = argv[i + 1]
-        del argv[i : i + 2]
-        if not os.path.isfile(path):
-            raise UsageError(f"--config {path!r} does not exist.")
-        with open(path) as f:
-            file_values = yaml.safe_load(f) or {}
-        if not isinstance(file_values, dict):
-            raise UsageError(f"--config {path!r} must hold a mapping of field: value.")
-        from rlhfkit.config import config_field_names
-
-        unknown = sorted(set(file_values) - set(config_field_names(cls)))
-        if unknown:
-            raise UsageError(
-                f"--config {path!r} has unknown keys: {', '.join(unknown)}. See '{prog} --help' for valid names."
-            )
-    parser = HfArgumentParser(cls, prog=prog)
-    parser.set_defaults(**file_values)
-    try:
-        (config,) = parser.parse_args_into_dataclasses(args=argv)
-    except ValueError as e:
-        if "not used by the HfArgumentParser" in str(e):
-            unknown = [
-                a for a in argv if a.startswith("--") and a[2:].split("=")[0] not in {f.dest for f in parser._actions}
-            ]
-            raise UsageError(f"unknown flags: {', '.join(unknown)}. See '{prog} --help' for valid flags.") from None
-        raise
-    return config, explicit_flags(argv) | set(file_values)
-
-
 def cmd_ppo(argv: Sequence[str]) -> int:
+    from rlhfkit.args import parse_config
     from rlhfkit.builders import build_ppo_trainer
     from rlhfkit.config import PPOConfig
 
@@ -85,6 +37,7 @@ def cmd_ppo(argv: Sequence[str]) -> int:
 
 
 def cmd_grpo(argv: Sequence[str]) -> int:
+    from rlhfkit.args import parse_config
     from rlhfkit.builders import build_grpo_trainer
     from rlhfkit.config import GRPOConfig
 
@@ -162,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[command](rest)
     except Exception as e:
+        from rlhfkit.args import UsageError
         from rlhfkit.checkpoint import CheckpointError, TrainingStopped
         from rlhfkit.config import ConfigError
         from rlhfkit.data import DataError

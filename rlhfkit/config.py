@@ -2,29 +2,273 @@
 
 ``TrainConfig`` holds what every trainer shares (where things go, models and data, optimisation, precision);
 ``PPOConfig`` and ``GRPOConfig`` add their algorithm's fields with TRL's names, meanings and defaults. Each
-field's ``help`` metadata is the ``--help`` text of the CLI. Derived batch sizes are computed by
+field's metadata holds its ``help`` (the ``--help`` text of the CLI) and its ``rule``: the values it accepts.
+``__post_init__`` checks every field against its rule, then the rules that tie fields together, so a bad value
+fails with a :class:`ConfigError` naming the field, the value, the valid range and a fix, before anything is
+loaded or written. Derived batch sizes that need the world size or the dataset size are computed by
 :func:`ppo_batch_sizes` / :func:`grpo_batch_sizes` with exact division and an error that names the flags.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import numbers
 import os
-from dataclasses import asdict, dataclass, field, fields
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields
 from typing import Any, NamedTuple
 
-KL_ESTIMATORS = ("k1", "k3")
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-SCALE_REWARDS = ("group", "batch", "none")
+from rlhfkit.data import PROMPT_OVERFLOW
+from rlhfkit.health.rules import HEALTH_MODES, parse_thresholds
+from rlhfkit.ops.advantages import GROUP_SCALES
+from rlhfkit.ops.kl import KL_ESTIMATORS
+from rlhfkit.ops.losses import LOSS_TYPES
+from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
 
-
-def _help(text: str, **extra: Any) -> dict:
-    return {"help": text, **extra}
+# The KL penalty in PPO's reward offers what TRL's PPOConfig offers: every estimator of ops but k2 (biased).
+PPO_KL_ESTIMATORS = tuple(e for e in KL_ESTIMATORS if e != "k2")
 
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the field(s) and the fix."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Rules: the values a field accepts, declared next to the field, checked in __post_init__, shown in --help
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Rule(ABC):
+    """The values a field accepts. `text` completes "must be ..." in errors and "Valid: ..." in --help."""
+
+    example: Any = None  # a valid value for the fix in an error ("Pass e.g. --name EXAMPLE"); else the default
+    in_help = True  # False where --help's type and default already say it all (text, paths, on/off flags)
+
+    @property
+    @abstractmethod
+    def text(self) -> str: ...
+
+    @abstractmethod
+    def accepts(self, value: Any) -> bool: ...
+
+    def problem(self, value: Any) -> str | None:
+        """What is wrong with `value` ("must be ..."), or None when it is accepted."""
+        return None if self.accepts(value) else f"must be {self.text}"
+
+
+@dataclass(frozen=True)
+class Number(Rule):
+    """A finite real number (an int when `integer`) within the bounds given; `also`: values allowed outside them
+    (max_steps=-1). NaN and inf never pass: no field means anything by them."""
+
+    integer: bool = False
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+    also: tuple[int, ...] = ()
+    why: str = ""  # said after the range in errors, where the bound is not obvious
+    example: Any = None
+
+    def accepts(self, value: Any) -> bool:
+        kind = numbers.Integral if self.integer else numbers.Real
+        # True is an int to Python; 2.5 (from YAML, or "2.5" left as text by the flag parser) is no integer.
+        if isinstance(value, bool) or not isinstance(value, kind):
+            return False
+        if value in self.also:
+            return True
+        return (
+            (isinstance(value, numbers.Integral) or math.isfinite(value))
+            and (self.gt is None or value > self.gt)
+            and (self.ge is None or value >= self.ge)
+            and (self.lt is None or value < self.lt)
+            and (self.le is None or value <= self.le)
+        )
+
+    @property
+    def text(self) -> str:
+        # (bracket, comparison, bound) of each end that is bounded
+        low = ("(", ">", self.gt) if self.gt is not None else ("[", ">=", self.ge) if self.ge is not None else None
+        high = (")", "<", self.lt) if self.lt is not None else ("]", "<=", self.le) if self.le is not None else None
+        if low and high:
+            text = f"{'an integer' if self.integer else 'a number'} in {low[0]}{low[2]}, {high[2]}{high[0]}"
+        else:
+            text = "an integer" if self.integer else "a finite number"
+            if low or high:
+                _, comparison, bound = low or high
+                text += f" {comparison} {bound}"
+        text += "".join(f", or {value}" for value in self.also)
+        return f"{text} ({self.why})" if self.why else text
+
+
+def integer(**bounds: Any) -> Number:
+    return Number(integer=True, **bounds)
+
+
+def number(**bounds: Any) -> Number:
+    return Number(**bounds)
+
+
+@dataclass(frozen=True)
+class OneOf(Rule):
+    values: tuple[str, ...]
+    example: Any = None
+
+    @property
+    def text(self) -> str:
+        return f"one of {', '.join(self.values)}"
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, str) and value in self.values
+
+
+@dataclass(frozen=True)
+class Text(Rule):
+    """Non-empty text; `path`: a file-system path, which may also be an os.PathLike (pathlib.Path from Python)."""
+
+    path: bool = False
+    in_help = False
+
+    @property
+    def text(self) -> str:
+        return "a path" if self.path else "non-empty text"
+
+    def accepts(self, value: Any) -> bool:
+        if self.path and isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        return isinstance(value, str) and value != ""
+
+
+@dataclass(frozen=True)
+class Kind(Rule):
+    """Any value of type `kind` (bool for on/off flags; Mapping for older TRL's project_kwargs)."""
+
+    kind: type
+    description: str
+    in_help = False
+
+    @property
+    def text(self) -> str:
+        return self.description
+
+    def accepts(self, value: Any) -> bool:
+        return isinstance(value, self.kind)
+
+
+@dataclass(frozen=True)
+class ListOf(Rule):
+    """A list whose every entry passes `entry`; an error names the first entry that does not."""
+
+    entry: Rule
+    example: Any = None
+
+    @property
+    def text(self) -> str:
+        return f"a list, each entry {self.entry.text}"
+
+    @property
+    def in_help(self) -> bool:
+        return self.entry.in_help
+
+    def accepts(self, value: Any) -> bool:
+        return self.problem(value) is None
+
+    def problem(self, value: Any) -> str | None:
+        if not isinstance(value, (list, tuple)):
+            return f"must be {self.text}"
+        bad = next((i for i, entry in enumerate(value) if not self.entry.accepts(entry)), None)
+        return None if bad is None else f"entry {bad} ({value[bad]!r}) must be {self.entry.text}"
+
+
+@dataclass(frozen=True)
+class OrNone(Rule):
+    """`rule`, or None: the field is unset (its help says what unset means)."""
+
+    rule: Rule
+
+    @property
+    def text(self) -> str:
+        return f"{self.rule.text}, or unset"
+
+    @property
+    def in_help(self) -> bool:
+        return self.rule.in_help
+
+    @property
+    def example(self) -> Any:
+        return self.rule.example
+
+    def accepts(self, value: Any) -> bool:
+        return value is None or self.rule.accepts(value)
+
+    def problem(self, value: Any) -> str | None:
+        return None if value is None else self.rule.problem(value)
+
+
+@dataclass(frozen=True)
+class Checked(Rule):
+    """Accepted when `complaint(value)` is None; otherwise the complaint says what is wrong."""
+
+    description: str
+    complaint: Callable[[Any], str | None]
+
+    @property
+    def text(self) -> str:
+        return self.description
+
+    def accepts(self, value: Any) -> bool:
+        return self.complaint(value) is None
+
+    def problem(self, value: Any) -> str | None:
+        return self.complaint(value)
+
+
+TEXT = Text()
+PATH = Text(path=True)
+FLAG = Kind(bool, "true or false")
+
+
+def _report_to_complaint(value: Any) -> str | None:
+    """Spelling only: whether a named tracker is installed is checked when the run starts."""
+    try:
+        parse_report_to(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _thresholds_complaint(value: Any) -> str | None:
+    try:
+        parse_thresholds(value)
+    except (TypeError, ValueError) as e:
+        return f"{e} (see docs/health.md)"
+    return None
+
+
+def _help(text: str, rule: Rule) -> dict:
+    """Field metadata: the --help text, ending with the valid values where the type does not say them, and the rule."""
+    return {"help": f"{text} Valid: {rule.text}." if rule.in_help else text, "rule": rule}
+
+
+def _default(f: Field) -> Any:
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None if f.default is MISSING else f.default
+
+
+def _check_field(f: Field, value: Any) -> None:
+    """Raise a ConfigError if `value` breaks field `f`'s rule: field, value, valid range and a fix."""
+    rule: Rule = f.metadata["rule"]
+    problem = rule.problem(value)
+    if problem is None:
+        return
+    example = rule.example if rule.example is not None else _default(f)
+    fix = ""
+    if example is not None:
+        shown = " ".join(map(str, example)) if isinstance(example, (list, tuple)) else example
+        fix = f" Pass e.g. --{f.name} {shown}{', or leave it out' if isinstance(rule, OrNone) else ''}."
+    raise ConfigError(f"{f.name}={value!r}: {problem}.{fix}")
 
 
 @dataclass
@@ -35,149 +279,198 @@ class TrainConfig:
     output_dir: str | None = field(
         default=None,
         metadata=_help(
-            "Run directory: resolved config, metrics.jsonl, samples, checkpoints. Default: runs/<run_name>."
+            "Run directory: resolved config, metrics.jsonl, samples, checkpoints. Default: runs/<run_name>.",
+            OrNone(PATH),
         ),
     )
-    exp_name: str = field(default="run", metadata=_help("Experiment name, used in the default run name."))
+    exp_name: str = field(default="run", metadata=_help("Experiment name, used in the default run name.", TEXT))
     run_name: str | None = field(
-        default=None, metadata=_help("Run name shown by the trackers. Default: <exp_name>-<seed>-<time>.")
+        default=None,
+        metadata=_help("Run name shown by the trackers. Default: <exp_name>-<seed>-<time>.", OrNone(TEXT)),
     )
-    project: str = field(default="rlhfkit", metadata=_help("Tracker project (Trackio / W&B project name)."))
+    project: str = field(default="rlhfkit", metadata=_help("Tracker project (Trackio / W&B project name).", TEXT))
     report_to: list[str] | None = field(
         default_factory=lambda: ["trackio"],
-        metadata=_help("Trackers: trackio, wandb, tensorboard, all or none (several allowed)."),
+        metadata=_help(
+            "Trackers (several allowed).",
+            Checked(f"tracker names: {', '.join(REPORT_TO_NAMES)}", _report_to_complaint),
+        ),
     )
     logging_dir: str | None = field(
-        default=None, metadata=_help("TensorBoard log directory. Default: <output_dir>/runs.")
+        default=None, metadata=_help("TensorBoard log directory. Default: <output_dir>/runs.", OrNone(PATH))
     )
-    logging_steps: int = field(default=1, metadata=_help("Log metrics every this many training steps."))
+    logging_steps: int = field(default=1, metadata=_help("Log metrics every this many training steps.", integer(ge=1)))
     save_steps: int = field(
-        default=500, metadata=_help("Save a checkpoint every this many training steps (and the model at the end).")
+        default=500,
+        metadata=_help(
+            "Save a checkpoint every this many training steps (0: none during training); the model is saved at the "
+            "end either way.",
+            integer(ge=0),
+        ),
     )
     save_total_limit: int | None = field(
-        default=None, metadata=_help("Keep at most this many checkpoints (oldest removed).")
+        default=None,
+        metadata=_help(
+            "Keep at most this many checkpoints (oldest removed). Default: all.", OrNone(integer(ge=1, example=2))
+        ),
     )
     resume_from_checkpoint: str | None = field(
         default=None,
-        metadata=_help("Continue a run exactly from a checkpoint-N directory, or 'latest' in --output_dir."),
+        metadata=_help(
+            "Continue a run exactly from a checkpoint-N directory, or 'latest' in --output_dir.", OrNone(PATH)
+        ),
     )
     overwrite_output_dir: bool = field(
         default=False,
-        metadata=_help("Start afresh in an --output_dir that already holds a run (its files are replaced)."),
+        metadata=_help("Start afresh in an --output_dir that already holds a run (its files are replaced).", FLAG),
     )
     max_nonfinite_steps: int = field(
         default=3,
         metadata=_help(
             "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row training stops "
-            "with a checkpoint of the last good state."
+            "with a checkpoint of the last good state.",
+            integer(ge=1),
         ),
     )
-    seed: int = field(default=42, metadata=_help("Random seed (sampling, data order, initialisation)."))
+    seed: int = field(
+        default=42,
+        metadata=_help(
+            "Random seed (sampling, data order, initialisation).",
+            # accelerate adds the process index to the seed, and NumPy refuses seeds of 2**32 or more.
+            integer(ge=0, le=2**31 - 1),
+        ),
+    )
     health: str = field(
         default="warn",
         metadata=_help(
             "Health checks on the logged metrics (docs/health.md): off; warn (print, log and record findings in "
             "health.jsonl); stop (also end training with a checkpoint on a critical finding, exit status 3).",
-            choices=["off", "warn", "stop"],
+            OneOf(HEALTH_MODES),
         ),
     )
     health_thresholds: str | None = field(
-        default=None, metadata=_help("Override health-check thresholds: 'name=value,name=value' (docs/health.md).")
+        default=None,
+        metadata=_help(
+            "Override health-check thresholds: 'name=value,name=value' (docs/health.md).",
+            OrNone(Checked("name=value pairs of docs/health.md's thresholds", _thresholds_complaint)),
+        ),
     )
 
     # --- models and data -------------------------------------------------------------------------
     model_name_or_path: str | None = field(
         default=None,
-        metadata=_help("Policy (and tokenizer) path. Without any model flag, the built-in task is used."),
+        metadata=_help(
+            "Policy (and tokenizer) path. Without any model flag, the built-in task is used.", OrNone(PATH)
+        ),
     )
     trust_remote_code: bool = field(
-        default=False, metadata=_help("Allow custom model code from the checkpoints. Off unless asked.")
+        default=False, metadata=_help("Allow custom model code from the checkpoints. Off unless asked.", FLAG)
     )
     dataset_name: str | None = field(
         default=None,
         metadata=_help(
             "Prompt dataset: a directory saved with datasets' save_to_disk, or a .json/.jsonl/.csv/.parquet file. "
-            "Default: the built-in task's prompts."
+            "Default: the built-in task's prompts.",
+            OrNone(PATH),
         ),
     )
-    dataset_train_split: str = field(default="train", metadata=_help("Split used for training."))
+    dataset_train_split: str = field(default="train", metadata=_help("Split used for training.", TEXT))
     dataset_test_split: str = field(
-        default="test", metadata=_help("Split used for sample generations and evaluation.")
+        default="test", metadata=_help("Split used for sample generations and evaluation.", TEXT)
     )
-    dataset_text_field: str = field(default="prompt", metadata=_help("Column holding the prompt text."))
+    dataset_text_field: str = field(default="prompt", metadata=_help("Column holding the prompt text.", TEXT))
     max_prompt_length: int | None = field(
         default=None,
-        metadata=_help("Prompts longer than this many tokens are dropped or truncated (prompt_overflow)."),
+        metadata=_help(
+            "Prompts longer than this many tokens are dropped or truncated (prompt_overflow).",
+            OrNone(integer(ge=1, example=512)),
+        ),
     )
     prompt_overflow: str = field(
         default="drop",
         metadata=_help(
             "What to do with prompts longer than max_prompt_length: drop them, or truncate them (keep the last "
             "max_prompt_length tokens, as TRL does). Either way the count is reported.",
-            choices=["drop", "truncate"],
+            OneOf(PROMPT_OVERFLOW),
         ),
     )
     task: str | None = field(
         default=None,
-        metadata=_help("task.json (or its directory) whose check function measures true success (eval/task_success)."),
+        metadata=_help(
+            "task.json (or its directory) whose check function measures true success (eval/task_success).",
+            OrNone(PATH),
+        ),
     )
 
     # --- optimisation ------------------------------------------------------------------------------
-    learning_rate: float = field(default=3e-6, metadata=_help("Initial learning rate (AdamW), decayed linearly to 0."))
-    warmup_steps: int = field(
-        default=0, metadata=_help("Steps of linear warm-up from 0 to learning_rate (overrides warmup_ratio).")
+    learning_rate: float = field(
+        default=3e-6, metadata=_help("Initial learning rate (AdamW), decayed linearly to 0.", number(gt=0))
     )
-    warmup_ratio: float = field(default=0.0, metadata=_help("Share of the steps used for linear warm-up."))
-    per_device_train_batch_size: int = field(default=64, metadata=_help("Micro-batch size per device."))
+    warmup_steps: int = field(
+        default=0,
+        metadata=_help("Steps of linear warm-up from 0 to learning_rate (overrides warmup_ratio).", integer(ge=0)),
+    )
+    warmup_ratio: float = field(
+        default=0.0, metadata=_help("Share of the steps used for linear warm-up.", number(ge=0, lt=1))
+    )
+    per_device_train_batch_size: int = field(default=64, metadata=_help("Micro-batch size per device.", integer(ge=1)))
     per_device_eval_batch_size: int = field(
-        default=64, metadata=_help("Batch size per device for sample generations.")
+        default=64, metadata=_help("Batch size per device for sample generations.", integer(ge=1))
     )
     gradient_accumulation_steps: int = field(
-        default=1, metadata=_help("Micro-batches accumulated per device into each optimizer step.")
+        default=1, metadata=_help("Micro-batches accumulated per device into each optimizer step.", integer(ge=1))
     )
-    num_train_epochs: float = field(default=3.0, metadata=_help("Passes over the prompts when no length is set."))
-    max_grad_norm: float | None = field(default=None, metadata=_help("Clip the gradient norm to this value."))
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay."))
-    adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW epsilon."))
-    temperature: float = field(default=0.7, metadata=_help("Sampling temperature (also applied to the log-probs)."))
+    num_train_epochs: float = field(
+        default=3.0, metadata=_help("Passes over the prompts when no length is set.", number(gt=0))
+    )
+    max_grad_norm: float | None = field(
+        default=None,
+        metadata=_help(
+            "Clip the gradient norm to this value (0 or unset: no clipping, as in transformers).",
+            OrNone(number(ge=0, example=1.0)),
+        ),
+    )
+    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay.", number(ge=0)))
+    # 0 is legal in torch, but a parameter whose gradient stays 0 then gets 0 / 0 = NaN updates.
+    adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW epsilon.", number(gt=0)))
+    temperature: float = field(
+        default=0.7, metadata=_help("Sampling temperature (also applied to the log-probs).", number(gt=0))
+    )
     num_sample_generations: int = field(
         default=10,
-        metadata=_help("How many times during training to log sample completions and evaluate (0: never)."),
+        metadata=_help(
+            "How many times during training to log sample completions and evaluate (0: never).", integer(ge=0)
+        ),
     )
 
     # --- precision ---------------------------------------------------------------------------------
     bf16: bool | None = field(
         default=None,
-        metadata=_help("bfloat16 weights. Default: only where the device is fast at it (CUDA with bf16)."),
+        metadata=_help(
+            "bfloat16 weights. Default: only where the device is fast at it (CUDA with bf16).", OrNone(FLAG)
+        ),
     )
-    fp16: bool = field(default=False, metadata=_help("float16 weights (CUDA only)."))
+    fp16: bool = field(default=False, metadata=_help("float16 weights (CUDA only).", FLAG))
 
     def __post_init__(self) -> None:
+        self._apply_aliases()
+        for f in fields(self):
+            _check_field(f, getattr(self, f.name))
+        self._check_combinations()
+
+    def _apply_aliases(self) -> None:
+        """Accepted spellings turned into the canonical value, before the rules see them."""
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
-        if self.health not in ("off", "warn", "stop"):
-            raise ConfigError(f"health={self.health!r}: use off, warn or stop.")
-        if self.prompt_overflow not in ("drop", "truncate"):
-            raise ConfigError(f"prompt_overflow={self.prompt_overflow!r}: use drop or truncate.")
-        if self.warmup_steps < 0 or not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(
-                f"warmup_steps must be >= 0 and warmup_ratio in [0, 1), got {self.warmup_steps} and {self.warmup_ratio}."
-            )
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise ConfigError(f"max_prompt_length must be >= 1 when set, got {self.max_prompt_length}.")
-        for name in self._positive_fields():
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}.")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be > 0 (the trainers sample), got {self.temperature}.")
+        # transformers (so TRL) turns clipping off with max_grad_norm=0, and a flag cannot say None; clipping to a
+        # norm of 0 would zero every gradient.
+        if self.max_grad_norm == 0:
+            self.max_grad_norm = None
 
-    def _positive_fields(self) -> tuple[str, ...]:
-        return (
-            "per_device_train_batch_size",
-            "gradient_accumulation_steps",
-            "per_device_eval_batch_size",
-            "max_nonfinite_steps",
-        )
+    def _check_combinations(self) -> None:
+        """Rules that tie fields together (each field has passed its own rule)."""
+        if self.fp16 and self.bf16:
+            raise ConfigError("fp16=True and bf16=True: choose one precision. Pass only one of --fp16 and --bf16.")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -187,110 +480,138 @@ class TrainConfig:
 class PPOConfig(TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.PPOTrainer` (names and meanings as in TRL's ``PPOConfig``)."""
 
-    exp_name: str = field(default="ppo", metadata=_help("Experiment name, used in the default run name."))
+    exp_name: str = field(default="ppo", metadata=_help("Experiment name, used in the default run name.", TEXT))
     sft_model_path: str | None = field(
-        default=None, metadata=_help("Policy and reference initialisation. Default: model_name_or_path.")
+        default=None,
+        metadata=_help("Policy and reference initialisation. Default: model_name_or_path.", OrNone(PATH)),
     )
     reward_model_path: str | None = field(
         default=None,
         metadata=_help(
             "Reward model (sequence classification, 1 label); the value model starts from it. "
-            "Default: a randomly initialised score head on the SFT model (a smoke test, as TRL's example)."
+            "Default: a randomly initialised score head on the SFT model (a smoke test, as TRL's example).",
+            OrNone(PATH),
         ),
     )
     value_model_path: str | None = field(
-        default=None, metadata=_help("Value model initialisation. Default: reward_model_path.")
+        default=None, metadata=_help("Value model initialisation. Default: reward_model_path.", OrNone(PATH))
     )
 
     # --- batch sizes and length of training ------------------------------------------------------
     per_device_train_batch_size: int = field(
-        default=64, metadata=_help("Micro-batch size per device for the PPO updates.")
+        default=64, metadata=_help("Micro-batch size per device for the PPO updates.", integer(ge=1))
     )
     gradient_accumulation_steps: int = field(
         default=1,
         metadata=_help(
-            "Each device collects per_device_train_batch_size x gradient_accumulation_steps rollouts per update."
+            "Each device collects per_device_train_batch_size x gradient_accumulation_steps rollouts per update; "
+            "a multiple of num_mini_batches.",
+            integer(ge=1),
         ),
     )
-    num_mini_batches: int = field(default=1, metadata=_help("Mini-batches (optimizer steps) per PPO epoch."))
-    num_ppo_epochs: int = field(default=4, metadata=_help("Passes over each rollout batch."))
+    num_mini_batches: int = field(
+        default=1, metadata=_help("Mini-batches (optimizer steps) per PPO epoch.", integer(ge=1))
+    )
+    num_ppo_epochs: int = field(default=4, metadata=_help("Passes over each rollout batch.", integer(ge=1)))
     total_episodes: int | None = field(
-        default=None, metadata=_help("Total prompts to train on. Default: num_train_epochs x dataset size.")
+        default=None,
+        metadata=_help(
+            "Total prompts to train on. Default: num_train_epochs x dataset size.",
+            OrNone(integer(ge=1, example=10000)),
+        ),
     )
     local_rollout_forward_batch_size: int = field(
-        default=64, metadata=_help("Per-device batch size of generation and scoring forwards.")
+        default=64, metadata=_help("Per-device batch size of generation and scoring forwards.", integer(ge=1))
     )
     max_grad_norm: float | None = field(
-        default=None, metadata=_help("Clip the gradient norm to this value (off by default, as TRL's PPO).")
+        default=None,
+        metadata=_help(
+            "Clip the gradient norm to this value (0 or unset: no clipping, the default as in TRL's PPO).",
+            OrNone(number(ge=0, example=1.0)),
+        ),
     )
 
     # --- generation --------------------------------------------------------------------------------
-    response_length: int = field(default=53, metadata=_help("Maximum new tokens per response."))
+    response_length: int = field(default=53, metadata=_help("Maximum new tokens per response.", integer(ge=1)))
     stop_token: str | None = field(
-        default=None, metadata=_help("'eos': truncate responses after the EOS token.", choices=["eos"])
+        default=None,
+        metadata=_help("'eos': truncate responses after the EOS token.", OrNone(OneOf(("eos",), example="eos"))),
     )
-    stop_token_id: int | None = field(default=None, metadata=_help("Truncate responses after this token id."))
+    stop_token_id: int | None = field(
+        default=None,
+        metadata=_help("Truncate responses after this token id.", OrNone(integer(ge=0, why="a token id"))),
+    )
     missing_eos_penalty: float | None = field(
-        default=None, metadata=_help("Subtract this from the score of responses without the stop token.")
+        default=None,
+        metadata=_help(
+            "Subtract this from the score of responses without the stop token (TRL: a positive value).",
+            OrNone(number(ge=0, example=1.0)),
+        ),
     )
     non_eos_penalty: bool = field(
-        default=False, metadata=_help("Replace the score of responses without the stop token by penalty_reward_value.")
+        default=False,
+        metadata=_help("Replace the score of responses without the stop token by penalty_reward_value.", FLAG),
     )
-    penalty_reward_value: float = field(default=-1.0, metadata=_help("Score given by non_eos_penalty."))
+    penalty_reward_value: float = field(default=-1.0, metadata=_help("Score given by non_eos_penalty.", number()))
 
     # --- PPO ---------------------------------------------------------------------------------------
-    kl_coef: float = field(default=0.05, metadata=_help("KL penalty coefficient (initial value when adaptive)."))
+    kl_coef: float = field(
+        default=0.05, metadata=_help("KL penalty coefficient (initial value when adaptive).", number(ge=0))
+    )
     kl_estimator: str = field(
         default="k1",
-        metadata=_help("Per-token KL estimator in the reward: k1 (log-ratio) or k3.", choices=list(KL_ESTIMATORS)),
+        metadata=_help("Per-token KL estimator in the reward: k1 (log-ratio) or k3.", OneOf(PPO_KL_ESTIMATORS)),
     )
     kl_target: float | None = field(
-        default=None, metadata=_help("Adaptive KL: target of objective/kl (off when unset).")
+        default=None,
+        metadata=_help("Adaptive KL: target of objective/kl (off when unset).", OrNone(number(gt=0, example=6.0))),
     )
-    kl_horizon: int = field(default=10000, metadata=_help("Adaptive KL: horizon in episodes."))
-    cliprange: float = field(default=0.2, metadata=_help("Policy ratio clip range."))
-    cliprange_value: float = field(default=0.2, metadata=_help("Value clip range."))
-    vf_coef: float = field(default=0.1, metadata=_help("Value loss coefficient."))
-    gamma: float = field(default=1.0, metadata=_help("Discount factor."))
-    lam: float = field(default=0.95, metadata=_help("GAE lambda."))
+    kl_horizon: int = field(default=10000, metadata=_help("Adaptive KL: horizon in episodes.", integer(ge=1)))
+    cliprange: float = field(default=0.2, metadata=_help("Policy ratio clip range.", number(gt=0)))
+    cliprange_value: float = field(default=0.2, metadata=_help("Value clip range.", number(gt=0)))
+    vf_coef: float = field(default=0.1, metadata=_help("Value loss coefficient.", number(ge=0)))
+    gamma: float = field(default=1.0, metadata=_help("Discount factor.", number(ge=0, le=1)))
+    lam: float = field(default=0.95, metadata=_help("GAE lambda.", number(ge=0, le=1)))
     whiten_rewards: bool = field(
-        default=False, metadata=_help("Whiten the per-token rewards (keeping their mean) before GAE.")
+        default=False, metadata=_help("Whiten the per-token rewards (keeping their mean) before GAE.", FLAG)
     )
 
     # --- older TRL API (accepted as aliases) -------------------------------------------------------
-    model_name: str | None = field(default=None, metadata=_help("Alias of model_name_or_path (older TRL API)."))
-    log_with: str | None = field(default=None, metadata=_help("Alias of report_to (older TRL API)."))
+    model_name: str | None = field(
+        default=None, metadata=_help("Alias of model_name_or_path (older TRL API).", OrNone(PATH))
+    )
+    log_with: str | None = field(default=None, metadata=_help("Alias of report_to (older TRL API).", OrNone(TEXT)))
     project_kwargs: dict | None = field(
-        default=None, metadata=_help("Older TRL API: {'logging_dir': PATH} sets logging_dir.")
+        default=None,
+        metadata=_help("Older TRL API: {'logging_dir': PATH} sets logging_dir.", OrNone(Kind(Mapping, "a mapping"))),
     )
 
-    def __post_init__(self) -> None:
+    def _apply_aliases(self) -> None:
         if self.model_name and not self.model_name_or_path:
             self.model_name_or_path = self.model_name
         if self.log_with:
             self.report_to = [self.log_with]
-        if self.project_kwargs and self.project_kwargs.get("logging_dir") and not self.logging_dir:
+        if (
+            isinstance(self.project_kwargs, Mapping)
+            and self.project_kwargs.get("logging_dir")
+            and not self.logging_dir
+        ):
             self.logging_dir = str(self.project_kwargs["logging_dir"])
-        super().__post_init__()
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ConfigError(
-                f"kl_estimator={self.kl_estimator!r} is not supported: use one of {', '.join(KL_ESTIMATORS)}."
-            )
-        if self.stop_token not in (None, "eos"):
-            raise ConfigError(
-                f"stop_token={self.stop_token!r}: the only named stop token is 'eos'; use stop_token_id for others."
-            )
-        if self.kl_target is not None and self.kl_target <= 0:
-            raise ConfigError(f"kl_target must be > 0 when set, got {self.kl_target}.")
+        super()._apply_aliases()
 
-    def _positive_fields(self) -> tuple[str, ...]:
-        return (
-            *super()._positive_fields(),
-            "num_mini_batches",
-            "num_ppo_epochs",
-            "local_rollout_forward_batch_size",
-            "response_length",
-        )
+    def _check_combinations(self) -> None:
+        super()._check_combinations()
+        # A mini-batch, per_device x GA / num_mini_batches rollouts, must be a whole number of per_device
+        # micro-batches: GA a multiple of num_mini_batches (ppo_batch_sizes relies on it).
+        accumulation, mini_batches = self.gradient_accumulation_steps, self.num_mini_batches
+        if accumulation % mini_batches:
+            fewer = max(d for d in range(1, mini_batches) if accumulation % d == 0)
+            raise ConfigError(
+                f"gradient_accumulation_steps={accumulation}, num_mini_batches={mini_batches}: "
+                "gradient_accumulation_steps must be a multiple of num_mini_batches, so that each mini-batch is a "
+                f"whole number of per_device_train_batch_size ({self.per_device_train_batch_size}) micro-batches. "
+                f"Pass e.g. --gradient_accumulation_steps {mini_batches}, or --num_mini_batches {fewer}."
+            )
 
 
 @dataclass
@@ -300,63 +621,117 @@ class GRPOConfig(TrainConfig):
     As in TRL, ``per_device_train_batch_size`` counts completions: 16 with ``num_generations=8`` is 2 prompts.
     """
 
-    exp_name: str = field(default="grpo", metadata=_help("Experiment name, used in the default run name."))
+    exp_name: str = field(default="grpo", metadata=_help("Experiment name, used in the default run name.", TEXT))
     reward_funcs: list[str] | None = field(
         default=None,
         metadata=_help(
             "Reward functions: names of the task's built-in rewards (e.g. correctness) or 'module:function' "
-            "references to f(prompts, completions, **columns) -> list[float | None]. Default: the task's rewards."
+            "references to f(prompts, completions, **columns) -> list[float | None]. Default: the task's rewards.",
+            OrNone(ListOf(TEXT)),
         ),
     )
     reward_model_path: list[str] | None = field(
         default=None,
-        metadata=_help("Reward models (sequence classification, 1 label, own tokenizer) added to reward_funcs."),
+        metadata=_help(
+            "Reward models (sequence classification, 1 label, own tokenizer) added to reward_funcs.",
+            OrNone(ListOf(PATH)),
+        ),
     )
     reward_weights: list[float] | None = field(
-        default=None, metadata=_help("Weight of each reward (reward_funcs, then reward models). Default: all 1.")
+        default=None,
+        metadata=_help(
+            "Weight of each reward (reward_funcs, then reward models). Default: all 1.",
+            OrNone(ListOf(number(), example=[1.0, 0.5])),
+        ),
     )
 
     # --- batch sizes and length of training ------------------------------------------------------
-    learning_rate: float = field(default=1e-6, metadata=_help("Initial learning rate (AdamW), decayed linearly to 0."))
+    learning_rate: float = field(
+        default=1e-6, metadata=_help("Initial learning rate (AdamW), decayed linearly to 0.", number(gt=0))
+    )
     per_device_train_batch_size: int = field(
         default=8,
-        metadata=_help("Completions per device per micro-batch; a multiple of num_generations (whole groups)."),
+        metadata=_help(
+            "Completions per device per micro-batch; a multiple of num_generations (whole groups).", integer(ge=1)
+        ),
     )
     max_steps: int = field(
-        default=-1, metadata=_help("Optimizer steps to train for; -1: num_train_epochs passes over the prompts.")
+        default=-1,
+        metadata=_help(
+            "Optimizer steps to train for; -1: num_train_epochs passes over the prompts.", integer(ge=1, also=(-1,))
+        ),
     )
     num_iterations: int = field(
-        default=1, metadata=_help("Optimizer steps on each generated batch (mu in the GRPO paper).")
+        default=1,
+        metadata=_help("Optimizer steps on each generated batch (mu in the GRPO paper).", integer(ge=1)),
     )
-    max_grad_norm: float | None = field(default=1.0, metadata=_help("Clip the gradient norm to this value."))
-    logging_steps: int = field(default=10, metadata=_help("Log metrics every this many optimizer steps."))
+    max_grad_norm: float | None = field(
+        default=1.0,
+        metadata=_help(
+            "Clip the gradient norm to this value (0: no clipping, as in transformers).", OrNone(number(ge=0))
+        ),
+    )
+    logging_steps: int = field(
+        default=10, metadata=_help("Log metrics every this many optimizer steps.", integer(ge=1))
+    )
     log_completions: bool = field(
         default=False,
         metadata=_help(
-            "Also log the completions table at every logging step (it is always logged num_sample_generations times)."
+            "Also log the completions table at every logging step (it is always logged num_sample_generations times).",
+            FLAG,
         ),
     )
     num_completions_to_print: int | None = field(
-        default=8, metadata=_help("Rows of each completions table printed to the console (all are logged).")
+        default=8,
+        metadata=_help(
+            "Rows of each completions table printed to the console (all are logged; unset: all).",
+            OrNone(integer(ge=0)),
+        ),
     )
 
     # --- generation --------------------------------------------------------------------------------
-    num_generations: int = field(default=8, metadata=_help("Completions sampled per prompt (the group size G)."))
-    max_prompt_length: int | None = field(default=512, metadata=_help("Drop prompts longer than this many tokens."))
-    max_completion_length: int = field(default=256, metadata=_help("Maximum new tokens per completion."))
-    temperature: float = field(default=1.0, metadata=_help("Sampling temperature (also applied to the log-probs)."))
-    top_p: float = field(
-        default=1.0, metadata=_help("Nucleus sampling: keep the smallest set of tokens with this mass.")
+    num_generations: int = field(
+        default=8,
+        metadata=_help(
+            "Completions sampled per prompt (the group size G).",
+            integer(ge=2, why="group-relative advantages compare completions of the same prompt"),
+        ),
     )
-    top_k: int = field(default=0, metadata=_help("Sample among the k most likely tokens (0: all)."))
+    max_prompt_length: int | None = field(
+        default=512,
+        metadata=_help(
+            "Prompts longer than this many tokens are dropped or truncated (prompt_overflow).",
+            OrNone(integer(ge=1)),
+        ),
+    )
+    max_completion_length: int = field(
+        default=256, metadata=_help("Maximum new tokens per completion.", integer(ge=1))
+    )
+    temperature: float = field(
+        default=1.0, metadata=_help("Sampling temperature (also applied to the log-probs).", number(gt=0))
+    )
+    top_p: float = field(
+        default=1.0,
+        metadata=_help("Nucleus sampling: keep the smallest set of tokens with this mass.", number(gt=0, le=1)),
+    )
+    top_k: int = field(default=0, metadata=_help("Sample among the k most likely tokens (0: all).", integer(ge=0)))
 
     # --- GRPO --------------------------------------------------------------------------------------
     beta: float = field(
-        default=0.0, metadata=_help("KL coefficient to the reference model (k3); 0 loads no reference model.")
+        default=0.0,
+        metadata=_help("KL coefficient to the reference model (k3); 0 loads no reference model.", number(ge=0)),
     )
-    epsilon: float = field(default=0.2, metadata=_help("Lower clip range of the ratio: clip(r, 1 - epsilon, ...)."))
+    # 0 is allowed: with num_iterations=1 every ratio is 1 and the clip never binds.
+    epsilon: float = field(
+        default=0.2,
+        metadata=_help("Lower clip range of the ratio: clip(r, 1 - epsilon, ...).", number(ge=0)),
+    )
     epsilon_high: float | None = field(
-        default=None, metadata=_help("Upper clip range: clip(r, ..., 1 + epsilon_high). Default: epsilon.")
+        default=None,
+        metadata=_help(
+            "Upper clip range: clip(r, ..., 1 + epsilon_high). Default: epsilon.",
+            OrNone(number(ge=0, example=0.28)),
+        ),
     )
     loss_type: str = field(
         default="dapo",
@@ -364,46 +739,31 @@ class GRPOConfig(TrainConfig):
             "How per-token losses are averaged: grpo (per sequence, then over sequences), bnpo (over the tokens "
             "of the micro-batch), dr_grpo (sum / (completions x max_completion_length)), dapo (over all tokens of "
             "the step, every process).",
-            choices=list(LOSS_TYPES),
+            OneOf(LOSS_TYPES),
         ),
     )
     scale_rewards: str = field(
         default="group",
         metadata=_help(
             "Divide group-centred rewards by the std of the group, of the batch, or not at all "
-            "(group | batch | none; true = group, false = none)."
+            "(true = group, false = none).",
+            OneOf(GROUP_SCALES),
         ),
     )
     mask_truncated_completions: bool = field(
-        default=False, metadata=_help("Leave completions that hit max_completion_length out of the loss.")
+        default=False, metadata=_help("Leave completions that hit max_completion_length out of the loss.", FLAG)
     )
 
-    def __post_init__(self) -> None:
+    def _apply_aliases(self) -> None:
         scale = self.scale_rewards
         if isinstance(scale, bool) or str(scale).lower() in ("true", "false"):
             self.scale_rewards = "group" if str(scale).lower() == "true" else "none"
-        super().__post_init__()
-        if self.loss_type not in LOSS_TYPES:
-            raise ConfigError(f"loss_type={self.loss_type!r} is not supported: use one of {', '.join(LOSS_TYPES)}.")
-        if self.scale_rewards not in SCALE_REWARDS:
-            raise ConfigError(
-                f"scale_rewards={self.scale_rewards!r}: use one of {', '.join(SCALE_REWARDS)} (or true / false)."
-            )
+        super()._apply_aliases()
+
+    def _check_combinations(self) -> None:
+        super()._check_combinations()
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
-        if self.epsilon < 0 or self.epsilon_high < 0:
-            raise ConfigError(f"epsilon and epsilon_high must be >= 0, got {self.epsilon} and {self.epsilon_high}.")
-        if self.beta < 0:
-            raise ConfigError(f"beta must be >= 0, got {self.beta}.")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}.")
-        if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0 = no limit), got {self.top_k}.")
-        if self.num_generations < 2:
-            raise ConfigError(
-                f"num_generations must be >= 2, got {self.num_generations}: group-relative advantages compare "
-                "completions of the same prompt."
-            )
         if self.per_device_train_batch_size % self.num_generations:
             raise ConfigError(
                 f"per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of "
@@ -411,9 +771,15 @@ class GRPOConfig(TrainConfig):
                 f"{self.num_generations} completions stay together. Try per_device_train_batch_size "
                 f"{self.num_generations * max(1, self.per_device_train_batch_size // self.num_generations)}."
             )
-
-    def _positive_fields(self) -> tuple[str, ...]:
-        return (*super()._positive_fields(), "num_iterations", "max_completion_length", "num_generations")
+        # Without reward_funcs the count is the task's, known once the task is loaded (the trainer checks it then).
+        if self.reward_weights is not None and self.reward_funcs:
+            sources = [*self.reward_funcs, *(self.reward_model_path or [])]
+            if len(self.reward_weights) != len(sources):
+                raise ConfigError(
+                    f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order of "
+                    f"reward_funcs then reward_model_path ({', '.join(map(str, sources))}), but has "
+                    f"{len(self.reward_weights)}. Pass e.g. --reward_weights {' '.join(['1.0'] * len(sources))}."
+                )
 
 
 class PPOBatchSizes(NamedTuple):
@@ -487,56 +853,3 @@ def warmup_steps(args: TrainConfig, num_steps: int) -> int:
 
 def config_field_names(cls: type) -> list[str]:
     return [f.name for f in fields(cls)]
-
-
-def default_run_name(args: TrainConfig) -> str:
-    import time
-
-    return f"{args.exp_name}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-RUN_FILES = ("run_config.json", "metrics.jsonl")
-
-
-def resolve_output_dir(args: TrainConfig) -> str:
-    """Fill in run_name and output_dir, and refuse an output_dir holding another run (nothing is written yet).
-
-    A run is only continued with --resume_from_checkpoint and only replaced with --overwrite_output_dir: losing a
-    finished run's logs to a repeated command is the kind of mistake that costs a day of compute.
-    """
-    if args.resume_from_checkpoint and args.output_dir is None:
-        raise ConfigError("--resume_from_checkpoint needs --output_dir: the run directory to continue.")
-    if args.run_name is None:
-        if args.resume_from_checkpoint:
-            previous = _previous_config(args.output_dir)
-            args.run_name = previous.get("run_name") or default_run_name(args)
-        else:
-            args.run_name = default_run_name(args)
-    if args.output_dir is None:
-        args.output_dir = os.path.join("runs", args.run_name)
-    if holds_run(args.output_dir) and not (args.resume_from_checkpoint or args.overwrite_output_dir):
-        held = [name for name in RUN_FILES if os.path.isfile(os.path.join(args.output_dir, name))]
-        raise ConfigError(
-            f"--output_dir {args.output_dir} already holds a run ({', '.join(held)}). Continue it with "
-            "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
-        )
-    return args.output_dir
-
-
-def holds_run(output_dir: str) -> bool:
-    """Whether output_dir holds another run: one that logged metrics, or a run_config.json without metrics.jsonl.
-    A run_config.json beside an empty metrics.jsonl is a run that never logged a step (a trainer built, never
-    trained) and may be reused."""
-    config, metrics = (os.path.join(output_dir, name) for name in RUN_FILES)
-    if os.path.isfile(metrics):
-        return os.path.getsize(metrics) > 0
-    return os.path.isfile(config) and os.path.getsize(config) > 0
-
-
-def _previous_config(output_dir: str) -> dict:
-    path = os.path.join(output_dir, "run_config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return {}

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
-from transformers import PreTrainedTokenizerBase
+
+if TYPE_CHECKING:  # datasets and transformers take ~1.5 s to import; rlhfkit.config reads PROMPT_OVERFLOW from here
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerBase
 
 _FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+PROMPT_OVERFLOW = ("drop", "truncate")  # what tokenize_prompts does with prompts over max_prompt_length
 
 
 class DataError(ValueError):
@@ -19,6 +23,8 @@ class DataError(ValueError):
 
 def load_prompt_splits(path: str, train_split: str, test_split: str | None) -> tuple[Dataset, Dataset | None]:
     """Train and (optional) test splits from a save_to_disk directory or a data file. Nothing is downloaded."""
+    from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+
     if not os.path.exists(path):
         raise DataError(
             f"--dataset_name {path!r} does not exist. Pass a directory saved with datasets' save_to_disk or a "
@@ -76,7 +82,8 @@ def tokenize_prompts(
 
     Rows longer than ``max_prompt_length`` are dropped (overflow="drop") or keep their last max_prompt_length
     tokens (overflow="truncate": the end of a prompt, next to the completion, matters most); either way the
-    number affected is reported through `log`, never silently.
+    number affected is reported through `log`, never silently. A prompt that is not text is a DataError naming its
+    row, raised before anything is tokenized.
     """
     if len(dataset) == 0:
         raise DataError(f"The {flag_prefix}dataset is empty: it needs at least one prompt.")
@@ -86,6 +93,7 @@ def tokenize_prompts(
                 f"The {flag_prefix}dataset has no {text_field!r} column (columns: {', '.join(dataset.column_names)}). "
                 f"Rename the prompt column or pass --dataset_text_field NAME."
             )
+        _check_prompts_are_text(dataset[text_field], text_field, flag_prefix)
         dataset = dataset.map(
             lambda batch: {"input_ids": tokenizer(batch[text_field], add_special_tokens=False)["input_ids"]},
             batched=True,
@@ -110,6 +118,28 @@ def tokenize_prompts(
                 f"{max_prompt_length} (--prompt_overflow truncate keeps them, cut)."
             )
     return dataset
+
+
+def _check_prompts_are_text(prompts: list, text_field: str, flag_prefix: str) -> None:
+    """A DataError naming the rows whose prompt is not a string: the tokenizer would fail on them deep inside, or
+    (a list) silently read them as pre-split words."""
+    bad = [i for i, prompt in enumerate(prompts) if not isinstance(prompt, str)]
+    if not bad:
+        return
+    rows = ", ".join(f"row {i}: {_describe(prompts[i])}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+    if any(isinstance(prompts[i], (list, dict)) for i in bad):
+        fix = "Chat-formatted prompts (lists of messages) are not supported yet: give each prompt as text"
+    else:
+        fix = "Fix or drop those rows"
+    raise DataError(
+        f"The {flag_prefix}dataset's {text_field!r} column (--dataset_text_field) must hold text, but {len(bad)} of "
+        f"{len(prompts)} rows do not ({rows}). {fix}, or pass --dataset_text_field NAME for the column that holds "
+        "the prompt text."
+    )
+
+
+def _describe(value: object) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r:.40}"
 
 
 def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 
 
 def cmd_quickstart(argv: Sequence[str]) -> int:
+    from rlhfkit.args import UsageError, parse_config
     from rlhfkit.builders import MODEL_FLAGS, build_ppo_trainer
-    from rlhfkit.cli import UsageError, parse_config
     from rlhfkit.config import PPOConfig
     from rlhfkit.evaluation import RewardModelJudge, TaskJudge, compare_judges, format_report, load_eval_prompts
     from rlhfkit.report import build_report

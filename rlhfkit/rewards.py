@@ -63,8 +63,8 @@ class RewardFunctionError(ValueError):
 class RewardOutput(NamedTuple):
     """One reward source's values for a batch of N completions."""
 
-    values: torch.Tensor  # (N,) float64; NaN where not applicable (the function returned None)
-    applicable: torch.Tensor  # (N,) bool, True where the function returned a number
+    values: torch.Tensor  # (N,) float64; NaN where not applicable (the function returned None or NaN)
+    applicable: torch.Tensor  # (N,) bool, True where the function returned a finite number
 
 
 def _as_number(value: Any) -> float | None:
@@ -86,6 +86,8 @@ def call_reward_function(
     kwargs carry ``completion_ids`` and the dataset's other columns, one value per completion. The function must
     return one float (or None: "not applicable", left out of means) per completion; anything else stops training
     with an error naming the function, because a silently misaligned reward trains the wrong behaviour.
+    NaN means "not applicable" too, as in TRL (its GRPO combines rewards with nansum and nanmean); +-inf is an error
+    naming the completion, since one infinite reward turns its whole group's advantages into NaN.
     """
     n = len(completions)
     try:
@@ -106,12 +108,18 @@ def call_reward_function(
     values = []
     for i, value in enumerate(out):
         try:
-            values.append(_as_number(value))
+            number = _as_number(value)
         except TypeError:
             raise RewardFunctionError(
                 f"reward function {name!r} returned {value!r} ({type(value).__name__}) for completion {i}; "
                 "rewards must be numbers, or None where the function does not apply."
             ) from None
+        if number is not None and math.isinf(number):
+            raise RewardFunctionError(
+                f"reward function {name!r} returned {number} for completion {i}; rewards must be finite (None or "
+                "NaN where the function does not apply)."
+            )
+        values.append(None if number is None or math.isnan(number) else number)
     applicable = torch.tensor([v is not None for v in values], dtype=torch.bool)
     tensor = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
     return RewardOutput(tensor, applicable)
@@ -129,7 +137,7 @@ def weighted_total(outputs: list[RewardOutput], weights: list[float], prompts: l
     if unscored.any():
         i = int(unscored.nonzero()[0])
         raise RewardFunctionError(
-            f"every reward function returned None for completion {i} (prompt {prompts[i]!r}); at least one must "
+            f"every reward function returned None or NaN for completion {i} (prompt {prompts[i]!r}); at least one must "
             "score each completion."
         )
     return torch.where(applicable, w * values, 0.0).sum(0)

@@ -152,7 +152,7 @@ def truncate_responses(raw: torch.Tensor, stop_ids: list[int], pad_token_id: int
     is_stop = torch.isin(raw, torch.tensor(stop_ids, device=raw.device))
     first_stop = ops.first_true_index(is_stop)  # T when there is none
     lengths = torch.where(first_stop < raw.shape[1], first_stop + 1, torch.full_like(first_stop, raw.shape[1]))
-    mask = torch.arange(raw.shape[1], device=raw.device)[None, :] < lengths[:, None]
+    mask = ops.mask_from_lengths(lengths, raw.shape[1])
     return Responses(ids=ids.masked_fill(~mask, pad_token_id), mask=mask, terminated=first_stop < raw.shape[1])
 
 

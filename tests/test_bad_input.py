@@ -4,12 +4,14 @@ traceback, and nothing already in --output_dir is destroyed."""
 import json
 import os
 import shutil
+import time
 import warnings
 
 import pytest
 from datasets import Dataset
 
 from rlhfkit.cli import main
+from rlhfkit.data import DataError, tokenize_prompts
 from tests.helpers import asset_flags
 
 SMALL = [
@@ -62,6 +64,58 @@ def test_missing_prompt_column(tiny_assets, out, tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(json.dumps({"text": f"sort {i}1=", "answer": "1"}) for i in range(4)))
     fails_cleanly(capsys, ppo(tiny_assets, out, dataset=data), out, "no 'prompt' column", "--dataset_text_field")
+
+
+def test_prompts_that_are_not_text_are_named_by_row(tiny_assets, out, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    rows = [{"prompt": None if i in (2, 5) else f"sort {i}1="} for i in range(8)]
+    data.write_text("\n".join(json.dumps(row) for row in rows))
+    fails_cleanly(
+        capsys, ppo(tiny_assets, out, dataset=data), out, "2 of 8 rows", "row 2: None, row 5: None",
+        "--dataset_text_field",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "prompts, needles",
+    [
+        ([[{"role": "user", "content": "sort 21="}]], ["row 0: list", "Chat-formatted prompts", "not supported yet"]),
+        ([21, 7], ["2 of 2 rows", "row 0: int 21, row 1: int 7", "Fix or drop those rows"]),
+    ],
+)
+def test_chat_and_number_prompts_are_refused_before_tokenizing(prompts, needles):
+    with pytest.raises(DataError) as info:  # no tokenizer needed: the check comes first
+        tokenize_prompts(Dataset.from_dict({"prompt": prompts}), None, "prompt", None)
+    assert all(needle in str(info.value) for needle in needles), str(info.value)
+
+
+def test_prompts_already_tokenized_are_not_read_as_text():
+    dataset = Dataset.from_dict({"prompt": [None, None], "input_ids": [[1, 2], [3]]})
+    assert tokenize_prompts(dataset, None, "prompt", None)["input_ids"] == [[1, 2], [3]]
+
+
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--learning_rate", "nan"], ["learning_rate=nan", "a finite number > 0", "--learning_rate 3e-06"]),
+        (["--num_ppo_epochs", "2.5"], ["num_ppo_epochs='2.5'", "an integer >= 1"]),
+        (["--gamma", "-1e-3"], ["gamma=-0.001", "a number in [0, 1]"]),
+        (["--kl_estimator", "k2"], ["kl_estimator='k2'", "one of k1, k3"]),
+        (["--save_total_limit", "0"], ["save_total_limit=0", "or leave it out"]),
+    ],
+)
+def test_bad_values_fail_before_loading_anything(tiny_assets, out, capsys, flags, needles):
+    fails_cleanly(capsys, ppo(tiny_assets, out, *flags), out, *needles)
+
+
+def test_bad_value_without_model_flags_fails_before_building_the_builtin_task(out, tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("RLHFKIT_CACHE", str(cache))
+    start = time.monotonic()
+    fails_cleanly(capsys, ["grpo", "--output_dir", str(out), "--num_generations", "1"], out, "num_generations=1")
+    assert time.monotonic() - start < 10  # building the task's assets takes minutes
+    assert not any(cache.iterdir())
 
 
 def test_empty_dataset(tiny_assets, out, tmp_path, capsys):

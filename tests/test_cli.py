@@ -7,14 +7,14 @@ import sys
 
 import pytest
 
-from rlhfkit.cli import parse_config
-from rlhfkit.config import PPOConfig
+from rlhfkit.args import UsageError, parse_config
+from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig
 from tests.helpers import asset_flags
 
 
-def rlhfkit(*args, cwd=None, timeout=300):
+def rlhfkit(*args, cwd=None, timeout=300, env=None):
     return subprocess.run(
-        [sys.executable, "-m", "rlhfkit.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout
+        [sys.executable, "-m", "rlhfkit.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env
     )
 
 
@@ -36,6 +36,7 @@ def test_help_lists_commands_and_ppo_flags():
     ):
         assert flag in ppo.stdout
     assert "Passes over each rollout batch" in ppo.stdout  # help text, not just names
+    assert "Valid: a number in [0, 1]." in " ".join(ppo.stdout.split())  # --gamma's rule
     assert rlhfkit("build-tiny", "--help").returncode == 0
 
 
@@ -117,6 +118,39 @@ def test_yaml_config_with_flag_override(tmp_path):
     path.write_text("learning_rte: 1.0e-5\n")
     result = rlhfkit("ppo", "--config", str(path))
     assert result.returncode == 2 and "learning_rte" in result.stderr
+    # YAML reads 2.0 as a float: refused for an integer field, not truncated; a number-like string is parsed.
+    path.write_text("num_ppo_epochs: 2.0\nlearning_rate: 1e-5\n")
+    with pytest.raises(ConfigError, match=r"num_ppo_epochs=2.0: must be an integer >= 1\."):
+        parse_config(PPOConfig, ["--config", str(path)], "rlhfkit ppo")
+    path.write_text("learning_rate: 1e-5\nreward_weights: [1, .nan]\n")
+    with pytest.raises(ConfigError, match=r"reward_weights=\[1, nan\]: entry 1 \(nan\)"):
+        parse_config(GRPOConfig, ["--config", str(path)], "rlhfkit grpo")
+
+
+def test_negative_numbers_are_values_and_argparse_errors_are_usage_errors():
+    args, _ = parse_config(PPOConfig, ["--penalty_reward_value", "-1e-2", "--missing_eos_penalty=0"], "rlhfkit ppo")
+    assert args.penalty_reward_value == -0.01 and args.missing_eos_penalty == 0
+    with pytest.raises(ConfigError, match=r"kl_coef=-inf: must be a finite number >= 0\."):
+        parse_config(PPOConfig, ["--kl_coef", "-inf"], "rlhfkit ppo")
+    with pytest.raises(UsageError, match="--learning_rate.*expected one argument"):
+        parse_config(PPOConfig, ["--learning_rate"], "rlhfkit ppo")
+    with pytest.raises(UsageError, match="--non_eos_penalty.*got maybe"):
+        parse_config(PPOConfig, ["--non_eos_penalty", "maybe"], "rlhfkit ppo")
+
+
+def test_bad_value_exits_2_before_anything_is_built_or_written(tmp_path):
+    """No model flags: the built-in task's assets would be built into $RLHFKIT_CACHE (minutes); the value is checked
+    first, so the command fails at once, and neither the cache nor --output_dir gets a file."""
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    cache.mkdir()
+    result = rlhfkit(
+        "ppo", "--learning_rate", "nan", "--output_dir", str(out), env=dict(os.environ, RLHFKIT_CACHE=str(cache)),
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "learning_rate=nan: must be a finite number > 0. Pass e.g. --learning_rate" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists() and not any(cache.iterdir())
 
 
 def test_non_dividing_batch_sizes_fail_naming_the_flags(tiny_assets, tmp_path):

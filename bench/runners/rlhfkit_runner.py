@@ -1,7 +1,7 @@
 """Run ``rlhfkit ppo`` or ``rlhfkit grpo`` from a benchmark spec, timed (runs in rlhfkit's environment).
 
 The trainer is built exactly as the CLI builds it: the spec's settings become the command line's flags, parsed by
-rlhfkit.cli.parse_config and turned into a trainer by rlhfkit.builders. Only ``trainer.train()`` is timed.
+rlhfkit.args.parse_config and turned into a trainer by rlhfkit.builders. Only ``trainer.train()`` is timed.
 """
 
 from __future__ import annotations
@@ -42,8 +42,8 @@ def main() -> None:
     spec = load_spec()
     probe = install_probe()
     from rlhfkit import __version__ as version
+    from rlhfkit.args import parse_config
     from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
-    from rlhfkit.cli import parse_config
     from rlhfkit.config import GRPOConfig, PPOConfig
 
     trainer_name = spec["trainer"]

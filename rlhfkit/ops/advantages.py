@@ -5,7 +5,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-GROUP_SCALES = ("group", "batch", "none")
+GROUP_SCALES = ("group", "batch", "none")  # group_advantages; GRPOConfig.scale_rewards accepts these
 
 
 class GAEOutput(NamedTuple):

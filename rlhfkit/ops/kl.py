@@ -8,7 +8,7 @@ from torch import Tensor
 
 from rlhfkit.ops.sequences import last_true_index
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3")  # kl_per_token; PPOConfig.kl_estimator accepts a subset (as TRL)
 
 
 def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tensor:

@@ -1,4 +1,5 @@
-"""PPO's clipped surrogate objectives for the policy and the value function, and explained variance.
+"""Policy-gradient losses: PPO's clipped surrogate objectives for the policy and the value function (and
+explained variance), GRPO's per-token loss and the ways its variants reduce it to a scalar.
 
 Inputs outside the mask are replaced with neutral values (log-ratio 0, advantage 0, value = return = 0)
 before any arithmetic, so padding holding garbage or inf cannot produce inf/NaN in the loss or its gradient
@@ -94,7 +95,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     return torch.where(no_variance, 0.0, 1.0 - var_error / torch.where(no_variance, 1.0, var_returns))
 
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")  # aggregate_token_loss; GRPOConfig.loss_type accepts these
 
 
 class GRPOLossOutput(NamedTuple):
@@ -104,7 +105,7 @@ class GRPOLossOutput(NamedTuple):
     ratio: Tensor  # exp(logprobs - old_logprobs)
     low_clipped: Tensor  # bool: r < 1 - eps_low and A < 0 (the clipped branch is active at the lower bound)
     high_clipped: Tensor  # bool: r > 1 + eps_high and A > 0
-    kl: Tensor  # k3 estimate of KL(policy || reference) per token; zeros when no reference is given
+    kl: Tensor  # k3 estimate of KL(policy || reference) per token; zeros when beta == 0
 
 
 def grpo_per_token_loss(
@@ -159,8 +160,9 @@ def aggregate_token_loss(
                weight per token, which Liu et al. 2025 ("Understanding R1-Zero-Like Training") show biases length.
     "bnpo":    token mean over the micro-batch.
     "dr_grpo": token sum / (B * max_completion_length) (Dr. GRPO): a constant normaliser, no length bias.
-    "dapo":    token sum / num_items (DAPO, Yu et al. 2025), num_items = the tokens of the whole optimizer step
-               (all micro-batches) per process, so every token of the step weighs the same.
+    "dapo":    token sum / num_items (DAPO, Yu et al. 2025), num_items = the loss tokens of the whole optimizer
+               step (all micro-batches, all processes) divided by the number of processes, which average their
+               gradients: every token of the step weighs the same.
     mask: (B, T) bool, True = counts. Returns ().
     """
     summed = torch.where(mask, per_token_loss, 0.0)

@@ -43,11 +43,12 @@ from rlhfkit.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rlhfkit.config import ConfigError, TrainConfig, resolve_output_dir, warmup_steps
+from rlhfkit.config import ConfigError, TrainConfig, warmup_steps
 from rlhfkit.health.watch import HealthStop, HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.tracking import RunLogger, make_trackers, resolve_report_to
+from rlhfkit.tracking.rundir import CONFIG_FILE, METRICS_FILE, holds_run, read_config
 from rlhfkit.trainers.common import (
     InterruptGuard,
     StepGuard,
@@ -57,6 +58,28 @@ from rlhfkit.trainers.common import (
     save_into,
     set_lr,
 )
+
+
+def resolve_output_dir(args: TrainConfig) -> str:
+    """Fill in run_name and output_dir, and refuse an output_dir holding another run (nothing is written yet).
+
+    A run is only continued with --resume_from_checkpoint and only replaced with --overwrite_output_dir: losing a
+    finished run's logs to a repeated command is the kind of mistake that costs a day of compute.
+    """
+    if args.resume_from_checkpoint and args.output_dir is None:
+        raise ConfigError("--resume_from_checkpoint needs --output_dir: the run directory to continue.")
+    if args.run_name is None:
+        previous = read_config(args.output_dir) if args.resume_from_checkpoint else {}
+        args.run_name = previous.get("run_name") or f"{args.exp_name}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.output_dir is None:
+        args.output_dir = os.path.join("runs", args.run_name)
+    if holds_run(args.output_dir) and not (args.resume_from_checkpoint or args.overwrite_output_dir):
+        held = [name for name in (CONFIG_FILE, METRICS_FILE) if os.path.isfile(os.path.join(args.output_dir, name))]
+        raise ConfigError(
+            f"--output_dir {args.output_dir} already holds a run ({', '.join(held)}). Continue it with "
+            "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
+        )
+    return args.output_dir
 
 
 class Trainee(Protocol):

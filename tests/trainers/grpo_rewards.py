@@ -47,5 +47,6 @@ def always_none(prompts, completions, **kwargs):
     return [None] * len(completions)
 
 
-def nan_reward(prompts, completions, **kwargs):
-    return [float("nan")] * len(completions)
+def overflowing_reward(prompts, completions, **kwargs):
+    """A finite reward so large that a group's mean overflows to inf: the advantages and the loss become NaN."""
+    return [1e308] * len(completions)

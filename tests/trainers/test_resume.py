@@ -142,12 +142,13 @@ def test_a_failing_tracker_is_dropped_and_training_goes_on(tiny_assets, tmp_path
 
 
 @pytest.mark.parametrize("limit", [2])
-def test_nan_rewards_skip_steps_then_stop_with_a_checkpoint(tiny_assets, tmp_path, limit):
-    """A reward function returning NaN: the NaN health rule fires, the steps are skipped, then training stops."""
+def test_nonfinite_losses_skip_steps_then_stop_with_a_checkpoint(tiny_assets, tmp_path, limit):
+    """Rewards that overflow make the loss NaN: the NaN health rule fires, the steps are skipped, then training stops.
+    (A reward function's own NaN means "not applicable", as None: tests/test_rewards.py.)"""
     from rlhfkit.checkpoint import NonFiniteStop
 
     args = grpo_config(
-        tiny_assets, tmp_path, reward_funcs=["tests.trainers.grpo_rewards:nan_reward"], max_steps=5,
+        tiny_assets, tmp_path, reward_funcs=["tests.trainers.grpo_rewards:overflowing_reward"], max_steps=5,
         max_nonfinite_steps=limit,
     )  # fmt: skip
     trainer = build_grpo_trainer(args, {"reward_funcs"})
@@ -163,4 +164,4 @@ def test_nan_rewards_skip_steps_then_stop_with_a_checkpoint(tiny_assets, tmp_pat
     with open(os.path.join(args.output_dir, "health.jsonl")) as f:
         findings = [json.loads(line) for line in f]
     assert findings[0]["rule"] == "nonfinite_metric" and findings[0]["severity"] == "critical"
-    assert "rewards/nan_reward/mean" in findings[0]["message"]
+    assert "rewards/overflowing_reward/mean" in findings[0]["message"]
