@@ -77,6 +77,15 @@ def load_scalar_model(path: str, dtype: torch.dtype, flag: str, trust_remote_cod
     return model
 
 
+def _with_tokenizer(model, tokenizer, load, dtype, trust_remote_code: bool, flag: str):
+    """`model` loaded with `load` when it is a path; the tokenizer given, else the one saved with the model (the
+    path it came from, as TRL does for a model object)."""
+    path = model if isinstance(model, str) else model.config._name_or_path
+    if isinstance(model, str):
+        model = load(model, dtype, flag, trust_remote_code)
+    return model, tokenizer or load_tokenizer(path, flag, trust_remote_code)
+
+
 def load_policy_and_tokenizer(
     model: str | nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
@@ -84,14 +93,8 @@ def load_policy_and_tokenizer(
     trust_remote_code: bool = False,
     flag: str = "model_name_or_path",
 ) -> tuple[nn.Module, PreTrainedTokenizerBase]:
-    """A causal LM and its tokenizer from a path (the tokenizer saved beside it unless one is given), or a model
-    object with its tokenizer (then required)."""
-    if isinstance(model, str):
-        tokenizer = tokenizer or load_tokenizer(model, flag, trust_remote_code)
-        model = load_policy(model, dtype, flag, trust_remote_code)
-    if tokenizer is None:
-        raise ModelLoadError("processing_class (the policy's tokenizer) is required when the model is an object.")
-    return model, tokenizer
+    """A causal LM (a path or a model object) and its tokenizer (given, or the one saved with the model)."""
+    return _with_tokenizer(model, tokenizer, load_policy, dtype, trust_remote_code, flag)
 
 
 def load_reward_model(
@@ -101,14 +104,9 @@ def load_reward_model(
     trust_remote_code: bool = False,
     flag: str = "reward_model_path",
 ) -> tuple[nn.Module, PreTrainedTokenizerBase]:
-    """A reward model (sequence classification, 1 label) and its own tokenizer, from a path or a model object (its
-    tokenizer then loads from the path it was loaded from unless given); its pad token id is set from the
-    tokenizer when missing, as batched scoring needs one."""
-    if isinstance(model, str):
-        tokenizer = tokenizer or load_tokenizer(model, flag, trust_remote_code)
-        model = load_scalar_model(model, dtype, flag, trust_remote_code)
-    if tokenizer is None:
-        tokenizer = load_tokenizer(model.config._name_or_path, flag, trust_remote_code)
+    """A reward model (sequence classification, 1 label; a path or a model object) and its tokenizer (given, or the
+    one saved with the model). Its pad token id is set from the tokenizer when missing: batched scoring needs one."""
+    model, tokenizer = _with_tokenizer(model, tokenizer, load_scalar_model, dtype, trust_remote_code, flag)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

@@ -106,7 +106,7 @@ class RunLogger:
         if sorted(wanted) != held:
             raise ValueError(
                 f"report_to resolves to {wanted} but the Accelerator was created with trackers {held}; "
-                "create it with Accelerator(log_with=rlhfkit.tracking.make_trackers(report_to, ...))"
+                "create it with Accelerator(log_with=rlhfkit.tracking.trackers.make_trackers(report_to, ...))"
             )
         self.tracker_names = wanted
 

@@ -47,8 +47,9 @@ from rlhfkit.config import ConfigError, TrainConfig, warmup_steps
 from rlhfkit.health.watch import HealthStop, HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.tracking import RunLogger, make_trackers, resolve_report_to
+from rlhfkit.tracking.logger import RunLogger
 from rlhfkit.tracking.rundir import CONFIG_FILE, METRICS_FILE, holds_run, read_config
+from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
 from rlhfkit.trainers.common import (
     InterruptGuard,
     StepGuard,

@@ -13,7 +13,8 @@ import sys
 import numpy as np
 from accelerate import Accelerator
 
-from rlhfkit.tracking import RunLogger, make_trackers
+from rlhfkit.tracking.logger import RunLogger
+from rlhfkit.tracking.trackers import make_trackers
 
 
 def main(spec_path: str) -> None:

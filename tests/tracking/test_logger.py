@@ -14,7 +14,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from rlhfkit.tracking import RunLogger
+from rlhfkit.tracking.logger import RunLogger
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(__file__).with_name("demo_run.py")
