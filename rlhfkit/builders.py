@@ -10,6 +10,7 @@ import warnings
 from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig, TrainConfig
 from rlhfkit.data import load_prompt_splits
 from rlhfkit.models import (
+    Hub,
     check_same_vocabulary,
     choose_dtype,
     load_policy,
@@ -86,11 +87,15 @@ def apply_builtin_task(
 
 
 def _load_data_and_task(args: TrainConfig):
+    """The prompt dataset's splits and the task, loaded before any model (a bad dataset fails fast)."""
     if args.dataset_name is None:
-        from rlhfkit.tasks import builtin_assets
-
-        args.dataset_name = os.path.join(str(builtin_assets()), "prompts")
-    train, test = load_prompt_splits(args.dataset_name, args.dataset_train_split, args.dataset_test_split)
+        raise ConfigError(
+            "Model flags were given but no --dataset_name: pass the prompt dataset to train on (a hub id, a local "
+            "directory or a .json/.jsonl/.csv/.parquet file). Without model flags, rlhfkit runs its built-in task."
+        )
+    train, test = load_prompt_splits(
+        args.dataset_name, args.dataset_train_split, args.dataset_test_split, args.dataset_config
+    )
     task = None
     if args.task:
         from rlhfkit.tasks import load_task
@@ -153,7 +158,8 @@ def resolve_reward_funcs(names: list[str] | None, task) -> list:
 
 
 def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
-    """A GRPOTrainer from paths in ``args``. Without model flags, the built-in task and its rewards are used."""
+    """A GRPOTrainer from the names in ``args`` (hub ids or local paths). Without model flags, the built-in task and
+    its rewards."""
     from rlhfkit.trainers.grpo import GRPOTrainer
 
     if uses_builtin_task(args):
@@ -175,16 +181,19 @@ def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = f
 
 
 def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
-    """A PPOTrainer from paths in ``args``. Without model flags, the built-in task is used."""
+    """A PPOTrainer from the names in ``args`` (hub ids or local paths). Without model flags, the built-in task."""
     from rlhfkit.trainers.ppo import PPOTrainer
 
     if uses_builtin_task(args):
         apply_builtin_task(args, explicit)
+    train, test, task = _load_data_and_task(args)
+    hub = Hub(args.model_revision, args.trust_remote_code)
     sft_path = args.sft_model_path or args.model_name_or_path
     sft_flag = "sft_model_path" if args.sft_model_path else "model_name_or_path"
-    tokenizer = load_tokenizer(args.model_name_or_path or sft_path, trust_remote_code=args.trust_remote_code)
+    tokenizer_flag = "model_name_or_path" if args.model_name_or_path else sft_flag
+    tokenizer = load_tokenizer(args.model_name_or_path or sft_path, tokenizer_flag, hub)
     dtype = choose_dtype(args.bf16, args.fp16)
-    policy = load_policy(sft_path, dtype, sft_flag, args.trust_remote_code)
+    policy = load_policy(sft_path, dtype, sft_flag, hub)
     if args.reward_model_path is None:
         warnings.warn(
             "No --reward_model_path: scoring with a randomly initialised head on the SFT model. This only checks that "
@@ -194,13 +203,12 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
     reward_path = args.reward_model_path or sft_path
     reward_flag = "reward_model_path" if args.reward_model_path else sft_flag
     # Scored with the policy's token ids: the reward model reads the policy's tokenizer (checked just below).
-    reward_model, _ = load_reward_model(reward_path, tokenizer, dtype, args.trust_remote_code, reward_flag)
-    check_same_vocabulary(tokenizer, reward_path, reward_model, reward_flag)
+    reward_model, _ = load_reward_model(reward_path, tokenizer, dtype, hub, reward_flag)
+    check_same_vocabulary(tokenizer, reward_path, reward_model, reward_flag, hub)
     value_model = None
     if args.value_model_path:
-        value_model = load_scalar_model(args.value_model_path, dtype, "value_model_path", args.trust_remote_code)
-        check_same_vocabulary(tokenizer, args.value_model_path, value_model, "value_model_path")
-    train, test, task = _load_data_and_task(args)
+        value_model = load_scalar_model(args.value_model_path, dtype, "value_model_path", hub)
+        check_same_vocabulary(tokenizer, args.value_model_path, value_model, "value_model_path", hub)
     return PPOTrainer(
         args=args,
         processing_class=tokenizer,

@@ -360,8 +360,12 @@ class TrainConfig:
     model_name_or_path: str | None = field(
         default=None,
         metadata=_help(
-            "Policy (and tokenizer) path. Without any model flag, the built-in task is used.", OrNone(PATH)
+            "Policy (and tokenizer): a hub id or a local directory. Without any model flag, the built-in task is used.",
+            OrNone(PATH),
         ),
+    )
+    model_revision: str = field(
+        default="main", metadata=_help("Revision (branch, tag or commit) of the hub ids of every model flag.", TEXT)
     )
     trust_remote_code: bool = field(
         default=False, metadata=_help("Allow custom model code from the checkpoints. Off unless asked.", FLAG)
@@ -369,10 +373,13 @@ class TrainConfig:
     dataset_name: str | None = field(
         default=None,
         metadata=_help(
-            "Prompt dataset: a directory saved with datasets' save_to_disk, or a .json/.jsonl/.csv/.parquet file. "
-            "Default: the built-in task's prompts.",
+            "Prompt dataset: a hub id, a directory (saved with save_to_disk, or holding data files) or a "
+            ".json/.jsonl/.csv/.parquet file. Required with model flags; without them, the built-in task's prompts.",
             OrNone(PATH),
         ),
+    )
+    dataset_config: str | None = field(
+        default=None, metadata=_help("Configuration (subset) of the dataset, as load_dataset's name.", OrNone(TEXT))
     )
     dataset_train_split: str = field(default="train", metadata=_help("Split used for training.", TEXT))
     dataset_test_split: str = field(
@@ -483,12 +490,15 @@ class PPOConfig(TrainConfig):
     exp_name: str = field(default="ppo", metadata=_help("Experiment name, used in the default run name.", TEXT))
     sft_model_path: str | None = field(
         default=None,
-        metadata=_help("Policy and reference initialisation. Default: model_name_or_path.", OrNone(PATH)),
+        metadata=_help(
+            "Policy and reference initialisation (hub id or local directory). Default: model_name_or_path.",
+            OrNone(PATH),
+        ),
     )
     reward_model_path: str | None = field(
         default=None,
         metadata=_help(
-            "Reward model (sequence classification, 1 label); the value model starts from it. "
+            "Reward model (sequence classification, 1 label; hub id or local directory); the value model starts from it. "
             "Default: a randomly initialised score head on the SFT model (a smoke test, as TRL's example).",
             OrNone(PATH),
         ),
@@ -633,7 +643,8 @@ class GRPOConfig(TrainConfig):
     reward_model_path: list[str] | None = field(
         default=None,
         metadata=_help(
-            "Reward models (sequence classification, 1 label, own tokenizer) added to reward_funcs.",
+            "Reward models (sequence classification, 1 label, own tokenizer; hub ids or local directories) added to "
+            "reward_funcs.",
             OrNone(ListOf(PATH)),
         ),
     )

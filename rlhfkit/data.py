@@ -1,16 +1,17 @@
-"""Prompt datasets from local files: loading, tokenization, left-padded batches, a seeded endless iterator."""
+"""Prompt datasets (hub ids or local files): loading, chat templates, tokenization, left-padded batches, a seeded
+endless iterator."""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:  # datasets and transformers take ~1.5 s to import; rlhfkit.config reads PROMPT_OVERFLOW from here
-    from datasets import Dataset
+    from datasets import Dataset, DatasetDict
     from transformers import PreTrainedTokenizerBase
 
 _FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -21,52 +22,89 @@ class DataError(ValueError):
     """The dataset cannot be used; the message names the flag and the fix."""
 
 
-def load_prompt_splits(path: str, train_split: str, test_split: str | None) -> tuple[Dataset, Dataset | None]:
-    """Train and (optional) test splits from a save_to_disk directory or a data file. Nothing is downloaded."""
-    from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+def load_splits(name: str, config: str | None = None, flag: str = "dataset_name") -> DatasetDict | Dataset:
+    """A dataset as TRL's scripts load it: a hub id (downloaded, or read from the datasets cache offline), a
+    directory saved with save_to_disk, a directory of data files, or one .json/.jsonl/.csv/.parquet file (a single
+    split, used as whichever split is asked for). config: the dataset's configuration (load_dataset's name), for hub ids and file
+    directories. A name that cannot be loaded is a DataError naming the flag and what to do."""
+    from datasets import load_dataset, load_from_disk
 
-    if not os.path.exists(path):
-        raise DataError(
-            f"--dataset_name {path!r} does not exist. Pass a directory saved with datasets' save_to_disk or a "
-            f"{'/'.join(_FILE_TYPES)} file (datasets are read locally, never downloaded)."
+    path = os.path.expanduser(name)
+    try:
+        if os.path.isdir(path) and _saved_to_disk(path):
+            return load_from_disk(path)
+        if os.path.isfile(path):
+            ext = os.path.splitext(path)[1].lower()
+            if ext not in _FILE_TYPES:
+                raise DataError(
+                    f"--{flag} {name!r}: unsupported file type {ext!r}; use one of {', '.join(_FILE_TYPES)}."
+                )
+            return load_dataset(_FILE_TYPES[ext], data_files=path, split="train")  # one split: whichever is asked
+        return load_dataset(path, config)  # a hub id, or a directory of data files
+    except DataError:
+        raise
+    except Exception as error:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ValueError...)
+        raise DataError(_why_not_loaded(name, flag, error)) from error
+
+
+def _saved_to_disk(path: str) -> bool:
+    return any(os.path.isfile(os.path.join(path, f)) for f in ("dataset_dict.json", "state.json", "dataset_info.json"))
+
+
+def _why_not_loaded(name: str, flag: str, error: Exception) -> str:
+    from datasets import config as datasets_config
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    where = f"--{flag} {name!r}"
+    if os.path.isdir(os.path.expanduser(name)):
+        if _is_empty_saved_dataset(os.path.expanduser(name)):
+            return f"The dataset at {where} is empty: it needs at least one prompt."
+        return (
+            f"{where} cannot be read as a dataset ({type(error).__name__}: {error}). Pass a directory written by "
+            f"save_to_disk, a directory of {'/'.join(_FILE_TYPES)} files, or a hub id."
         )
-    if os.path.isdir(path):
-        try:
-            data = load_from_disk(path)
-        except Exception as e:
-            raise DataError(_unreadable(path, e)) from e
-    else:
-        ext = os.path.splitext(path)[1].lower()
-        if ext not in _FILE_TYPES:
-            raise DataError(
-                f"--dataset_name {path!r}: unsupported file type {ext!r}; use one of {', '.join(_FILE_TYPES)}."
-            )
-        try:
-            data = load_dataset(_FILE_TYPES[ext], data_files={train_split: path})
-        except Exception as e:
-            raise DataError(_unreadable(path, e)) from e
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return f"{where} does not exist: it is neither a local file or directory nor a hub dataset id (ORG/NAME)."
+    if datasets_config.HF_HUB_OFFLINE:  # HF_HUB_OFFLINE or HF_DATASETS_OFFLINE
+        return (
+            f"{where} is not in the datasets cache ({datasets_config.HF_DATASETS_CACHE}) and offline mode "
+            "(HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1) forbids downloading it. Load it once online, unset the "
+            "offline variables, or pass a local file or directory."
+        )
+    return (
+        f"{where} could not be loaded ({type(error).__name__}: {error}). Check the id (and --dataset_config), the "
+        "connection, and log in (hf auth login) for private or gated datasets; or pass a local file or directory."
+    )
+
+
+def _is_empty_saved_dataset(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "state.json"), encoding="utf-8") as f:
+            return json.load(f).get("_data_files") == []
+    except (OSError, ValueError):
+        return False
+
+
+def load_prompt_splits(
+    name: str, train_split: str, test_split: str | None, config: str | None = None
+) -> tuple[Dataset, Dataset | None]:
+    """The train split and the test split (None when the dataset has none of that name) of :func:`load_splits`. A
+    dataset saved as a single split is the train split."""
+    from datasets import Dataset
+
+    data = load_splits(name, config)
     if isinstance(data, Dataset):
         return data, None
-    assert isinstance(data, DatasetDict)
     if train_split not in data:
-        raise DataError(f"--dataset_train_split {train_split!r} is not in {path!r} (splits: {', '.join(data)}).")
+        raise DataError(
+            f"--dataset_train_split {train_split!r} is not a split of {name!r} (splits: {', '.join(data)}): pass "
+            "one of them."
+        )
     test = data[test_split] if test_split and test_split in data else None
     return data[train_split], test
-
-
-def _unreadable(path: str, error: Exception) -> str:
-    """The message for a dataset that exists but cannot be read; an empty one (no data files) is named as such."""
-    state = os.path.join(path, "state.json")
-    try:
-        with open(state, encoding="utf-8") as f:
-            if json.load(f).get("_data_files") == []:
-                return f"The dataset at --dataset_name {path!r} is empty: it needs at least one prompt."
-    except (OSError, ValueError):
-        pass
-    return (
-        f"--dataset_name {path!r} cannot be read ({type(error).__name__}: {error}). Pass a directory written by "
-        f"datasets' save_to_disk or a {'/'.join(_FILE_TYPES)} file."
-    )
 
 
 def tokenize_prompts(
@@ -93,11 +131,11 @@ def tokenize_prompts(
                 f"The {flag_prefix}dataset has no {text_field!r} column (columns: {', '.join(dataset.column_names)}). "
                 f"Rename the prompt column or pass --dataset_text_field NAME."
             )
-        _check_prompts_are_text(dataset[text_field], text_field, flag_prefix)
-        dataset = dataset.map(
-            lambda batch: {"input_ids": tokenizer(batch[text_field], add_special_tokens=False)["input_ids"]},
-            batched=True,
-        )
+        prompts = dataset[text_field]
+        _check_prompts(prompts, text_field, flag_prefix, tokenizer)
+        # As TRL: a chat template already writes the special tokens it wants, and text prompts are used as given.
+        texts = [prompt_text(prompt, tokenizer) for prompt in prompts]
+        dataset = dataset.add_column("input_ids", tokenizer(texts, add_special_tokens=False)["input_ids"])
     if max_prompt_length is not None:
         too_long = sum(len(ids) > max_prompt_length for ids in dataset["input_ids"])
         if too_long and overflow == "truncate":
@@ -120,22 +158,50 @@ def tokenize_prompts(
     return dataset
 
 
-def _check_prompts_are_text(prompts: list, text_field: str, flag_prefix: str) -> None:
-    """A DataError naming the rows whose prompt is not a string: the tokenizer would fail on them deep inside, or
-    (a list) silently read them as pre-split words."""
-    bad = [i for i, prompt in enumerate(prompts) if not isinstance(prompt, str)]
-    if not bad:
-        return
-    rows = ", ".join(f"row {i}: {_describe(prompts[i])}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
-    if any(isinstance(prompts[i], (list, dict)) for i in bad):
-        fix = "Chat-formatted prompts (lists of messages) are not supported yet: give each prompt as text"
-    else:
-        fix = "Fix or drop those rows"
-    raise DataError(
-        f"The {flag_prefix}dataset's {text_field!r} column (--dataset_text_field) must hold text, but {len(bad)} of "
-        f"{len(prompts)} rows do not ({rows}). {fix}, or pass --dataset_text_field NAME for the column that holds "
-        "the prompt text."
+def is_conversational(prompt: object) -> bool:
+    """TRL's conversational format: a list of messages, each a mapping with a "role" and a "content"."""
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(message, Mapping) and {"role", "content"} <= set(message) for message in prompt)
     )
+
+
+def prompt_text(prompt: str | list[dict], tokenizer: PreTrainedTokenizerBase) -> str:
+    """What the model reads: a text prompt as it is; a conversation through the tokenizer's chat template, ending
+    with the assistant's turn (add_generation_prompt=True)."""
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def as_completions(completions: list[str], prompts: list) -> list:
+    """Completions in the prompts' format, as TRL hands them to reward functions: text for text prompts, one
+    assistant message ([{"role": "assistant", "content": text}]) for conversations."""
+    return [
+        [{"role": "assistant", "content": completion}] if is_conversational(prompt) else completion
+        for completion, prompt in zip(completions, prompts, strict=True)
+    ]
+
+
+def _check_prompts(prompts: list, text_field: str, flag_prefix: str, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A DataError naming the rows whose prompt is neither text nor a conversation (the tokenizer would fail on them
+    deep inside, or read a list of strings as pre-split words), or conversations without a chat template to render
+    them."""
+    bad = [i for i, prompt in enumerate(prompts) if not (isinstance(prompt, str) or is_conversational(prompt))]
+    if bad:
+        rows = ", ".join(f"row {i}: {_describe(prompts[i])}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        raise DataError(
+            f"The {flag_prefix}dataset's {text_field!r} column (--dataset_text_field) must hold text or conversations "
+            f"(lists of {{'role', 'content'}} messages), but {len(bad)} of {len(prompts)} rows do not ({rows}). Fix "
+            "or drop those rows, or pass --dataset_text_field NAME for the column that holds the prompts."
+        )
+    if any(map(is_conversational, prompts)) and not getattr(tokenizer, "chat_template", None):
+        raise DataError(
+            f"The {flag_prefix}dataset's prompts are conversations (lists of messages), but the policy's tokenizer "
+            f"({tokenizer.name_or_path}) has no chat template to render them. Use a chat model's tokenizer (one with "
+            "a chat_template), set tokenizer.chat_template, or give the prompts as text."
+        )
 
 
 def _describe(value: object) -> str:

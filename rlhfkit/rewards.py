@@ -14,7 +14,8 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.config import ConfigError
-from rlhfkit.models import load_reward_model, token_values
+from rlhfkit.data import is_conversational
+from rlhfkit.models import DEFAULT_HUB, Hub, load_reward_model, token_values
 
 
 @torch.inference_mode()
@@ -149,6 +150,8 @@ class RewardModelFunction:
     When the reward model's tokenizer is the policy's (same vocabulary), the policy's own token ids are scored,
     EOS included, exactly as the reward model saw sequences in training. Otherwise prompt + completion text is
     re-tokenised with the reward model's tokenizer (TRL's behaviour), so any reward model works with any policy.
+    Conversations (prompt messages plus the assistant's completion) are always rendered with the reward model's own
+    chat template, as TRL does: the template the reward model was trained with.
     """
 
     def __init__(self, model: nn.Module, tokenizer, name: str, same_vocab: bool, batch_size: int = 64):
@@ -159,13 +162,14 @@ class RewardModelFunction:
         self.batch_size = batch_size
 
     @torch.inference_mode()
-    def __call__(self, prompts: list[str], completions: list[str], sequence_ids=None, **kwargs) -> list[float]:
+    def __call__(self, prompts: list, completions: list, sequence_ids=None, **kwargs) -> list[float]:
         device = next(self.model.parameters()).device
-        if self.same_vocab and sequence_ids is not None:
+        if self.same_vocab and sequence_ids is not None and not is_conversational(prompts[0]):
             ids, mask = sequence_ids
         else:
-            texts = [p + c for p, c in zip(prompts, completions, strict=True)]
-            enc = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=False)
+            enc = self.tokenizer(
+                self._texts(prompts, completions), padding=True, return_tensors="pt", add_special_tokens=False
+            )
             ids, mask = enc["input_ids"], enc["attention_mask"].bool()
         scores = [
             reward_model_scores(
@@ -174,6 +178,16 @@ class RewardModelFunction:
             for i in range(0, len(ids), self.batch_size)
         ]
         return torch.cat(scores).double().cpu().tolist()
+
+    def _texts(self, prompts: list, completions: list) -> list[str]:
+        if not is_conversational(prompts[0]):
+            return [p + c for p, c in zip(prompts, completions, strict=True)]
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise RewardFunctionError(
+                f"reward model {self.__name__!r} scores conversations, but its tokenizer has no chat template to "
+                "render them: use a reward model with one (set tokenizer.chat_template), or text prompts."
+            )
+        return [self.tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
 
 
 def reward_name(source: Callable | nn.Module) -> str:
@@ -190,7 +204,7 @@ def reward_sources(
     policy_tokenizer: PreTrainedTokenizerBase,
     dtype: torch.dtype,
     device: torch.device,
-    trust_remote_code: bool = False,
+    hub: Hub = DEFAULT_HUB,
 ) -> tuple[list[str], list[Callable]]:
     """Names and callables of GRPO's reward sources (TRL's ``reward_funcs``): callables stay as they are; reward
     models, given as paths or modules, are loaded with their own tokenizer and wrapped as RewardModelFunction.
@@ -208,7 +222,7 @@ def reward_sources(
     names, funcs = [], []
     for source, tokenizer in zip(sources, processing_classes):
         if isinstance(source, (str, nn.Module)):
-            model, tokenizer = load_reward_model(source, tokenizer, dtype, trust_remote_code)
+            model, tokenizer = load_reward_model(source, tokenizer, dtype, hub)
             same_vocab = tokenizer.get_vocab() == policy_tokenizer.get_vocab()
             model = model.eval().requires_grad_(False).to(device)
             source = RewardModelFunction(model, tokenizer, reward_name(model), same_vocab)

@@ -79,14 +79,24 @@ def test_prompts_that_are_not_text_are_named_by_row(tiny_assets, out, tmp_path, 
 @pytest.mark.parametrize(
     "prompts, needles",
     [
-        ([[{"role": "user", "content": "sort 21="}]], ["row 0: list", "Chat-formatted prompts", "not supported yet"]),
         ([21, 7], ["2 of 2 rows", "row 0: int 21, row 1: int 7", "Fix or drop those rows"]),
+        ([["sort 21="]], ["row 0: list", "lists of {'role', 'content'} messages"]),  # a list, but no messages
     ],
 )
-def test_chat_and_number_prompts_are_refused_before_tokenizing(prompts, needles):
+def test_prompts_that_are_neither_text_nor_conversations_are_refused_before_tokenizing(prompts, needles):
     with pytest.raises(DataError) as info:  # no tokenizer needed: the check comes first
         tokenize_prompts(Dataset.from_dict({"prompt": prompts}), None, "prompt", None)
     assert all(needle in str(info.value) for needle in needles), str(info.value)
+
+
+def test_conversations_need_a_chat_template(tiny_assets):
+    from rlhfkit.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_assets / "tokenizer"))  # the built-in task's tokenizer has none
+    with pytest.raises(DataError, match="has no chat template"):
+        tokenize_prompts(
+            Dataset.from_dict({"prompt": [[{"role": "user", "content": "sort 21="}]]}), tokenizer, "prompt", None
+        )
 
 
 def test_prompts_already_tokenized_are_not_read_as_text():

@@ -171,8 +171,11 @@ def test_non_dividing_batch_sizes_fail_naming_the_flags(tiny_assets, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_missing_model_directory_is_a_clear_error(tmp_path):
-    result = rlhfkit("ppo", "--model_name_or_path", str(tmp_path / "nope"), "--output_dir", str(tmp_path / "run"))
+def test_missing_model_directory_is_a_clear_error(tiny_assets, tmp_path):
+    result = rlhfkit(
+        "ppo", "--model_name_or_path", str(tmp_path / "nope"), "--dataset_name", str(tiny_assets / "prompts"),
+        "--output_dir", str(tmp_path / "run"),
+    )  # fmt: skip
     assert result.returncode == 2 and "--model_name_or_path" in result.stderr and "Traceback" not in result.stderr
 
 

@@ -7,7 +7,6 @@ The Python entry points behind `rlhfkit eval`:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -21,34 +20,22 @@ from .winrate import WinRate, tally
 def load_eval_prompts(
     dataset: str | Path, split: str = "test", text_field: str = "prompt", num_examples: int | None = None
 ) -> list[str]:
-    """The first `num_examples` prompts (all when None) of `split` of a local dataset.
+    """The first `num_examples` prompts (all when None) of `split` of a dataset (a hub id or local files, as
+    rlhfkit.data.load_splits reads them; a dataset saved as a single split is used whole).
 
-    dataset: a save_to_disk directory (a DatasetDict with `split`, or a single Dataset) or a .json/.jsonl/.csv/
-    .parquet file (its rows are the split). The first rows, not a random sample, as TRL's judge_tldr.py takes them:
-    the same flags always evaluate the same prompts.
+    The first rows, not a random sample, as TRL's judge_tldr.py takes them: the same flags always evaluate the same
+    prompts.
     """
-    from datasets import Dataset, DatasetDict, load_from_disk
+    from datasets import Dataset
 
-    from rlhfkit.data import load_prompt_splits
+    from rlhfkit.data import load_splits
 
     path = str(dataset)
-    if not os.path.exists(path):
-        raise EvalError(
-            f"--dataset {path!r} does not exist. Pass a directory saved with datasets' save_to_disk or a "
-            f".json/.jsonl/.csv/.parquet file, or omit --dataset to use the built-in task's test prompts."
-        )
-    if os.path.isdir(path):
-        try:
-            data = load_from_disk(path)
-        except FileNotFoundError:
-            raise EvalError(f"--dataset {path!r} is a directory but not one saved with save_to_disk.") from None
-        if isinstance(data, DatasetDict):
-            if split not in data:
-                raise EvalError(f"--dataset_test_split {split!r} is not in {path!r} (splits: {', '.join(data)}).")
-            data = data[split]
-    else:
-        data, _ = load_prompt_splits(path, split, None)
-    assert isinstance(data, Dataset)
+    data = load_splits(path, flag="dataset")
+    if not isinstance(data, Dataset):
+        if split not in data:
+            raise EvalError(f"--dataset_test_split {split!r} is not in {path!r} (splits: {', '.join(data)}).")
+        data = data[split]
     return _prompt_column(data, path, text_field, num_examples)
 
 

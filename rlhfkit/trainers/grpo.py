@@ -36,10 +36,10 @@ from transformers import PreTrainedTokenizerBase
 from rlhfkit import ops
 from rlhfkit.checkpoint import load_weights
 from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes
-from rlhfkit.data import endless_batches, tokenize_prompts
+from rlhfkit.data import as_completions, endless_batches, prompt_text, tokenize_prompts
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.models import choose_dtype, disable_dropout, frozen_copy, load_policy_and_tokenizer, policy_logits
+from rlhfkit.models import Hub, choose_dtype, disable_dropout, frozen_copy, load_policy_and_tokenizer, policy_logits
 from rlhfkit.rewards import RewardModelFunction, RewardOutput, call_reward_function, reward_sources, weighted_total
 from rlhfkit.rollout import (
     complete,
@@ -57,7 +57,7 @@ from rlhfkit.trainers.run import TrainingRun
 class GenerationBatch:
     """One generation on this process: N = local prompts x G completions, groups contiguous. T response width."""
 
-    prompts: list[str]  # (N,) prompt text, each repeated G times
+    prompts: list  # (N,) the dataset's prompts (text, or lists of messages), each repeated G times
     completions: list[str]  # (N,) completion text (special tokens removed)
     input_ids: torch.Tensor  # (N, Lq + T) left-padded prompt then right-padded completion
     attention_mask: torch.Tensor  # (N, Lq + T) bool
@@ -99,13 +99,14 @@ class GRPOTrainer:
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
         dtype = choose_dtype(args.bf16, args.fp16)
-        model, tok = load_policy_and_tokenizer(model, processing_class, dtype, args.trust_remote_code)
+        hub = Hub(args.model_revision, args.trust_remote_code)
+        model, tok = load_policy_and_tokenizer(model, processing_class, dtype, hub)
         self.tokenizer = tok
         self.task = task
         self.stop_ids = terminator_ids(tok, model)
         model.generation_config.pad_token_id = tok.pad_token_id
         self.reward_names, self.reward_funcs = reward_sources(
-            reward_funcs, reward_processing_classes, tok, dtype, acc.device, args.trust_remote_code
+            reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub
         )
         weights = args.reward_weights or [1.0] * len(self.reward_funcs)
         if len(weights) != len(self.reward_funcs):
@@ -191,11 +192,15 @@ class GRPOTrainer:
             run.end_step(step, {M.NUM_TOKENS.name: progress.num_tokens})
 
     # ------------------------------------------------------------------------------------------------
-    def _score(self, rows: list[dict], prompts: list[str], completions: list[str], ids, mask, resp_ids, resp_mask):
-        """Every reward source's RewardOutput for these completions (rows: dataset rows, one per completion)."""
+    def _score(self, rows: list[dict], prompts: list, completions: list[str], ids, mask, resp_ids, resp_mask):
+        """Every reward source's RewardOutput for these completions (rows: dataset rows, one per completion).
+
+        As in TRL, reward functions get the dataset's prompts as they are (text, or lists of messages) and the
+        completions in the same format (text, or [{"role": "assistant", "content": text}])."""
         skip = {self.args.dataset_text_field, "input_ids"}
         columns = {key: [row[key] for row in rows] for key in rows[0] if key not in skip} if rows else {}
         completion_ids = [r[m].tolist() for r, m in zip(resp_ids, resp_mask)]
+        completions = as_completions(completions, prompts)
         outputs = []
         for name, fn in zip(self.reward_names, self.reward_funcs):
             extra = {"sequence_ids": (ids, mask)} if isinstance(fn, RewardModelFunction) else {}
@@ -349,9 +354,10 @@ class GRPOTrainer:
         """The latest generation's completions (this process's share): prompt, completion, rewards, advantage."""
         columns = ["prompt", "completion", *self.reward_names, "advantage"]
         rewards = batch.rewards.t().tolist()
+        prompts = [prompt_text(p, self.tokenizer) for p in batch.prompts]  # a conversation as the model read it
         rows = [
             [p, c, *[None if r != r else r for r in rs], a]
-            for p, c, rs, a in zip(batch.prompts, batch.completions, rewards, batch.advantages.tolist())
+            for p, c, rs, a in zip(prompts, batch.completions, rewards, batch.advantages.tolist())
         ]
         console_rows = self.args.num_completions_to_print
         self.run.logger.log_table("completions", columns, rows, step=step, console_rows=console_rows)

@@ -192,6 +192,16 @@ class TrainingRun:
         )
         resume_step = self.progress.step if self.resume is not None else None
         self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator, resume_step)
+        acc = self.accelerator
+        if acc.is_main_process:  # `accelerate launch` without a multi-process config trains one process: say so
+            processes = f"{acc.num_processes} process{'es' if acc.num_processes > 1 else ''}"
+            self.logger.console.print(
+                f"[rlhfkit] training on {processes} ({acc.distributed_type.value}, {acc.device}); run directory "
+                f"{args.output_dir}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
 
     def _restore(self, resume: Resume) -> None:
         """Weights, optimizer, the trainer's own state, the unfinished logging window, counters and RNG states

@@ -1,0 +1,85 @@
+"""Prompt datasets as TRL's scripts load them (local forms here; hub ids in tests/test_hub.py) and conversational
+prompts rendered with the chat template."""
+
+import json
+
+import pytest
+from datasets import Dataset, DatasetDict
+
+from rlhfkit.data import DataError, as_completions, load_prompt_splits, prompt_text, tokenize_prompts
+from rlhfkit.models import load_tokenizer
+from rlhfkit.rewards import RewardModelFunction
+from tests.hub_cache import CHAT_TEMPLATE
+
+ROWS = [{"prompt": f"sort {i}{i + 1}=", "answer": str(i)} for i in range(6)]
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_every_local_form_loads_the_same_prompts(tmp_path):
+    write_jsonl(tmp_path / "one.jsonl", ROWS)
+    files = tmp_path / "files"
+    files.mkdir()
+    write_jsonl(files / "train.jsonl", ROWS[:4])
+    write_jsonl(files / "test.jsonl", ROWS[4:])
+    DatasetDict({"train": Dataset.from_list(ROWS[:4]), "test": Dataset.from_list(ROWS[4:])}).save_to_disk(
+        tmp_path / "saved"
+    )
+    train, test = load_prompt_splits(str(tmp_path / "one.jsonl"), "train", "test")
+    assert train["prompt"] == [r["prompt"] for r in ROWS] and test is None  # a file is one split
+    for directory in ("files", "saved"):  # a directory of data files, and one written by save_to_disk
+        train, test = load_prompt_splits(str(tmp_path / directory), "train", "test")
+        assert train["prompt"] == [r["prompt"] for r in ROWS[:4]] and test["answer"] == ["4", "5"]
+
+
+def test_a_missing_split_is_named_with_the_ones_there(tmp_path):
+    DatasetDict({"train": Dataset.from_list(ROWS)}).save_to_disk(tmp_path / "saved")
+    with pytest.raises(DataError, match=r"--dataset_train_split 'training' is not a split .* \(splits: train\)"):
+        load_prompt_splits(str(tmp_path / "saved"), "training", "test")
+    assert load_prompt_splits(str(tmp_path / "saved"), "train", "validation")[1] is None  # no eval split: no eval
+
+
+@pytest.fixture
+def chat_tokenizer(tiny_assets):
+    tokenizer = load_tokenizer(str(tiny_assets / "tokenizer"))
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def test_conversations_are_rendered_with_the_chat_template_and_text_is_kept(chat_tokenizer):
+    conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "sort 21="}]
+    assert prompt_text(conversation, chat_tokenizer) == "system: be brief\nuser: sort 21=\nassistant: "
+    assert prompt_text("sort 21=", chat_tokenizer) == "sort 21="
+    dataset = tokenize_prompts(Dataset.from_dict({"prompt": [conversation]}), chat_tokenizer, "prompt", None)
+    expected = chat_tokenizer("system: be brief\nuser: sort 21=\nassistant: ", add_special_tokens=False)
+    assert dataset["input_ids"] == [expected["input_ids"]]
+    assert dataset["prompt"] == [conversation]  # reward functions still get the messages
+
+
+def test_completions_take_the_prompts_format():
+    conversation = [{"role": "user", "content": "sort 21="}]
+    assert as_completions(["12", "21"], ["sort 21=", conversation]) == [
+        "12",
+        [{"role": "assistant", "content": "21"}],
+    ]
+
+
+def test_a_reward_model_scores_a_conversation_rendered_with_its_own_template(tiny_assets, chat_tokenizer):
+    import torch
+
+    from rlhfkit.models import load_reward_model
+
+    model, _ = load_reward_model(str(tiny_assets / "reward"), chat_tokenizer, torch.float32)
+    score = RewardModelFunction(model, chat_tokenizer, "reward", same_vocab=True)
+    prompts = [[{"role": "user", "content": "sort 21="}]] * 2
+    completions = as_completions(["12", "21"], prompts)
+    by_conversation = score(prompts, completions, sequence_ids=("ignored for conversations", None))
+    rendered = ["user: sort 21=\nassistant: 12\n", "user: sort 21=\nassistant: 21\n"]
+    by_text = RewardModelFunction(model, chat_tokenizer, "reward", same_vocab=False)(rendered, ["", ""])
+    assert by_conversation == pytest.approx(by_text)
+    chat_tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="has no chat template"):
+        score(prompts, completions)
