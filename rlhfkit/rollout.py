@@ -6,6 +6,10 @@ Masks are bool, True = a real token.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
@@ -75,6 +79,14 @@ class Generated(NamedTuple):
     # (the full distribution, as the losses use it, even when top_k / top_p restricted the draw); None when greedy
 
 
+# What the lean loop passes to the forward besides input_ids and attention_mask. A forward that rejects one of them
+# (custom remote code, older architectures) sends the model to the `model.generate` fallback.
+LEAN_LOOP_ARGS = ("position_ids", "past_key_values", "use_cache", "logits_to_keep")
+
+# Model classes known not to take the lean loop, with the reason (filled on first contact; the notice is said once).
+_NO_LEAN_LOOP: dict[type, str] = {}
+
+
 @torch.inference_mode()
 def generate(
     model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
@@ -87,12 +99,77 @@ def generate(
     temperature), optionally restricted to the top_k tokens and then to the top_p probability mass; greedy when
     ``config.do_sample`` is False. Rows that have produced a stop token continue with ``pad_token_id``. The
     log-probs of the sampled tokens come for free from the same logits, so a trainer can skip a policy forward.
+
+    A model whose forward does not take the loop's arguments (``LEAN_LOOP_ARGS``) is generated with
+    ``model.generate`` instead, with the same outputs; the switch is announced once per model class.
     """
+    reason = _lean_loop_refusal(model)
+    if reason is None:
+        try:
+            return _lean_generate(model, query_ids, query_mask, config)
+        except _LoopArgumentsRejected as e:
+            reason = _remember_refusal(model, str(e))
+    if not callable(getattr(model, "generate", None)):
+        raise TypeError(f"{type(model).__name__} cannot use the lean decoding loop ({reason}) and has no generate().")
+    return _hf_generate(model, query_ids, query_mask, config)
+
+
+class _LoopArgumentsRejected(Exception):
+    """The model's forward raised a TypeError naming one of LEAN_LOOP_ARGS."""
+
+
+def _lean_loop_refusal(model: nn.Module) -> str | None:
+    """Why the lean loop cannot drive `model` (None when it can, as far as the forward's signature tells)."""
+    cls = type(model)
+    if cls in _NO_LEAN_LOOP:
+        return _NO_LEAN_LOOP[cls]
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: let the first forward call decide
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None  # **kwargs: the signature cannot tell; the first forward call decides
+    missing = [name for name in LEAN_LOOP_ARGS if name not in {p.name for p in params}]
+    if not missing:
+        return None
+    return _remember_refusal(model, f"its forward takes no {', '.join(missing)}")
+
+
+def _remember_refusal(model: nn.Module, reason: str) -> str:
+    cls = type(model)
+    if cls not in _NO_LEAN_LOOP:
+        _NO_LEAN_LOOP[cls] = reason
+        warnings.warn(
+            f"rlhfkit: {cls.__name__} cannot use the lean KV-cache decoding loop ({reason}); generating with "
+            "model.generate instead (same tokens and log-probs, slower). Said once per model class.",
+            stacklevel=2,
+        )
+    return _NO_LEAN_LOOP[cls]
+
+
+def _probe(model: nn.Module, **kwargs):
+    """A forward call whose TypeError about one of the lean loop's arguments means "use the fallback"; any other
+    error (a real bug, a wrong shape) propagates unchanged."""
+    try:
+        return model(**kwargs)
+    except TypeError as e:
+        named = [name for name in LEAN_LOOP_ARGS if name in kwargs and name in str(e)]
+        if not named:
+            raise
+        raise _LoopArgumentsRejected(f"its forward raised TypeError: {e}") from e
+
+
+def _lean_generate(
+    model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
+) -> Generated:
     B = query_ids.shape[0]
     stop_ids = torch.tensor(_as_list(config.eos_token_id), device=query_ids.device, dtype=torch.long)
     attention = query_mask.long()
     position = position_ids_from_mask(query_mask)
-    out = model(input_ids=query_ids, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1)
+    # The first prefill and the first cached step are the calls that reveal a forward refusing the loop's arguments.
+    out = _probe(
+        model, input_ids=query_ids, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1
+    )
     next_position = position[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=query_ids.device)
     tokens, logprobs = [], []
@@ -105,7 +182,8 @@ def generate(
         if step == config.max_new_tokens - 1 or bool(done.all()):
             break
         attention = torch.cat([attention, attention.new_ones(B, 1)], dim=1)
-        out = model(
+        forward = functools.partial(_probe, model) if step == 0 else model
+        out = forward(
             input_ids=token[:, None],
             attention_mask=attention,
             position_ids=next_position,
@@ -117,6 +195,46 @@ def generate(
         return Generated(query_ids.new_zeros(B, 0), None)
     sampled = config.do_sample
     return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1) if sampled else None)
+
+
+def _hf_generate(
+    model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
+) -> Generated:
+    """The lean loop's outputs from ``model.generate``: tokens padded after the first stop token, and each sampled
+    token's log-prob under softmax(logits / temperature) of the full distribution, from generate's raw logits."""
+    B = query_ids.shape[0]
+    if not config.max_new_tokens:
+        return Generated(query_ids.new_zeros(B, 0), None)
+    with _own_generation_defaults_hidden(model):
+        out = model.generate(
+            input_ids=query_ids,
+            attention_mask=query_mask.long(),
+            generation_config=config,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    raw = out.sequences[:, query_ids.shape[1] :]
+    # generate already pads finished rows; cutting here as well keeps the lean loop's contract for any generate.
+    tokens = ops.truncate_after_stop_token(raw, _as_list(config.eos_token_id), config.pad_token_id)
+    if not config.do_sample:
+        return Generated(tokens, None)
+    logits = torch.stack(out.logits, dim=1).float()  # (B, T', V), raw: before temperature and any processor
+    # After a row's stop token the lean loop's log-probs are of a discarded draw; here of the padding: both are
+    # outside the response mask, which every caller applies.
+    return Generated(tokens, ops.logprobs_from_logits(logits, raw, config.temperature))
+
+
+@contextlib.contextmanager
+def _own_generation_defaults_hidden(model: nn.Module):
+    """``generate`` fills every field our config leaves unset from the model's own generation_config (a checkpoint's
+    repetition_penalty, min_p, suppress_tokens...), which the lean loop never applies. Hide the model's defaults for
+    the call, so both paths sample from the same distribution."""
+    own = model.generation_config
+    model.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = own
 
 
 def _as_list(ids) -> list[int]:

@@ -1,10 +1,13 @@
 """Generation: the lean KV-cache loop against transformers' own generate and its logits warpers."""
 
+import warnings
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
+from rlhfkit import rollout
 from rlhfkit.data import left_pad
 from rlhfkit.rollout import _pick, generate, sampling_config, terminator_ids, truncate_responses
 
@@ -78,3 +81,117 @@ def test_sampling_logprobs_match_a_full_forward(sft):
     m = chunk.responses.mask
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
     assert (chunk.logprobs[~m] == 0).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# The model.generate fallback, for models whose forward refuses the lean loop's arguments
+# ------------------------------------------------------------------------------------------------
+
+
+class RaisesOnLogitsToKeep(LlamaForCausalLM):
+    """Like remote code that passes **kwargs on to a layer which does not know logits_to_keep."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+        if "logits_to_keep" in kwargs:
+            raise TypeError("LlamaModel.forward() got an unexpected keyword argument 'logits_to_keep'")
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            **kwargs,
+        )
+
+
+class NoLogitsToKeepInSignature(LlamaForCausalLM):
+    """Like an older architecture whose forward lists its arguments and has no logits_to_keep (nor **kwargs)."""
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=None,
+        return_dict=None,
+    ):
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            return_dict=return_dict,
+        )
+
+
+class UnrelatedTypeError(LlamaForCausalLM):
+    def forward(self, **kwargs):
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+
+
+@pytest.fixture
+def fresh_notices(monkeypatch):
+    """Each test starts with no model class known to refuse the lean loop (so its notice is said again)."""
+    monkeypatch.setattr(rollout, "_NO_LEAN_LOOP", {})
+
+
+def fallback_notices(caught, cls) -> list[str]:
+    return [str(w.message) for w in caught if cls.__name__ in str(w.message) and "model.generate" in str(w.message)]
+
+
+@pytest.mark.parametrize("cls", [RaisesOnLogitsToKeep, NoLogitsToKeepInSignature], ids=["raises", "signature"])
+def test_fallback_greedy_tokens_equal_the_lean_loop_and_generate(sft, tiny_assets, fresh_notices, cls):
+    """Greedy tokens from the fallback equal the lean loop's on the same weights, and model.generate's; the model's
+    own generation_config (here a suppressed token the greedy answer needs) is not applied, as in the lean loop."""
+    tokenizer, model, ids, mask = sft
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(10, None, tokenizer.pad_token_id, stop)
+    lean = generate(model, ids, mask, config).tokens
+    refusing = cls.from_pretrained(tiny_assets / "sft").eval()
+    theirs = refusing.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config)
+    theirs = truncate_responses(theirs[:, ids.shape[1] :], stop, tokenizer.pad_token_id).ids
+    refusing.generation_config.suppress_tokens = [int(lean[0, 0])]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = generate(refusing, ids, mask, config)
+        generate(refusing, ids, mask, config)
+    assert torch.equal(ours.tokens, lean) and ours.logprobs is None
+    assert torch.equal(ours.tokens, theirs)
+    assert refusing.generation_config.suppress_tokens == [int(lean[0, 0])]  # restored after the call
+    (notice,) = fallback_notices(caught, cls)  # said once for two calls
+    assert "logits_to_keep" in notice
+    assert type(refusing) in rollout._NO_LEAN_LOOP and type(model) not in rollout._NO_LEAN_LOOP
+
+
+@pytest.mark.parametrize("cls", [RaisesOnLogitsToKeep, NoLogitsToKeepInSignature], ids=["raises", "signature"])
+def test_fallback_sampling_logprobs_match_a_full_forward(sft, tiny_assets, fresh_notices, cls):
+    """The fallback's sampled log-probs are the full temperature-scaled distribution's, as the lean loop's are."""
+    from rlhfkit.models import policy_logits
+    from rlhfkit.rollout import complete, response_logprobs
+
+    tokenizer, _, ids, mask = sft
+    model = cls.from_pretrained(tiny_assets / "sft").eval()
+    torch.manual_seed(1)
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(10, 0.7, tokenizer.pad_token_id, stop, top_k=5)
+    prompts = [row[m].tolist() for row, m in zip(ids.repeat(4, 1), mask.repeat(4, 1))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (chunk,) = complete(model, prompts, config, stop, tokenizer.pad_token_id, batch_size=16)
+    assert len(fallback_notices(caught, cls)) == 1
+    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
+    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, 0.7)
+    m = chunk.responses.mask
+    assert m.sum() > 16 and chunk.responses.terminated.any()  # several real tokens, some rows stopped early
+    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
+    # Padded after the first stop token, exactly as the lean loop leaves its rows.
+    assert (chunk.responses.ids[~m] == tokenizer.pad_token_id).all()
+
+
+def test_an_unrelated_type_error_is_not_swallowed(sft, tiny_assets, fresh_notices):
+    tokenizer, _, ids, mask = sft
+    model = UnrelatedTypeError.from_pretrained(tiny_assets / "sft").eval()
+    with pytest.raises(TypeError, match="unsupported operand"):
+        generate(model, ids, mask, sampling_config(4, None, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
+    assert UnrelatedTypeError not in rollout._NO_LEAN_LOOP
