@@ -53,8 +53,8 @@ def _saved_to_disk(path: str) -> bool:
 
 def _why_not_loaded(name: str, flag: str, error: Exception) -> str:
     from datasets import config as datasets_config
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
+
+    from rlhfkit.models import is_hub_id
 
     where = f"--{flag} {name!r}"
     if os.path.isdir(os.path.expanduser(name)):
@@ -64,9 +64,7 @@ def _why_not_loaded(name: str, flag: str, error: Exception) -> str:
             f"{where} cannot be read as a dataset ({type(error).__name__}: {error}). Pass a directory written by "
             f"save_to_disk, a directory of {'/'.join(_FILE_TYPES)} files, or a hub id."
         )
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
+    if not is_hub_id(name):
         return f"{where} does not exist: it is neither a local file or directory nor a hub dataset id (ORG/NAME)."
     if datasets_config.HF_HUB_OFFLINE:  # HF_HUB_OFFLINE or HF_DATASETS_OFFLINE
         return (

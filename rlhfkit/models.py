@@ -60,15 +60,21 @@ def _from_pretrained(auto_class, name: str, flag: str, hub: Hub, **kwargs):
         raise ModelLoadError(_why_not_loaded(name, flag, hub, error)) from error
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether `name` is spelt like a hub repo id (NAME or ORG/NAME); a path such as ./x or /a/b is not."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
 def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
     from huggingface_hub import constants
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HFValidationError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-    from huggingface_hub.utils import validate_repo_id
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     where = f"--{flag} {name!r}"
     if os.path.isdir(name):
@@ -76,9 +82,7 @@ def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
             f"{where} is a directory but not a model saved with save_pretrained ({error}). Pass the directory that "
             "holds config.json and the weights (and the tokenizer files for the policy), or a hub id."
         )
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
+    if not is_hub_id(name):
         return f"{where} is neither a local directory nor a hub model id (ORG/NAME): check the path."
     causes = []
     cause: BaseException | None = error

@@ -36,17 +36,20 @@ def build_parser() -> argparse.ArgumentParser:
         "win rate by a pairwise judge. Win rate = (wins + ties/2) / judged: 50% means no better than the baseline.",
     )
     p.add_argument(
-        "--model", required=True, metavar="PATH", help="Model to evaluate: a save_pretrained dir with its tokenizer."
+        "--model",
+        required=True,
+        metavar="NAME",
+        help="Model to evaluate: a hub id or a save_pretrained dir with its tokenizer.",
     )
     p.add_argument(
-        "--baseline", required=True, metavar="PATH", help="Model to compare against (e.g. the SFT model), same format."
+        "--baseline", required=True, metavar="NAME", help="Model to compare against (e.g. the SFT model), same forms."
     )
     p.add_argument(
         "--judge",
         action="append",
         metavar="JUDGE",
-        help="'task' (the built-in task's checker; the default), 'reward-model:PATH' (a 1-label sequence-"
-        "classification model) or 'openai:MODEL' (an OpenAI-compatible chat model). Repeat to use several judges "
+        help="'task' (the built-in task's checker; the default), 'reward-model:NAME' (a 1-label sequence-"
+        "classification model, hub id or directory) or 'openai:MODEL' (an OpenAI-compatible chat model). Repeat to use several judges "
         "on the same completions.",
     )
     p.add_argument(
@@ -55,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--dataset",
         "--dataset_name",
-        metavar="PATH",
-        help="Local prompts: a save_to_disk dir or a .json/.jsonl/.csv/.parquet file (default: the built-in task's "
-        "prompts, from --task).",
+        metavar="NAME",
+        help="Prompts: a hub id, a save_to_disk dir, a dir of data files or a .json/.jsonl/.csv/.parquet file "
+        "(default: the built-in task's prompts, from --task).",
     )
     p.add_argument("--dataset_test_split", default="test", metavar="SPLIT", help="Split of --dataset to evaluate on.")
     p.add_argument(
@@ -98,12 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _validate(args: argparse.Namespace) -> None:
     """Cheap checks first, so a typo fails in a second rather than after minutes of generation."""
+    from rlhfkit.models import is_hub_id
+
     for flag in ("model", "baseline"):
-        path = getattr(args, flag)
-        if not os.path.isdir(path):
+        name = getattr(args, flag)
+        if not os.path.isdir(name) and not is_hub_id(name):
             raise EvalError(
-                f"--{flag} {path!r} is not a directory. Pass a causal language model saved with save_pretrained, "
-                f"with its tokenizer in the same directory."
+                f"--{flag} {name!r} is neither a local directory nor a hub model id (ORG/NAME). Pass a causal language "
+                "model saved with save_pretrained (its tokenizer in the same directory), or a hub id."
             )
     if args.task is not None and not (Path(args.task) / "task.json").is_file():
         raise EvalError(f"--task {args.task!r} has no task.json: pass a directory built by 'rlhfkit build-tiny'.")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,27 +39,13 @@ def quiet_loading():
 
 
 def load_generator(path: str | Path, flag: str):
-    """(model, tokenizer) from a save_pretrained directory that holds both; errors name `--{flag}`."""
+    """(model, tokenizer) of a causal LM, a hub id or a save_pretrained directory that holds both; a name that
+    cannot be loaded is a ModelLoadError naming `--{flag}`."""
     from rlhfkit.models import choose_dtype, load_policy, load_tokenizer
 
-    path = str(path)
-    if not os.path.isdir(path):
-        raise EvalError(
-            f"--{flag} {path!r} is not a directory. Pass a causal language model saved with save_pretrained, with "
-            f"its tokenizer saved in the same directory (nothing is downloaded)."
-        )
-    try:
-        tokenizer = load_tokenizer(path, flag=flag)
-    except (OSError, ValueError) as e:
-        raise EvalError(
-            f"--{flag} {path!r}: no usable tokenizer in that directory ({e}). Save it next to the model with "
-            f"tokenizer.save_pretrained({path!r})."
-        ) from None
-    try:
-        with quiet_loading():
-            model = load_policy(path, choose_dtype(None), flag=flag)
-    except (OSError, ValueError) as e:
-        raise EvalError(f"--{flag} {path!r}: cannot load a causal language model from it ({e}).") from None
+    tokenizer = load_tokenizer(str(path), flag=flag)
+    with quiet_loading():
+        model = load_policy(str(path), choose_dtype(None), flag=flag)
     return model, tokenizer
 
 

@@ -151,23 +151,15 @@ class RewardModelJudge:
 
     @classmethod
     def from_path(cls, path: str | Path, batch_size: int = 64, device: str | torch.device | None = None):
-        """Model and tokenizer from a save_pretrained directory (nothing is downloaded)."""
+        """Model and tokenizer of a hub id or a save_pretrained directory; a ModelLoadError names the judge."""
         from rlhfkit.models import choose_dtype, load_scalar_model, load_tokenizer
 
         from .generation import quiet_loading
 
         path = str(path)
-        if not os.path.isdir(path):
-            raise JudgeError(
-                f"--judge reward-model:{path}: {path!r} is not a directory. Pass a sequence-classification model "
-                f"(1 label) saved with save_pretrained, together with its tokenizer."
-            )
-        try:
-            tokenizer = load_tokenizer(path, flag="judge")
-            with quiet_loading():
-                model = load_scalar_model(path, choose_dtype(None), flag="judge")
-        except OSError as e:
-            raise JudgeError(f"--judge reward-model:{path}: cannot load the model or its tokenizer: {e}") from None
+        tokenizer = load_tokenizer(path, flag="judge reward-model:")
+        with quiet_loading():
+            model = load_scalar_model(path, choose_dtype(None), flag="judge reward-model:")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(model.to(device), tokenizer, name=f"reward-model:{path}", batch_size=batch_size)
 

@@ -92,7 +92,9 @@ def run_eval(argv, capsys):
 def test_errors_name_the_flag(tiny_assets, tmp_path, capsys):
     sft = str(tiny_assets / "sft")
     code, err = run_eval(["--model", "/no/such/model", "--baseline", sft], capsys)
-    assert code == 2 and err.startswith("rlhfkit eval: error: --model '/no/such/model' is not a directory")
+    assert code == 2 and err.startswith(
+        "rlhfkit eval: error: --model '/no/such/model' is neither a local directory nor a hub model id"
+    )
     code, err = run_eval(["--model", sft, "--baseline", str(tmp_path / "missing")], capsys)
     assert code == 2 and "--baseline" in err
     code, err = run_eval(["--baseline", sft], capsys)

@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhfkit.evaluation import JudgeError, Outcome, PairwiseJudge, RewardModelJudge, TaskJudge, make_judge
+from rlhfkit.models import ModelLoadError
 from rlhfkit.tasks import load_task
 
 
@@ -74,5 +75,5 @@ def test_reward_model_judge_ties_equal_scores_of_different_completions(tiny_asse
 def test_unknown_judge_and_missing_reward_model(tmp_path):
     with pytest.raises(JudgeError, match="--judge 'gpt-4' is not a judge: use 'task', 'reward-model:PATH' or"):
         make_judge("gpt-4", task_dir=lambda: tmp_path)
-    with pytest.raises(JudgeError, match="--judge reward-model:/nonexistent: '/nonexistent' is not a directory"):
+    with pytest.raises(ModelLoadError, match="--judge reward-model: '/nonexistent' is neither a local directory nor"):
         make_judge("reward-model:/nonexistent", task_dir=lambda: tmp_path)
