@@ -4,6 +4,9 @@ transformers' HfArgumentParser reads the flags; the values are then checked by t
 ``__post_init__``, so a value given as a flag, in a YAML file or from Python gets the same ConfigError. To that
 end numbers that do not parse reach the rules as text ("2.5" for an integer field) instead of stopping argparse
 with a message that has no valid range.
+
+TRL's flags that rlhfkit does not take (rlhfkit.trl_flags) are refused before parsing with their reason, so they
+never read as unknown flags; the few accepted and ignored ones are dropped here, with their values.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 from collections.abc import Sequence
 from types import MappingProxyType
 
+from rlhfkit import trl_flags
 from rlhfkit.config import config_field_names
 
 
@@ -20,9 +24,16 @@ class UsageError(ValueError):
     """The command line itself is wrong (unknown flag, missing value, unreadable --config file)."""
 
 
-def explicit_flags(argv: Sequence[str]) -> set[str]:
-    """Names of the flags written on the command line (``--name`` or ``--name=value``)."""
-    return {a[2:].split("=", 1)[0] for a in argv if a.startswith("--")}
+def explicit_flags(argv: Sequence[str], names: Sequence[str] = ()) -> set[str]:
+    """Names of the flags written on the command line (``--name``, ``--name=value``, ``--na-me``, and ``--no_name``
+    for a boolean field in `names`)."""
+    written = {_flag_name(a) for a in argv if a.startswith("--")}
+    return {n[3:] if n.startswith("no_") and n[3:] in names else n for n in written}
+
+
+def _flag_name(arg: str) -> str:
+    """``--push-to-hub=true`` -> ``push_to_hub`` (HfArgumentParser takes dashes for underscores)."""
+    return arg[2:].split("=", 1)[0].replace("-", "_")
 
 
 def parse_config(cls: type, argv: Sequence[str], prog: str):
@@ -33,6 +44,7 @@ def parse_config(cls: type, argv: Sequence[str], prog: str):
     """
     argv = list(argv)
     file_values = _read_config_file(argv, cls, prog)  # removes --config FILE from argv
+    argv = _refuse_trl_flags(argv, cls)
     parser = _parser(cls, prog)
     parser.set_defaults(**file_values)
     argv = _attach_negative_numbers(argv, parser)
@@ -45,7 +57,42 @@ def parse_config(cls: type, argv: Sequence[str], prog: str):
         unknown = [a for a in argv if a.startswith("--") and a.split("=", 1)[0] not in known]
         unknown = unknown or [a for a in argv if a.startswith("-") and a not in known]  # e.g. "-1e-3" in a list
         raise UsageError(f"unknown flags: {', '.join(unknown)}. See '{prog} --help' for valid flags.") from None
-    return config, explicit_flags(argv) | set(file_values)
+    return config, explicit_flags(argv, config_field_names(cls)) | set(file_values)
+
+
+def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
+    """Raise a UsageError naming each TRL/transformers flag in `argv` that rlhfkit does not take, with the reason;
+    return `argv` without the flags rlhfkit accepts and ignores (and their values)."""
+    refused = trl_flags.not_taken(trl_flags.command_of(cls), set(config_field_names(cls)))
+    kept, errors, value_of = [], [], ""
+    for arg in argv:
+        if value_of:  # the previous argument was an ignored flag: drop its value too
+            name, value_of = value_of, ""
+            if _is_value(name, arg):
+                continue
+        name = _flag_name(arg) if arg.startswith("--") else ""
+        if name not in refused and name.startswith("no_") and name[3:] in refused:
+            name = name[3:]  # HfArgumentParser's --no_NAME of a boolean flag that defaults to true
+        group = refused.get(name)
+        if group is None:
+            kept.append(arg)
+        elif group.status != trl_flags.IGNORED:
+            errors.append(trl_flags.message(name, group))
+        elif "=" not in arg and not arg[2:].startswith(("no_", "no-")):
+            value_of = name
+    if errors:
+        raise UsageError("\n".join(dict.fromkeys(errors)))
+    return kept
+
+
+def _is_value(name: str, arg: str) -> bool:
+    """Whether `arg` is the value of the ignored flag `name` (optional for a boolean flag)."""
+    if arg.startswith("--"):
+        return False
+    return not trl_flags.is_boolean(name) or arg.lower() in _BOOLEAN_WORDS
+
+
+_BOOLEAN_WORDS = ("true", "false", "yes", "no", "t", "f", "y", "n", "1", "0")  # what HfArgumentParser reads as bools
 
 
 def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
@@ -65,6 +112,13 @@ def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
     if not isinstance(values, dict):
         raise UsageError(f"--config {path!r} must hold a mapping of field: value.")
     unknown = sorted(set(values) - set(config_field_names(cls)))
+    refused = trl_flags.not_taken(trl_flags.command_of(cls), set(config_field_names(cls)))
+    for key in [key for key in unknown if key in refused]:
+        if refused[key].status == trl_flags.IGNORED:
+            del values[key]
+        else:
+            raise UsageError(f"--config {path!r} has the key {key}: {trl_flags.message(key, refused[key])}")
+    unknown = [key for key in unknown if key not in refused]
     if unknown:
         raise UsageError(
             f"--config {path!r} has unknown keys: {', '.join(unknown)}. See '{prog} --help' for valid names."
@@ -96,7 +150,11 @@ def _parser(cls: type, prog: str):
         def error(self, message: str):
             raise UsageError(f"{message.rstrip('.')}. See '{self.prog} --help'.")
 
-    return Parser(cls, prog=prog)
+    epilog = (
+        f"TRL's and transformers' flags that {prog} does not take exit with status 2 and the reason: see "
+        f"{trl_flags.DOC}."
+    )
+    return Parser(cls, prog=prog, epilog=epilog)
 
 
 def _number_or_text(convert: type):

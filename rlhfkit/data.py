@@ -113,8 +113,9 @@ def tokenize_prompts(
     flag_prefix: str = "",
     overflow: str = "drop",
     log=print,
+    num_proc: int | None = None,
 ) -> Dataset:
-    """Adds ``input_ids`` (prompt tokens, no padding).
+    """Adds ``input_ids`` (prompt tokens, no padding). num_proc: processes for the map/filter (--dataset_num_proc).
 
     Rows longer than ``max_prompt_length`` are dropped (overflow="drop") or keep their last max_prompt_length
     tokens (overflow="truncate": the end of a prompt, next to the completion, matters most); either way the
@@ -137,13 +138,13 @@ def tokenize_prompts(
     if max_prompt_length is not None:
         too_long = sum(len(ids) > max_prompt_length for ids in dataset["input_ids"])
         if too_long and overflow == "truncate":
-            dataset = dataset.map(lambda row: {"input_ids": row["input_ids"][-max_prompt_length:]})
+            dataset = dataset.map(lambda row: {"input_ids": row["input_ids"][-max_prompt_length:]}, num_proc=num_proc)
             log(
                 f"Truncated {too_long} of {len(dataset)} {flag_prefix}prompts to their last {max_prompt_length} tokens."
             )
         elif too_long:
             total = len(dataset)
-            dataset = dataset.filter(lambda row: len(row["input_ids"]) <= max_prompt_length)
+            dataset = dataset.filter(lambda row: len(row["input_ids"]) <= max_prompt_length, num_proc=num_proc)
             if len(dataset) == 0:
                 raise DataError(
                     f"All {total} prompts of the {flag_prefix}dataset are longer than --max_prompt_length "
@@ -219,20 +220,28 @@ def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tenso
 
 
 def endless_batches(
-    num_rows: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, skip: int = 0
+    num_rows: int,
+    batch_size: int,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    skip: int = 0,
+    shuffle: bool = True,
 ) -> Iterator[list[int]]:
-    """Row indices of this process's share of each global batch, reshuffled every pass over the data.
+    """Row indices of this process's share of each global batch, reshuffled every pass over the data (shuffle=False:
+    rows in dataset order, pass after pass).
 
     All processes draw the same permutation (same seed) and take disjoint slices of each global batch,
-    so together they see each prompt once per pass, like a distributed sampler. skip: batches already consumed
-    (a resumed run continues with the next one; the order depends only on the seed).
+    so together they see each prompt once per pass, like a distributed sampler. Passes follow one another without
+    a gap: a batch may end one pass and start the next. skip: batches already consumed (a resumed run continues
+    with the next one; the order depends only on the seed).
     """
     generator = torch.Generator().manual_seed(seed)
     global_batch = batch_size * world_size
     buffer: list[int] = []
     while True:
         while len(buffer) < global_batch:
-            buffer.extend(torch.randperm(num_rows, generator=generator).tolist())
+            buffer.extend(torch.randperm(num_rows, generator=generator).tolist() if shuffle else range(num_rows))
         batch, buffer = buffer[:global_batch], buffer[global_batch:]
         if skip:
             skip -= 1

@@ -102,6 +102,16 @@ def test_older_trl_api_aliases():
         (GRPOConfig, {"scale_rewards": "std"}, "scale_rewards='std': must be one of group, batch, none."),
         (GRPOConfig, {"reward_weights": [1.0, math.inf]}, "reward_weights=[1.0, inf]: entry 1 (inf) must be a finite"),
         (GRPOConfig, {"reward_funcs": ["a", "b"], "reward_weights": [1.0]}, "needs one weight per reward"),
+        (PPOConfig, {"eval_steps": 0}, "eval_steps=0: must be an integer >= 1. Pass e.g. --eval_steps 100, or leave "
+         "it out."),
+        (GRPOConfig, {"logging_strategy": "never"}, "logging_strategy='never': must be one of steps, epoch, no."),
+        (GRPOConfig, {"eval_strategy": "best"}, "eval_strategy='best': must be one of no, steps, epoch."),
+        (PPOConfig, {"lr_scheduler_kwargs": "{min_lr_rate: 0.1}"}, "lr_scheduler_kwargs='{min_lr_rate: 0.1}': must be "
+         "a JSON object, e.g. '{\"key\": value}' (it is not JSON"),
+        (PPOConfig, {"lr_scheduler_kwargs": "[0.1]"}, "lr_scheduler_kwargs='[0.1]': must be a JSON object"),
+        (PPOConfig, {"adam_beta2": 1.0}, "adam_beta2=1.0: must be a number in [0, 1)."),
+        (GRPOConfig, {"warmup_steps": -1}, "warmup_steps=-1: must be a finite number >= 0."),
+        (GRPOConfig, {"dataset_num_proc": 0}, "dataset_num_proc=0: must be an integer >= 1."),
     ],
 )  # fmt: skip
 def test_bad_values_are_refused_with_field_value_range_and_fix(cls, kwargs, message):
@@ -118,6 +128,8 @@ def test_bad_values_are_refused_with_field_value_range_and_fix(cls, kwargs, mess
         (PPOConfig, {"report_to": None, "warmup_ratio": 0.0, "max_grad_norm": None, "stop_token": "eos"}),
         (GRPOConfig, {"max_steps": -1, "top_p": 1.0, "epsilon": 0.0, "num_completions_to_print": None}),
         (GRPOConfig, {"reward_funcs": ["a"], "reward_model_path": ["rm"], "reward_weights": [1.0, -0.5]}),
+        (GRPOConfig, {"warmup_steps": 0.5, "lr_scheduler_type": "cosine", "lr_scheduler_kwargs": '{"num_cycles": 1}'}),
+        (PPOConfig, {"optim": "adafactor", "save_strategy": "no", "eval_strategy": "epoch", "adam_beta1": 0.0}),
     ],
 )
 def test_values_at_the_edges_of_their_rules_are_accepted(cls, kwargs):

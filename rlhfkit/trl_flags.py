@@ -1,0 +1,504 @@
+"""TRL's command-line flags that rlhfkit does not take, and why.
+
+``rlhfkit ppo`` and ``rlhfkit grpo`` take TRL's flag names, so a TRL command line runs unchanged where the concept is
+the same. The flags of TRL's commands are those of its dataclasses: for ``trl ppo`` (TRL 1.12's PPO example script)
+``PPOConfig``, ``ScriptArguments`` and ``ModelConfig``; for ``trl grpo`` (TRL 1.16) ``GRPOScriptArguments``,
+``GRPOConfig``, ``ModelConfig`` and ``DatasetMixtureConfig``; both configs extend transformers' ``TrainingArguments``.
+A flag of those that rlhfkit does not take exits with status 2 and its reason, never as an unknown flag:
+
+    --push_to_hub is a TRL/transformers flag that rlhfkit does not support: <why>. See docs/trl-flags.md.
+
+The names TRL adds are frozen here (TRL_PPO_FLAGS, TRL_GRPO_FLAGS, read from TRL's sources); transformers' names are
+read from the installed ``TrainingArguments``. Every name is in one of the GROUPS below: not supported (with the
+reason), not supported yet (planned), or accepted and ignored (where ignoring is harmless and honest: the flag asks
+for nothing rlhfkit would do differently). ``docs/trl-flags.md`` is generated from this module:
+
+    python -m rlhfkit.trl_flags > docs/trl-flags.md
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from functools import cache
+
+SUPPORTED_NOT, NOT_YET, IGNORED = "not supported", "not supported yet", "accepted and ignored"
+DOC = "docs/trl-flags.md"
+COMMANDS = ("ppo", "grpo")
+
+# Flags of TRL's own dataclasses (not TrainingArguments'), in their order, from the TRL wheels' sources.
+TRL_PPO_FLAGS = (  # TRL 1.12: experimental/ppo/ppo_config.py PPOConfig, scripts/utils.py ScriptArguments, ModelConfig
+    "dataset_num_proc", "num_mini_batches", "total_episodes", "local_rollout_forward_batch_size",
+    "num_sample_generations", "response_length", "stop_token", "stop_token_id", "temperature", "missing_eos_penalty",
+    "sft_model_path", "world_size", "num_total_batches", "micro_batch_size", "local_batch_size", "batch_size",
+    "local_mini_batch_size", "mini_batch_size", "reward_model_path", "model_adapter_name", "ref_adapter_name",
+    "num_ppo_epochs", "whiten_rewards", "kl_coef", "kl_estimator", "cliprange", "vf_coef", "cliprange_value", "gamma",
+    "lam", "ds3_gather_for_generation",
+    "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming",
+    "ignore_bias_buffers",
+    "model_name_or_path", "model_revision", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha",
+    "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save", "lora_task_type",
+    "use_rslora", "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
+    "bnb_4bit_quant_storage",
+)  # fmt: skip
+TRL_GRPO_FLAGS = (  # TRL 1.16: scripts/grpo.py GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig
+    "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming",
+    "ignore_bias_buffers", "reward_model_name_or_path", "reward_funcs",
+    "model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "disable_dropout", "cast_lm_head_to_fp32",
+    "num_generations", "num_generations_eval", "max_completion_length", "ds3_gather_for_generation",
+    "shuffle_dataset", "pad_to_multiple_of", "generation_batch_size", "steps_per_generation", "temperature", "top_p",
+    "top_k", "min_p", "generation_kwargs", "chat_template_kwargs", "repetition_penalty", "cache_implementation",
+    "use_vllm", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_structured_outputs_regex",
+    "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
+    "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size", "beta", "num_iterations",
+    "epsilon", "delta", "epsilon_high", "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos",
+    "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "importance_sampling_level", "reward_weights",
+    "multi_objective_aggregation", "scale_rewards", "loss_type", "mask_truncated_completions", "sync_ref_model",
+    "ref_model_mixup_alpha", "ref_model_sync_steps", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy",
+    "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target", "max_tool_calling_iterations",
+    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min", "off_policy_mask_threshold", "use_bias_correction_kl", "log_completions",
+    "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
+    "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged",
+    "vllm_importance_sampling_cap",
+    "model_name_or_path", "model_revision", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha",
+    "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save", "lora_task_type",
+    "use_rslora", "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
+    "bnb_4bit_quant_storage",
+    "datasets", "streaming", "test_split_size",
+)  # fmt: skip
+TRL_FLAGS = {"ppo": TRL_PPO_FLAGS, "grpo": TRL_GRPO_FLAGS}
+
+
+@dataclass(frozen=True)
+class Group:
+    """Flags refused (or ignored) for one reason. `reason` completes "rlhfkit does not support: ..."."""
+
+    status: str  # SUPPORTED_NOT, NOT_YET or IGNORED
+    reason: str
+    names: tuple[str, ...]
+
+
+_MODEL_LOADING = (
+    "dtype", "attn_implementation", "model_init_kwargs", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
+    "lora_target_modules", "lora_target_parameters", "lora_modules_to_save", "lora_task_type", "use_rslora",
+    "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
+    "bnb_4bit_quant_storage", "model_adapter_name", "ref_adapter_name",
+)  # fmt: skip
+_VLLM = tuple(name for name in TRL_GRPO_FLAGS if name.startswith("vllm_"))
+
+GROUPS: tuple[Group, ...] = (
+    # --- planned ---------------------------------------------------------------------------------------------------
+    Group(
+        NOT_YET,
+        "model loading options (weight dtype, attention implementation, PEFT/LoRA adapters, 4/8-bit quantisation) "
+        "come with issue 15; models load in the device's precision (--bf16/--fp16), fully trained",
+        _MODEL_LOADING,
+    ),
+    Group(
+        NOT_YET,
+        "gradient (activation) checkpointing comes with issue 15; rlhfkit keeps activations, as TRL with "
+        "--gradient_checkpointing false",
+        (
+            "gradient_checkpointing",
+            "gradient_checkpointing_kwargs",
+            "activation_checkpointing",
+            "activation_checkpointing_kwargs",
+        ),
+    ),  # fmt: skip
+    Group(
+        NOT_YET,
+        "GRPO's generation batch options come with issue 19; one generation is one optimizer step's completions "
+        "(TRL's default steps_per_generation = gradient_accumulation_steps), evaluated with num_generations",
+        ("generation_batch_size", "steps_per_generation", "num_generations_eval"),
+    ),
+    Group(
+        NOT_YET,
+        "GRPO's further loss variants come with issue 19; rlhfkit's loss is the clipped token-level ratio with "
+        "plain k3 KL (docs/algorithms/grpo.md), as TRL with --use_bias_correction_kl false and these at their defaults",
+        (
+            "importance_sampling_level",
+            "delta",
+            "use_bias_correction_kl",
+            "off_policy_mask_threshold",
+            "top_entropy_quantile",
+            "sapo_temperature_neg",
+            "sapo_temperature_pos",
+            "vespo_k_pos",
+            "vespo_lambda_pos",
+            "vespo_k_neg",
+            "vespo_lambda_neg",
+            "multi_objective_aggregation",
+            "entropy_coef",
+            "use_adaptive_entropy",
+            "entropy_coef_min",
+            "entropy_coef_max",
+            "entropy_coef_delta",
+            "entropy_target",
+        ),
+    ),  # fmt: skip
+    Group(
+        NOT_YET,
+        "DeepSpeed ZeRO-3 is not supported yet; several processes train with DDP (examples/accelerate_configs/)",
+        ("ds3_gather_for_generation",),
+    ),
+    # --- accepted and ignored ----------------------------------------------------------------------------------------
+    Group(
+        IGNORED,
+        "transformers itself does not read these (they are for scripts); rlhfkit's trainers always train, and "
+        "evaluate on their own schedule (--eval_strategy)",
+        ("do_train", "do_eval", "do_predict"),
+    ),
+    Group(
+        IGNORED,
+        "passed by the deprecated torch.distributed.launch; the launcher also sets LOCAL_RANK in the environment, "
+        "which accelerate reads",
+        ("local_rank",),
+    ),
+    # --- not supported ---------------------------------------------------------------------------------------------
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit does not upload to the Hugging Face Hub; upload the run directory after training (hf upload)",
+        (
+            "push_to_hub",
+            "hub_token",
+            "hub_private_repo",
+            "hub_model_id",
+            "hub_strategy",
+            "hub_always_push",
+            "hub_revision",
+            "log_completions_hub_repo",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "an RL run has no evaluation loss to pick a best checkpoint by; rlhfkit keeps the latest checkpoints "
+        "(--save_total_limit) and the final model (compare runs with rlhfkit report / rlhfkit eval)",
+        ("load_best_model_at_end", "metric_for_best_model", "greater_is_better"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "options of the supervised Trainer's loss and evaluation loop; rlhfkit's evaluation generates greedy "
+        "completions of the eval prompts and scores them (eval/* metrics and the completions table)",
+        (
+            "prediction_loss_only",
+            "eval_do_concat_batches",
+            "eval_use_gather_object",
+            "eval_accumulation_steps",
+            "include_for_metrics",
+            "batch_eval_metrics",
+            "label_names",
+            "label_smoothing_factor",
+            "bf16_full_eval",
+            "fp16_full_eval",
+            "eval_delay",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit draws the prompt batches itself, without a DataLoader: the order comes from --seed and "
+        "--shuffle_dataset, and a resumed run continues it exactly",
+        (
+            "dataloader_drop_last",
+            "dataloader_num_workers",
+            "dataloader_pin_memory",
+            "dataloader_persistent_workers",
+            "dataloader_prefetch_factor",
+            "dataloader_multiprocessing_context",
+            "dataloader_in_order",
+            "remove_unused_columns",
+            "train_sampling_strategy",
+            "length_column_name",
+            "data_seed",
+            "ignore_data_skip",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit reads the prompt split into memory (to draw shuffled batches and resume exactly) from one "
+        "--dataset_name; mix or stream datasets beforehand (datasets' concatenate_datasets / interleave_datasets)",
+        ("dataset_streaming", "datasets", "streaming", "test_split_size"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "devices, processes and sharding come from accelerate: pass an accelerate config file "
+        "(examples/accelerate_configs/) to accelerate launch, or accelerate launch --cpu",
+        (
+            "use_cpu",
+            "ddp_find_unused_parameters",
+            "ddp_bucket_cap_mb",
+            "ddp_broadcast_buffers",
+            "ddp_static_graph",
+            "ddp_backend",
+            "ddp_timeout",
+            "fsdp",
+            "fsdp_config",
+            "deepspeed",
+            "accelerator_config",
+            "parallelism_config",
+            "ignore_bias_buffers",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit's batch sizes are computed from per_device_train_batch_size, gradient_accumulation_steps, "
+        "num_mini_batches and the number of processes (TRL fills these fields in at run time too); see "
+        "docs/algorithms/ppo.md",
+        (
+            "world_size",
+            "num_total_batches",
+            "micro_batch_size",
+            "local_batch_size",
+            "batch_size",
+            "local_mini_batch_size",
+            "mini_batch_size",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "a PPO run's length is --total_episodes (default: --num_train_epochs passes over the prompts); TRL's PPO "
+        "ignores --max_steps too",
+        ("max_steps",),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "optimizer options of optimizers rlhfkit does not build (GaLore, APOLLO, AnyPrecisionAdamW...): --optim "
+        "takes adamw_torch, adamw_torch_fused, sgd or adafactor",
+        ("optim_args", "optim_target_modules"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit always pools token counts across processes before dividing (docs/metrics.md, loss_type dapo); it "
+        "cannot be turned off",
+        ("average_tokens_across_devices",),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "speed and memory features rlhfkit does not offer for the training forward (compilation, Liger kernels, "
+        "TF32, cache emptying, batch-size search, NEFTune noise, MoE auxiliary loss, an fp32 LM head, padding to a "
+        "multiple, the KV cache in training)",
+        (
+            "torch_compile",
+            "torch_compile_backend",
+            "torch_compile_mode",
+            "use_liger_kernel",
+            "liger_kernel_config",
+            "tf32",
+            "torch_empty_cache_steps",
+            "auto_find_batch_size",
+            "neftune_noise_alpha",
+            "router_aux_loss_coef",
+            "cast_lm_head_to_fp32",
+            "pad_to_multiple_of",
+            "use_cache",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit samples with its own decoder (static KV cache) with temperature, top_p and top_k only, so that the "
+        "log-probs it trains on are those of the sampling distribution; vLLM and transformers' continuous batching "
+        "are not used",
+        (
+            "use_vllm",
+            *_VLLM,
+            "use_transformers_continuous_batching",
+            "transformers_continuous_batching_config",
+            "use_transformers_paged",
+            "cache_implementation",
+            "min_p",
+            "repetition_penalty",
+            "generation_kwargs",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "the reference model stays frozen (no TR-DPO style syncing with the policy)",
+        ("sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "text prompts and conversations only: no tool calling, no multimodal inputs, and conversations are rendered "
+        "with the tokenizer's chat template as it is",
+        ("max_tool_calling_iterations", "log_multimodal", "chat_template_kwargs"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "transformers' console and logging controls; rlhfkit prints its own progress line and tables, and "
+        "metrics.jsonl keeps every logged value (non-finite steps are skipped and counted in nonfinite_steps)",
+        (
+            "log_level",
+            "log_level_replica",
+            "disable_tqdm",
+            "log_on_each_node",
+            "logging_nan_inf_filter",
+            "skip_memory_metrics",
+            "include_num_input_tokens_seen",
+            "log_unique_prompts",
+            "debug",
+        ),
+    ),  # fmt: skip
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit logs Trackio runs locally (trackio show); sync them to a Space with Trackio's own tools",
+        ("trackio_space_id", "trackio_bucket_id", "trackio_static_space_id"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "a checkpoint always holds the whole training state, written by the main process, so the run resumes "
+        "exactly; SIGTERM/SIGINT always end the step with a checkpoint",
+        ("save_only_model", "save_on_each_node", "restore_callback_states_from_checkpoint", "enable_jit_checkpoint"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "rlhfkit seeds every library from --seed (each process differently) but does not force torch's "
+        "deterministic algorithms",
+        ("full_determinism",),
+    ),
+)
+# transformers' TrainingArguments fields that no group names (added by a newer transformers).
+FALLBACK = Group(SUPPORTED_NOT, "a transformers Trainer option that rlhfkit's trainers do not use", ())
+
+
+@cache
+def transformers_flags() -> tuple[str, ...]:
+    """The flags of the installed transformers' TrainingArguments (TRL's configs extend it)."""
+    from transformers import TrainingArguments
+
+    return tuple(f.name for f in dataclasses.fields(TrainingArguments) if f.init)
+
+
+def is_boolean(name: str) -> bool:
+    """Whether transformers' flag `name` is an on/off flag (its value is optional on the command line)."""
+    from transformers import TrainingArguments
+
+    field = TrainingArguments.__dataclass_fields__.get(name)
+    return field is not None and isinstance(field.default, bool)
+
+
+def trl_flags(command: str) -> tuple[str, ...]:
+    """Every flag of TRL's `command` ("ppo" or "grpo"): TrainingArguments', then TRL's own."""
+    names = transformers_flags()
+    return names + tuple(name for name in TRL_FLAGS[command] if name not in names)
+
+
+@cache
+def _by_name() -> dict[str, Group]:
+    return {name: group for group in GROUPS for name in group.names}
+
+
+def group_of(name: str) -> Group:
+    """The group of a TRL flag rlhfkit does not take (FALLBACK for a transformers flag no group names)."""
+    return _by_name().get(name, FALLBACK)
+
+
+def not_taken(command: str, rlhfkit_flags: set[str] | frozenset[str]) -> dict[str, Group]:
+    """TRL's flags of `command` that rlhfkit's flags (`rlhfkit_flags`: the config's field names) lack, with their
+    group."""
+    return {name: group_of(name) for name in trl_flags(command) if name not in rlhfkit_flags}
+
+
+def command_of(config_cls: type) -> str:
+    """The TRL command whose flags `config_cls` (PPOConfig, GRPOConfig or a subclass) takes."""
+    from rlhfkit.config import GRPOConfig
+
+    return "grpo" if issubclass(config_cls, GRPOConfig) else "ppo"
+
+
+def message(flag: str, group: Group) -> str:
+    """The error for a refused flag, e.g. "--push_to_hub is a TRL/transformers flag that rlhfkit does not support:
+    ... See docs/trl-flags.md."."""
+    verb = "does not support yet" if group.status == NOT_YET else "does not support"
+    return f"--{flag} is a TRL/transformers flag that rlhfkit {verb}: {group.reason}. See {DOC}."
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# docs/trl-flags.md
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def render_markdown() -> str:
+    from rlhfkit.config import GRPOConfig, OneOf, PPOConfig, config_field_names
+
+    taken = {"ppo": set(config_field_names(PPOConfig)), "grpo": set(config_field_names(GRPOConfig))}
+    refused = {command: not_taken(command, taken[command]) for command in COMMANDS}
+    lines = [
+        "# TRL flags that rlhfkit does not take",
+        "",
+        "<!-- Generated by `python -m rlhfkit.trl_flags > docs/trl-flags.md` from rlhfkit/trl_flags.py; "
+        "a test keeps it fresh. -->",
+        "",
+        "`rlhfkit ppo` and `rlhfkit grpo` take TRL's flag names: a TRL command line runs unchanged where the concept is "
+        "the same. The flags of TRL's commands are those of its dataclasses: for `trl ppo` (TRL 1.12's PPO script) "
+        "`PPOConfig`, `ScriptArguments` and `ModelConfig`; for `trl grpo` (TRL 1.16) `GRPOScriptArguments`, "
+        "`GRPOConfig`, `ModelConfig` and `DatasetMixtureConfig`; both configs extend transformers' "
+        "`TrainingArguments`. `rlhfkit ppo --help` and `rlhfkit grpo --help` list every flag rlhfkit takes.",
+        "",
+        "A TRL flag that rlhfkit does not take exits with status 2 and names the reason, for example:",
+        "",
+        "```",
+        f"rlhfkit ppo: error: {message('push_to_hub', group_of('push_to_hub'))}",
+        "```",
+        "",
+        "A misspelt flag still says `unknown flags`. The `--no_NAME` form of a boolean flag is treated as `--NAME`, "
+        "and so are the dashed spellings (`--push-to-hub`). In a `--config` YAML file the same keys get the same "
+        "messages.",
+        "",
+        f"{len(refused['ppo'])} of `trl ppo`'s {len(trl_flags('ppo'))} flags and {len(refused['grpo'])} of "
+        f"`trl grpo`'s {len(trl_flags('grpo'))} are not taken; each row below is one reason.",
+        "",
+    ]
+    for status, title in (
+        (NOT_YET, "Not supported yet (planned)"),
+        (SUPPORTED_NOT, "Not supported"),
+        (IGNORED, "Accepted and ignored"),
+    ):
+        lines += [f"## {title}", "", "| flags | command | why |", "|---|---|---|"]
+        for group in (*GROUPS, FALLBACK):
+            if group.status != status:
+                continue
+            for commands in (("ppo", "grpo"), ("ppo",), ("grpo",)):
+                names = [
+                    n
+                    for n in _ordered(group, refused)
+                    if all(n in refused[c] for c in commands)
+                    and not any(n in refused[c] for c in COMMANDS if c not in commands)
+                ]
+                if names:
+                    flags = ", ".join(f"`--{n}`" for n in names)
+                    lines.append(f"| {flags} | {' '.join(commands)} | {group.reason} |")
+        lines.append("")
+    lines += [
+        "## Values not supported",
+        "",
+        "Some flags rlhfkit takes accept fewer values than transformers'; the others exit with status 2 and the "
+        "reason.",
+        "",
+        "| flag | rlhfkit takes | not supported |",
+        "|---|---|---|",
+    ]
+    from dataclasses import fields
+
+    for f in fields(GRPOConfig):
+        rule = f.metadata["rule"]
+        if isinstance(rule, OneOf) and rule.unsupported is not None:
+            others = {value: why for value, why in rule.unsupported().items() if value not in rule.values}
+            reasons: dict[str, list[str]] = {}
+            for value, why in others.items():
+                reasons.setdefault(why, []).append(f"`{value}`")
+            shown = "; ".join(f"{', '.join(values)}: {why}" for why, values in reasons.items())
+            lines.append(f"| `--{f.name}` | {', '.join(f'`{v}`' for v in rule.values)} | {shown} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _ordered(group: Group, refused: dict[str, dict[str, Group]]) -> list[str]:
+    """The group's flags in the order TRL declares them (transformers' first); the FALLBACK group's are those of
+    the installed transformers that no group names."""
+    everything = list(dict.fromkeys(name for command in COMMANDS for name in trl_flags(command)))
+    if group is FALLBACK:
+        return [n for n in everything if n not in _by_name() and any(n in refused[c] for c in COMMANDS)]
+    return [n for n in everything if n in group.names]
+
+
+if __name__ == "__main__":
+    print(render_markdown(), end="")

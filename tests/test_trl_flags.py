@@ -1,0 +1,118 @@
+"""TRL's flags that rlhfkit does not take (rlhfkit/trl_flags.py): every one is refused with its reason, never as an
+unknown flag, and docs/trl-flags.md lists them."""
+
+import os
+from dataclasses import fields
+
+import pytest
+
+from rlhfkit import trl_flags
+from rlhfkit.args import UsageError, _parser, parse_config
+from rlhfkit.cli import main
+from rlhfkit.config import GRPOConfig, PPOConfig, config_field_names
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = {"ppo": PPOConfig, "grpo": GRPOConfig}
+
+
+def test_docs_are_generated_from_the_module():
+    with open(os.path.join(ROOT, "docs", "trl-flags.md"), encoding="utf-8") as f:
+        assert f.read() == trl_flags.render_markdown(), "run: python -m rlhfkit.trl_flags > docs/trl-flags.md"
+
+
+@pytest.mark.parametrize("command", trl_flags.COMMANDS)
+def test_every_trl_flag_is_taken_or_has_a_reason(command):
+    taken = set(config_field_names(CONFIGS[command]))
+    flags = trl_flags.trl_flags(command)
+    assert {"learning_rate", "push_to_hub", "lr_scheduler_type"} <= set(flags)  # transformers' flags are read
+    assert set(trl_flags.TRL_FLAGS[command]) <= set(flags)
+    for name in flags:
+        assert name in taken or trl_flags.group_of(name) is not trl_flags.FALLBACK, name
+
+
+def test_every_listed_flag_is_a_trl_flag_that_some_command_refuses():
+    everything = {name for command in trl_flags.COMMANDS for name in trl_flags.trl_flags(command)}
+    refused = {
+        name for command, cls in CONFIGS.items() for name in trl_flags.not_taken(command, set(config_field_names(cls)))
+    }
+    listed = [name for group in trl_flags.GROUPS for name in group.names]
+    assert len(listed) == len(set(listed))  # one reason per flag
+    for name in listed:
+        assert name in everything and name in refused, name
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["ppo", "--push_to_hub"], "--push_to_hub is a TRL/transformers flag that rlhfkit does not support: rlhfkit "
+         "does not upload to the Hugging Face Hub"),
+        (["grpo", "--use_vllm", "true"], "--use_vllm is a TRL/transformers flag that rlhfkit does not support:"),
+        (["ppo", "--use-peft"], "--use_peft is a TRL/transformers flag that rlhfkit does not support yet: model "
+         "loading options"),
+        (["grpo", "--steps_per_generation", "4"], "--steps_per_generation is a TRL/transformers flag that rlhfkit "
+         "does not support yet: GRPO's generation batch options come with issue 19"),
+        (["ppo", "--no_remove_unused_columns"], "--remove_unused_columns is a TRL/transformers flag"),
+        (["ppo", "--max_steps", "10"], "--max_steps is a TRL/transformers flag that rlhfkit does not support: a PPO "
+         "run's length is --total_episodes"),
+    ],
+)  # fmt: skip
+def test_a_trl_flag_exits_2_with_its_reason(capsys, tmp_path, argv, needle):
+    out = tmp_path / "run"
+    code = main([*argv, "--output_dir", str(out), "--learning_rate", "1e-5"])
+    err = capsys.readouterr().err
+    assert code == 2 and needle in err and "See docs/trl-flags.md." in err, err
+    assert "unknown" not in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_misspelt_flag_is_still_unknown(capsys):
+    assert main(["ppo", "--learnin_rate", "1e-5", "--push_to_hubb"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown flags: --learnin_rate, --push_to_hubb" in err and "TRL" not in err
+    assert main(["ppo", "--use_vllm"]) == 2  # a flag of trl grpo, not of trl ppo
+    assert "unknown flags: --use_vllm" in capsys.readouterr().err
+
+
+def test_every_refused_flag_is_named_at_once():
+    with pytest.raises(UsageError) as info:
+        parse_config(GRPOConfig, ["--gradient_checkpointing", "--hub_model_id", "me/model", "--beta", "0.1"], "x")
+    assert str(info.value).count("is a TRL/transformers flag") == 2
+
+
+def test_ignored_flags_are_dropped_with_their_values():
+    args, explicit = parse_config(
+        PPOConfig, ["--do_train", "--local-rank=0", "--do_eval", "true", "--local_rank", "1", "--kl_coef", "0.2"], "x"
+    )
+    assert args.kl_coef == 0.2 and explicit == {"kl_coef"}
+
+
+def test_yaml_keys_get_the_same_reasons(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 1.0e-5\ndo_train: true\npush_to_hub: true\n")
+    with pytest.raises(UsageError, match=r"has the key push_to_hub: --push_to_hub is a TRL/transformers flag"):
+        parse_config(PPOConfig, ["--config", str(path)], "x")
+    path.write_text("learning_rate: 1.0e-5\ndo_train: true\n")
+    assert parse_config(PPOConfig, ["--config", str(path)], "x")[0].learning_rate == 1e-5
+
+
+@pytest.mark.parametrize("cls", [PPOConfig, GRPOConfig])
+def test_help_lists_every_flag_and_points_to_the_refused_ones(cls):
+    text = _parser(cls, "rlhfkit x").format_help()
+    for f in fields(cls):
+        assert f"--{f.name} " in text or f"--{f.name}\n" in text, f.name
+    assert "docs/trl-flags.md" in " ".join(text.split())
+
+
+def test_trl_grpo_reward_model_flag_adds_a_reward_model():
+    args, _ = parse_config(
+        GRPOConfig, ["--reward_model_path", "a", "--reward_model_name_or_path", "b", "--reward_funcs", "f"], "x"
+    )
+    assert args.reward_model_path == ["a", "b"] and args.reward_model_name_or_path is None
+    assert GRPOConfig(**args.to_dict()).reward_model_path == ["a", "b"]  # a config rebuilt from its dict adds nothing
+
+
+def test_a_transformers_optimizer_rlhfkit_does_not_build_exits_2_naming_the_supported_ones(capsys):
+    assert main(["ppo", "--optim", "adamw_bnb_8bit"]) == 2
+    err = capsys.readouterr().err
+    assert "optim='adamw_bnb_8bit': not supported by rlhfkit" in err and "adamw_torch, adamw_torch_fused, sgd" in err
+    assert "Traceback" not in err
