@@ -11,6 +11,7 @@ loaded or written. Derived batch sizes that need the world size or the dataset s
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import os
@@ -28,6 +29,41 @@ from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
 
 # The KL penalty in PPO's reward offers what TRL's PPOConfig offers: every estimator of ops but k2 (biased).
 PPO_KL_ESTIMATORS = tuple(e for e in KL_ESTIMATORS if e != "k2")
+
+# transformers' names (TrainingArguments) for what rlhfkit.trainers.common and .run implement: the optimizers
+# make_optimizer builds, the schedules lr_schedule computes through transformers' own, and the strategies TrainingRun
+# schedules rows, evaluations and checkpoints by.
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adafactor")
+LR_SCHEDULER_TYPES = ("linear", "cosine", "constant", "constant_with_warmup", "cosine_with_min_lr")
+LOGGING_STRATEGIES = ("steps", "epoch", "no")
+EVAL_STRATEGIES = ("no", "steps", "epoch")
+SAVE_STRATEGIES = ("steps", "no", "epoch")
+
+
+def _other_optimizers() -> dict[str, str]:
+    from transformers.training_args import OptimizerNames
+
+    return {name.value: "a transformers optimizer that rlhfkit does not build" for name in OptimizerNames}
+
+
+def _other_schedules() -> dict[str, str]:
+    from transformers.trainer_utils import SchedulerType
+
+    why = {
+        "reduce_lr_on_plateau": "it steps on an evaluation loss, which an RL run does not have",
+        "greedy": "it steps on an evaluation loss, which an RL run does not have",
+    }
+    return {
+        kind.value: why.get(kind.value, "a transformers schedule that rlhfkit does not offer")
+        for kind in SchedulerType
+    }
+
+
+def _best_checkpoint() -> dict[str, str]:
+    return {
+        "best": "it needs --metric_for_best_model, and an RL run has no evaluation loss to rank checkpoints by: "
+        "rlhfkit keeps the latest ones, --save_total_limit of them"
+    }
 
 
 class ConfigError(ValueError):
@@ -112,8 +148,13 @@ def number(**bounds: Any) -> Number:
 
 @dataclass(frozen=True)
 class OneOf(Rule):
+    """One of `values`. `unsupported`: values that mean something elsewhere (transformers' optimizers, schedules,
+    strategies) mapped to why rlhfkit refuses them, so the error says "not supported" rather than "misspelt"; a
+    function, called only on the error path (it may import transformers)."""
+
     values: tuple[str, ...]
     example: Any = None
+    unsupported: Callable[[], Mapping[str, str]] | None = None
 
     @property
     def text(self) -> str:
@@ -121,6 +162,12 @@ class OneOf(Rule):
 
     def accepts(self, value: Any) -> bool:
         return isinstance(value, str) and value in self.values
+
+    def problem(self, value: Any) -> str | None:
+        if self.accepts(value):
+            return None
+        why = self.unsupported().get(value) if self.unsupported is not None and isinstance(value, str) else None
+        return f"not supported by rlhfkit ({why}); must be {self.text}" if why else f"must be {self.text}"
 
 
 @dataclass(frozen=True)
@@ -246,6 +293,23 @@ def _thresholds_complaint(value: Any) -> str | None:
     return None
 
 
+def _json_object_complaint(value: Any) -> str | None:
+    """A mapping; JSON text from the command line has been parsed before the rules run (TrainConfig.__post_init__)."""
+    if isinstance(value, Mapping):
+        return None
+    hint = """must be a JSON object, e.g. '{"key": value}'"""
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError as e:
+            return f"{hint} (it is not JSON: {e})"
+    return hint
+
+
+# A dict field, given as a JSON object on the command line as transformers reads its dict flags.
+JSON_OBJECT = Checked("a JSON object", _json_object_complaint)
+
+
 def _help(text: str, rule: Rule) -> dict:
     """Field metadata: the --help text, ending with the valid values where the type does not say them, and the rule."""
     return {"help": f"{text} Valid: {rule.text}." if rule.in_help else text, "rule": rule}
@@ -255,6 +319,11 @@ def _default(f: Field) -> Any:
     if f.default_factory is not MISSING:
         return f.default_factory()
     return None if f.default is MISSING else f.default
+
+
+def _rule_of(f: Field) -> Rule:
+    rule = f.metadata["rule"]
+    return rule.rule if isinstance(rule, OrNone) else rule
 
 
 def _check_field(f: Field, value: Any) -> None:
@@ -288,7 +357,12 @@ class TrainConfig:
         default=None,
         metadata=_help("Run name shown by the trackers. Default: <exp_name>-<seed>-<time>.", OrNone(TEXT)),
     )
-    project: str = field(default="rlhfkit", metadata=_help("Tracker project (Trackio / W&B project name).", TEXT))
+    project: str = field(
+        default="huggingface",
+        metadata=_help(
+            "Tracker project (Trackio, and W&B unless $WANDB_PROJECT names it), TRL's default name included.", TEXT
+        ),
+    )
     report_to: list[str] | None = field(
         default_factory=lambda: ["trackio"],
         metadata=_help(
@@ -299,12 +373,45 @@ class TrainConfig:
     logging_dir: str | None = field(
         default=None, metadata=_help("TensorBoard log directory. Default: <output_dir>/runs.", OrNone(PATH))
     )
-    logging_steps: int = field(default=1, metadata=_help("Log metrics every this many training steps.", integer(ge=1)))
+    log_legacy_names: bool = field(
+        default=False,
+        metadata=_help(
+            "Also send every metric to the trackers under the name TRL's original PPOTrainer used "
+            "(env/reward_mean, ppo/mean_scores, ppo/policy/approxkl, ...), for dashboards built for it.",
+            FLAG,
+        ),
+    )
+    logging_steps: int = field(
+        default=1,
+        metadata=_help("Log metrics every this many training steps (logging_strategy steps).", integer(ge=1)),
+    )
+    logging_strategy: str = field(
+        default="steps",
+        metadata=_help(
+            "When a row of training metrics is logged (each row pools every step since the previous one): steps "
+            "(every logging_steps steps and after the last), epoch (after each pass over the prompts and after the "
+            "last step), no (no training rows: evaluation rows are still logged, but the health checks, which read "
+            "the rows, do not run).",
+            OneOf(LOGGING_STRATEGIES),
+        ),
+    )
+    logging_first_step: bool = field(
+        default=False, metadata=_help("Also log a row after the first step (whatever logging_strategy).", FLAG)
+    )
+    save_strategy: str = field(
+        default="steps",
+        metadata=_help(
+            "When checkpoints are saved during training: steps (every save_steps steps), epoch (after each pass "
+            "over the prompts), no (none). Either way the final checkpoint and the trained model are saved at the "
+            "end.",
+            OneOf(SAVE_STRATEGIES, unsupported=_best_checkpoint),
+        ),
+    )
     save_steps: int = field(
         default=500,
         metadata=_help(
-            "Save a checkpoint every this many training steps (0: none during training); the model is saved at the "
-            "end either way.",
+            "Save a checkpoint every this many training steps with save_strategy steps (0: none during training); "
+            "the final checkpoint and the model are saved at the end either way.",
             integer(ge=0),
         ),
     )
@@ -370,6 +477,16 @@ class TrainConfig:
     trust_remote_code: bool = field(
         default=False, metadata=_help("Allow custom model code from the checkpoints. Off unless asked.", FLAG)
     )
+    disable_dropout: bool = field(
+        default=True,
+        metadata=_help(
+            "Turn dropout off in every model, so that a rollout's log-probs and the update's agree: PPO's first "
+            "ratio is exactly 1, and GRPO's reused batches (num_iterations > 1) stay exact. On by default for both "
+            "trainers, as TRL's PPO always does; TRL's GRPO defaults to false. --disable_dropout false keeps the "
+            "checkpoints' dropout.",
+            FLAG,
+        ),
+    )
     dataset_name: str | None = field(
         default=None,
         metadata=_help(
@@ -401,6 +518,21 @@ class TrainConfig:
             OneOf(PROMPT_OVERFLOW),
         ),
     )
+    shuffle_dataset: bool = field(
+        default=True,
+        metadata=_help(
+            "Draw the prompts in a new random order (from seed) on every pass; false: in dataset order, pass after "
+            "pass. A resumed run continues the order exactly either way.",
+            FLAG,
+        ),
+    )
+    dataset_num_proc: int | None = field(
+        default=None,
+        metadata=_help(
+            "Processes for the dataset's map/filter while preparing the prompts (unset: this process).",
+            OrNone(integer(ge=1, example=4)),
+        ),
+    )
     task: str | None = field(
         default=None,
         metadata=_help(
@@ -411,14 +543,49 @@ class TrainConfig:
 
     # --- optimisation ------------------------------------------------------------------------------
     learning_rate: float = field(
-        default=3e-6, metadata=_help("Initial learning rate (AdamW), decayed linearly to 0.", number(gt=0))
+        default=3e-6,
+        metadata=_help(
+            "Peak learning rate, scaled step by step by lr_scheduler_type (default: linear decay to 0).", number(gt=0)
+        ),
     )
-    warmup_steps: int = field(
+    lr_scheduler_type: str = field(
+        default="linear",
+        metadata=_help(
+            "Learning-rate schedule, computed by transformers' own schedules as TRL steps them: step s (1-based) "
+            "uses learning_rate x the schedule's factor after s-1 scheduler steps, so a warm-up starts at 0. "
+            "constant ignores the warm-up (as in transformers); cosine_with_min_lr needs lr_scheduler_kwargs "
+            "min_lr_rate or min_lr.",
+            OneOf(LR_SCHEDULER_TYPES, unsupported=_other_schedules),
+        ),
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help(
+            "Extra arguments of the schedule, as JSON on the command line: e.g. '{\"min_lr_rate\": 0.1}' for "
+            "cosine_with_min_lr, '{\"num_cycles\": 0.5}' for cosine.",
+            OrNone(JSON_OBJECT),
+        ),
+    )
+    warmup_steps: float = field(
         default=0,
-        metadata=_help("Steps of linear warm-up from 0 to learning_rate (overrides warmup_ratio).", integer(ge=0)),
+        metadata=_help(
+            "Warm-up steps (linear from 0 to learning_rate): a count, or a number in (0, 1) for that share of the "
+            "steps, as in transformers 5. Overrides warmup_ratio.",
+            number(ge=0),
+        ),
     )
     warmup_ratio: float = field(
-        default=0.0, metadata=_help("Share of the steps used for linear warm-up.", number(ge=0, lt=1))
+        default=0.0,
+        metadata=_help("Share of the steps used for linear warm-up (older transformers' flag).", number(ge=0, lt=1)),
+    )
+    optim: str = field(
+        default="adamw_torch_fused",
+        metadata=_help(
+            "Optimizer: adamw_torch (torch's AdamW), adamw_torch_fused (the same, fused into one kernel where torch "
+            "has one for the device), sgd (torch's SGD, no momentum), adafactor (transformers' Adafactor at "
+            "learning_rate: no relative step, no parameter scaling, as transformers' Trainer builds it).",
+            OneOf(OPTIMIZERS, unsupported=_other_optimizers),
+        ),
     )
     per_device_train_batch_size: int = field(default=64, metadata=_help("Micro-batch size per device.", integer(ge=1)))
     per_device_eval_batch_size: int = field(
@@ -437,17 +604,48 @@ class TrainConfig:
             OrNone(number(ge=0, example=1.0)),
         ),
     )
-    weight_decay: float = field(default=0.0, metadata=_help("AdamW weight decay.", number(ge=0)))
+    weight_decay: float = field(
+        default=0.0,
+        metadata=_help(
+            "Weight decay of the optimizer, on every parameter (transformers' Trainer exempts biases and norm "
+            "weights).",
+            number(ge=0),
+        ),
+    )
+    adam_beta1: float = field(default=0.9, metadata=_help("AdamW beta1 (adamw_* optimizers).", number(ge=0, lt=1)))
+    adam_beta2: float = field(default=0.999, metadata=_help("AdamW beta2 (adamw_* optimizers).", number(ge=0, lt=1)))
     # 0 is legal in torch, but a parameter whose gradient stays 0 then gets 0 / 0 = NaN updates.
-    adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW epsilon.", number(gt=0)))
+    adam_epsilon: float = field(default=1e-8, metadata=_help("AdamW epsilon (adamw_* optimizers).", number(gt=0)))
     temperature: float = field(
         default=0.7, metadata=_help("Sampling temperature (also applied to the log-probs).", number(gt=0))
     )
     num_sample_generations: int = field(
         default=10,
         metadata=_help(
-            "How many times during training to log sample completions and evaluate (0: never).", integer(ge=0)
+            "With eval_strategy no: how many times during training (and before it) to log sample completions and "
+            "evaluate (0: never), as TRL's PPO does.",
+            integer(ge=0),
         ),
+    )
+    eval_strategy: str = field(
+        default="no",
+        metadata=_help(
+            "When to evaluate (eval metrics on the eval split and the completions table) instead of the "
+            "num_sample_generations schedule: no (that schedule), steps (every eval_steps steps and after the "
+            "last), epoch (after each pass over the prompts and after the last step).",
+            OneOf(EVAL_STRATEGIES),
+        ),
+    )
+    eval_steps: int | None = field(
+        default=None,
+        metadata=_help(
+            "Evaluate every this many steps with eval_strategy steps. Default: logging_steps (as transformers).",
+            OrNone(integer(ge=1, example=100)),
+        ),
+    )
+    eval_on_start: bool = field(
+        default=False,
+        metadata=_help("Also evaluate before the first step (the num_sample_generations schedule always does).", FLAG),
     )
 
     # --- precision ---------------------------------------------------------------------------------
@@ -460,6 +658,15 @@ class TrainConfig:
     fp16: bool = field(default=False, metadata=_help("float16 weights (CUDA only).", FLAG))
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # JSON text of a dict field (from the command line) becomes the dict
+            value = getattr(self, f.name)
+            if _rule_of(f) is JSON_OBJECT and isinstance(value, str):
+                try:
+                    parsed = json.loads(value)
+                except ValueError:
+                    parsed = None  # the rule says what is wrong
+                if isinstance(parsed, dict):
+                    setattr(self, f.name, parsed)
         self._apply_aliases()
         for f in fields(self):
             _check_field(f, getattr(self, f.name))
@@ -478,6 +685,30 @@ class TrainConfig:
         """Rules that tie fields together (each field has passed its own rule)."""
         if self.fp16 and self.bf16:
             raise ConfigError("fp16=True and bf16=True: choose one precision. Pass only one of --fp16 and --bf16.")
+        if self.lr_scheduler_kwargs or self.lr_scheduler_type == "cosine_with_min_lr":
+            self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        """Build the schedule for a short run, so arguments the schedule does not take (or lacks) fail now, naming
+        the flags, rather than when training starts."""
+        try:
+            factor = lr_factor(self, num_steps=10)
+            values = [self.learning_rate * factor(step - 1) for step in (1, 5, 10)]
+        except (TypeError, ValueError) as e:
+            kind = self.lr_scheduler_type
+            fix = (
+                """Pass e.g. --lr_scheduler_kwargs '{"min_lr_rate": 0.1}'."""
+                if kind == "cosine_with_min_lr"
+                else f"Pass only arguments of transformers' {kind} schedule, or leave --lr_scheduler_kwargs out."
+            )
+            raise ConfigError(
+                f"lr_scheduler_type={kind!r} with lr_scheduler_kwargs={self.lr_scheduler_kwargs!r}: {e}. {fix}"
+            ) from None
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ConfigError(
+                f"lr_scheduler_kwargs={self.lr_scheduler_kwargs!r} give lr_scheduler_type {self.lr_scheduler_type!r} "
+                f"learning rates {values} (steps 1, 5 and 10 of 10): they must be finite and >= 0."
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -591,9 +822,11 @@ class PPOConfig(TrainConfig):
         default=None, metadata=_help("Alias of model_name_or_path (older TRL API).", OrNone(PATH))
     )
     log_with: str | None = field(default=None, metadata=_help("Alias of report_to (older TRL API).", OrNone(TEXT)))
-    project_kwargs: dict | None = field(
+    project_kwargs: dict | str | None = field(
         default=None,
-        metadata=_help("Older TRL API: {'logging_dir': PATH} sets logging_dir.", OrNone(Kind(Mapping, "a mapping"))),
+        metadata=_help(
+            "Older TRL API: {'logging_dir': PATH} sets logging_dir (JSON on the command line).", OrNone(JSON_OBJECT)
+        ),
     )
 
     def _apply_aliases(self) -> None:
@@ -648,6 +881,13 @@ class GRPOConfig(TrainConfig):
             OrNone(ListOf(PATH)),
         ),
     )
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata=_help(
+            "TRL's grpo script's name for one reward model: added to reward_model_path (after its entries).",
+            OrNone(PATH),
+        ),
+    )
     reward_weights: list[float] | None = field(
         default=None,
         metadata=_help(
@@ -658,7 +898,10 @@ class GRPOConfig(TrainConfig):
 
     # --- batch sizes and length of training ------------------------------------------------------
     learning_rate: float = field(
-        default=1e-6, metadata=_help("Initial learning rate (AdamW), decayed linearly to 0.", number(gt=0))
+        default=1e-6,
+        metadata=_help(
+            "Peak learning rate, scaled step by step by lr_scheduler_type (default: linear decay to 0).", number(gt=0)
+        ),
     )
     per_device_train_batch_size: int = field(
         default=8,
@@ -683,12 +926,14 @@ class GRPOConfig(TrainConfig):
         ),
     )
     logging_steps: int = field(
-        default=10, metadata=_help("Log metrics every this many optimizer steps.", integer(ge=1))
+        default=10,
+        metadata=_help("Log metrics every this many optimizer steps (logging_strategy steps).", integer(ge=1)),
     )
     log_completions: bool = field(
         default=False,
         metadata=_help(
-            "Also log the completions table at every logging step (it is always logged num_sample_generations times).",
+            "Also log the completions table at every logging step (it is always logged when the run evaluates: "
+            "eval_strategy, by default num_sample_generations times).",
             FLAG,
         ),
     )
@@ -766,6 +1011,9 @@ class GRPOConfig(TrainConfig):
     )
 
     def _apply_aliases(self) -> None:
+        if self.reward_model_name_or_path:
+            self.reward_model_path = [*(self.reward_model_path or []), self.reward_model_name_or_path]
+            self.reward_model_name_or_path = None  # moved: a config built again from to_dict() must not add it twice
         scale = self.scale_rewards
         if isinstance(scale, bool) or str(scale).lower() in ("true", "false"):
             self.scale_rewards = "group" if str(scale).lower() == "true" else "none"
@@ -858,8 +1106,31 @@ def grpo_batch_sizes(args: GRPOConfig, world_size: int, dataset_size: int) -> GR
 
 
 def warmup_steps(args: TrainConfig, num_steps: int) -> int:
-    """Warm-up steps of a run of `num_steps` steps: warmup_steps when set, else ceil(warmup_ratio x num_steps)."""
-    return min(args.warmup_steps or math.ceil(args.warmup_ratio * num_steps), num_steps - 1)
+    """Warm-up steps of a run of `num_steps` steps, as transformers counts them: warmup_steps when >= 1, a share of
+    the steps when in (0, 1), else ceil(warmup_ratio x num_steps); at most num_steps - 1 (a one-step run learns)."""
+    share = args.warmup_steps if 0 < args.warmup_steps < 1 else args.warmup_ratio
+    count = int(args.warmup_steps) if args.warmup_steps >= 1 else math.ceil(share * num_steps)
+    return max(0, min(count, num_steps - 1))
+
+
+def lr_factor(args: TrainConfig, num_steps: int) -> Callable[[int], float]:
+    """transformers' --lr_scheduler_type schedule for a `num_steps`-step run with warmup_steps(args, num_steps) of
+    warm-up: the factor of learning_rate after k scheduler steps (k = 0, 1, ...), taken from the LambdaLR that
+    transformers' get_scheduler builds (a pure function of k). rlhfkit.trainers.common.lr_schedule turns it into the
+    learning rate of each step."""
+    import torch
+    from transformers import get_scheduler
+
+    probe = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)  # the schedule reads nothing else
+    scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        probe,
+        num_warmup_steps=warmup_steps(args, num_steps),
+        num_training_steps=num_steps,
+        scheduler_specific_kwargs=dict(args.lr_scheduler_kwargs or {}),
+    )
+    (factor,) = scheduler.lr_lambdas
+    return factor
 
 
 def config_field_names(cls: type) -> list[str]:

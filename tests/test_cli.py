@@ -287,5 +287,5 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     out = result.stdout
     assert out.count("Model win rate:") == 2 and "judge: task:sort" in out and "judge: reward-model:" in out
     assert f"Report: {tmp_path / 'qs' / 'report' / 'report.html'}" in out
-    assert "Dashboard: trackio show --project rlhfkit" in out
+    assert "Dashboard: trackio show --project huggingface" in out
     assert (tmp_path / "qs" / "report" / "report.html").stat().st_size > 10_000

@@ -12,7 +12,7 @@ _EXPORTS = {
     "Metric": "registry",
     "metrics_for": "registry",
     "render_markdown": "registry",
-    "with_aliases": "registry",
+    "older_names": "registry",
     "MetricAccumulator": "accumulate",
     "Reduced": "accumulate",
 }

@@ -48,7 +48,8 @@ class Metric:
         "last" (the main process's value as set), "histogram" (raw values gathered from all processes).
     trainers: which trainers log it ("ppo", later "grpo").
     kind: "scalar" or "histogram".
-    aliases: older names of the same quantity (TRL's original PPOTrainer), emitted only on request.
+    aliases: the names TRL's original PPOTrainer (seeds 000/001) logged the quantity under, which may be its current
+        name; sent to the trackers only with --log_legacy_names.
     when: condition under which it is logged ("always", "task has a checker", ...).
     importance: "crucial" (the objective), "stability" (watch for divergence) or "".
     watch: what healthy looks like, for the docs and the health checks.
@@ -121,11 +122,51 @@ EPISODE = Metric(
 LR = Metric(
     name="lr",
     meaning="Learning rate the optimizer used for this update.",
-    formula="the optimizer's learning rate during this step's optimizer steps (linear decay from learning_rate to 0)",
+    formula="the optimizer's learning rate during this step's optimizer steps: learning_rate x the factor of "
+    "--lr_scheduler_type's schedule (default linear decay to 0, after an optional warm-up from 0)",
     unit="dimensionless",
     reduction="last",
     trainers=BOTH,
     aliases=("ppo/learning_rate",),
+)
+LEARNING_RATE = Metric(
+    name="learning_rate",
+    meaning="Learning rate of this step's optimizer step, under the name TRL's GRPO (transformers' Trainer) logs.",
+    formula="the same value as lr",
+    unit="dimensionless",
+    reduction="last",
+    trainers=GRPO,
+)
+EPOCH = Metric(
+    name="epoch",
+    meaning="Passes over the training prompts so far (fractional), as transformers' Trainer logs it.",
+    formula="prompts drawn so far, all processes / number of prompts in the train split (PPO: episode / prompts; "
+    "GRPO: episode / (num_generations x prompts))",
+    unit="epochs",
+    reduction="last",
+    trainers=BOTH,
+)
+GRAD_NORM = Metric(
+    name="grad_norm",
+    meaning="Gradient norm before clipping, as transformers' Trainer logs it; spikes come before divergence.",
+    formula="total L2 norm of the (all-reduced) gradients of an optimizer step, before max_grad_norm clipping; mean "
+    "over the optimizer steps of the logging window whose norm was finite (non-finite ones count in nonfinite_steps)",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=BOTH,
+    importance="stability",
+    watch="Large jumps, or a steady climb, warn of instability before the loss shows it.",
+    vs_trl="TRL logs the last optimizer step's norm; rlhfkit pools the window like every other metric.",
+)
+STEP_TIME = Metric(
+    name="step_time",
+    meaning="Wall-clock seconds per training step (rollout or generation, scoring and optimisation), as TRL's GRPO "
+    "logs it.",
+    formula="seconds from the start of a step to its end (logging, evaluation and checkpoints excluded); mean over "
+    "the steps of the logging window and the processes",
+    unit="s",
+    reduction="mean",
+    trainers=BOTH,
 )
 
 # What RL maximises (measured on the rollout, before the PPO epochs)
@@ -176,6 +217,7 @@ OBJECTIVE_KL = Metric(
     importance="crucial",
     watch="Should stay positive and moderate; negative values (k1) or fast growth mean the policy is escaping "
     "the reference.",
+    aliases=("objective/kl",),  # the older trainer logged it under the same name
 )
 OBJECTIVE_ENTROPY = Metric(
     name="objective/entropy",
@@ -186,6 +228,7 @@ OBJECTIVE_ENTROPY = Metric(
     trainers=PPO,
     vs_trl="TRL lets padding positions contribute their +1 log-prob sentinel (-1 each), biasing it down and "
     "even below zero (#2022); we sum real response tokens only.",
+    aliases=("objective/entropy",),  # the older trainer logged it under the same name
 )
 OBJECTIVE_SCORES_STD = Metric(
     name="objective/scores_std",
@@ -208,6 +251,7 @@ OBJECTIVE_KL_COEF = Metric(
     importance="stability",
     watch="With the adaptive controller a steady climb often comes before numerical trouble.",
     vs_trl="TRL's current PPO has a fixed coefficient and does not log it.",
+    aliases=("objective/kl_coef",),  # the older trainer logged it under the same name
 )
 
 # The PPO optimisation (pooled over every micro-batch, mini-batch, PPO epoch and process of the update)
@@ -340,6 +384,16 @@ VAL_NUM_EOS_TOKENS = Metric(
     "we count responses, summed over all processes.",
 )
 
+VAL_VPRED = Metric(
+    name="val/vpred",
+    meaning="Mean value prediction on response tokens during optimisation (the value model as it trains).",
+    formula="pooled token mean of V_new over every micro-batch, mini-batch and PPO epoch of the update",
+    unit="reward",
+    reduction="mean",
+    trainers=PPO,
+    aliases=("ppo/val/vpred",),
+)
+
 # The value model and GAE (measured at rollout)
 VAL_MEAN = Metric(
     name="val/mean",
@@ -405,6 +459,7 @@ TOKENS_QUERIES_LEN_MEAN = Metric(
     unit="tokens",
     reduction="mean",
     trainers=PPO,
+    aliases=("tokens/queries_len_mean",),  # the older trainer logged it under the same name
 )
 TOKENS_QUERIES_LEN_STD = Metric(
     name="tokens/queries_len_std",
@@ -413,6 +468,7 @@ TOKENS_QUERIES_LEN_STD = Metric(
     unit="tokens",
     reduction="std",
     trainers=PPO,
+    aliases=("tokens/queries_len_std",),  # the older trainer logged it under the same name
 )
 TOKENS_RESPONSES_LEN_MEAN = Metric(
     name="tokens/responses_len_mean",
@@ -421,6 +477,7 @@ TOKENS_RESPONSES_LEN_MEAN = Metric(
     unit="tokens",
     reduction="mean",
     trainers=PPO,
+    aliases=("tokens/responses_len_mean",),  # the older trainer logged it under the same name
 )
 TOKENS_RESPONSES_LEN_STD = Metric(
     name="tokens/responses_len_std",
@@ -429,6 +486,7 @@ TOKENS_RESPONSES_LEN_STD = Metric(
     unit="tokens",
     reduction="std",
     trainers=PPO,
+    aliases=("tokens/responses_len_std",),  # the older trainer logged it under the same name
 )
 
 # True task success (independent of the reward model)
@@ -451,7 +509,7 @@ EVAL_TASK_SUCCESS = Metric(
     unit="fraction",
     reduction="mean",
     trainers=BOTH,
-    when="the task has a checker and an eval dataset is given; at sample-generation steps (num_sample_generations)",
+    when="the task has a checker and an eval dataset is given; at evaluation steps (--eval_strategy; by default num_sample_generations times)",
     importance="crucial",
     watch="Should rise over training; the least noisy view of what the policy has learned.",
 )
@@ -463,7 +521,7 @@ EVAL_SCORES = Metric(
     unit="reward",
     reduction="mean",
     trainers=PPO,
-    when="an eval dataset is given; at sample-generation steps (num_sample_generations)",
+    when="an eval dataset is given; at evaluation steps (--eval_strategy; by default num_sample_generations times)",
 )
 
 # Wall time
@@ -499,6 +557,7 @@ ENV_REWARD_DIST = Metric(
     reduction="histogram",
     trainers=PPO,
     kind="histogram",
+    aliases=("env/reward_dist",),  # the older trainer logged it under the same name
 )
 OBJECTIVE_KL_DIST = Metric(
     name="objective/kl_dist",
@@ -508,6 +567,7 @@ OBJECTIVE_KL_DIST = Metric(
     reduction="histogram",
     trainers=PPO,
     kind="histogram",
+    aliases=("objective/kl_dist",),  # the older trainer logged it under the same name
 )
 OBJECTIVE_LOGPROBS = Metric(
     name="objective/logprobs",
@@ -517,6 +577,7 @@ OBJECTIVE_LOGPROBS = Metric(
     reduction="histogram",
     trainers=PPO,
     kind="histogram",
+    aliases=("objective/logprobs",),  # the older trainer logged it under the same name
 )
 OBJECTIVE_REF_LOGPROBS = Metric(
     name="objective/ref_logprobs",
@@ -526,6 +587,7 @@ OBJECTIVE_REF_LOGPROBS = Metric(
     reduction="histogram",
     trainers=PPO,
     kind="histogram",
+    aliases=("objective/ref_logprobs",),  # the older trainer logged it under the same name
 )
 POLICY_RATIO_DIST = Metric(
     name="policy/ratio_dist",
@@ -555,6 +617,7 @@ TOKENS_QUERIES_DIST = Metric(
     reduction="histogram",
     trainers=PPO,
     kind="histogram",
+    aliases=("tokens/queries_dist",),  # the older trainer logged it under the same name
 )
 TOKENS_RESPONSES_DIST = Metric(
     name="tokens/responses_dist",
@@ -564,6 +627,7 @@ TOKENS_RESPONSES_DIST = Metric(
     reduction="histogram",
     trainers=PPO,
     kind="histogram",
+    aliases=("tokens/responses_dist",),  # the older trainer logged it under the same name
 )
 
 
@@ -780,7 +844,7 @@ EVAL_REWARD = Metric(
     unit="reward",
     reduction="mean",
     trainers=GRPO,
-    when="an eval dataset is given; at sample-generation steps (num_sample_generations)",
+    when="an eval dataset is given; at evaluation steps (--eval_strategy; by default num_sample_generations times)",
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -829,7 +893,7 @@ def _build_registry(metrics: list[Metric]) -> dict[str, Metric]:
     registry: dict[str, Metric] = {}
     seen: dict[str, str] = {}
     for metric in metrics:
-        for key in (metric.name, *metric.aliases):
+        for key in dict.fromkeys((metric.name, *metric.aliases)):  # an older name may be the current one
             if key in seen:
                 raise ValueError(f"metric name {key!r} is used by both {seen[key]!r} and {metric.name!r}")
             seen[key] = metric.name
@@ -840,7 +904,7 @@ def _build_registry(metrics: list[Metric]) -> dict[str, Metric]:
 # Declaration order is the logging and documentation order.
 REGISTRY: dict[str, Metric] = _build_registry([v for v in list(globals().values()) if isinstance(v, Metric)])
 
-# Older name -> current name.
+# Older name -> current name (an older name may equal the current one).
 ALIASES: dict[str, str] = {alias: m.name for m in REGISTRY.values() for alias in m.aliases}
 
 
@@ -876,15 +940,10 @@ def metrics_for(trainer: str, kind: str | None = "scalar") -> list[Metric]:
     return [m for m in REGISTRY.values() if trainer in m.trainers and (kind is None or m.kind == kind)]
 
 
-def with_aliases(values: dict[str, float]) -> dict[str, float]:
-    """Return `values` plus a copy of each registered value under its older names (for old dashboards)."""
-    out = dict(values)
-    for name, value in values.items():
-        metric = REGISTRY.get(name)
-        if metric is not None:
-            for alias in metric.aliases:
-                out[alias] = value
-    return out
+def older_names(values: dict[str, float]) -> dict[str, float]:
+    """The values under the names the older trainer (TRL's original PPOTrainer, seeds 000/001) logged them under,
+    for dashboards built for it (--log_legacy_names). Metrics it did not log have none."""
+    return {alias: value for name, value in values.items() if name in REGISTRY for alias in REGISTRY[name].aliases}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -929,8 +988,18 @@ _CONVENTIONS = """\
   An empty pool (no tokens) gives 0, not NaN.
 - **Units.** Log-probabilities and KL are in nats. `reward` is the unit of the reward model's or
   reward function's score; `reward^2` for squared errors and variances of rewards, values and returns.
-- **Older names.** Metrics that TRL's original `PPOTrainer` logged under a different name list that name
-  as an alias; rlhfkit emits aliases only when asked (`rlhfkit.metrics.registry.with_aliases`).
+- **Names in the trackers.** The names in these tables are the ones `metrics.jsonl`, `rlhfkit report` and
+  `rlhfkit doctor` use. The trackers (Trackio, W&B, TensorBoard and every other `--report_to`) get TRL's keys,
+  as transformers' callbacks write them: training metrics under `train/<name>` (`train/objective/kl`,
+  `train/episode`, `train/reward`), `eval/*` metrics under their own name, and `train/global_step` (the
+  step) with every row; W&B uses `train/global_step` as the x-axis of every chart. So a TRL run and an
+  rlhfkit run of the same metric share a chart and openrlbenchmark's `xaxis=train/episode` filters find
+  both. Histograms follow the same rule; completion tables are logged under `completions`.
+- **Older names.** The older trainer (TRL's original `PPOTrainer`, seeds 000/001) logged some quantities
+  under other names (`env/reward_mean`, `ppo/mean_scores`, `ppo/policy/approxkl`, ...) and the rest under
+  the names above, without the `train/` prefix. With `--log_legacy_names` every such metric is also sent to
+  the trackers under its older name, unprefixed, so dashboards built for the old trainer keep working
+  (`rlhfkit.metrics.registry.older_names`). The tables list the older names.
 - **Notation.** `b` indexes responses and `t` response tokens; `m_bt` is the response mask; `logp_bt`
   and `ref_bt` are the sampled token's log-probabilities under the sampling policy and the frozen
   reference (at the sampling temperature); `kl_bt` is `logp - ref` (k1, default) or
@@ -972,8 +1041,9 @@ def _cell(text: str) -> str:
 
 def _name_cell(metric: Metric) -> str:
     cell = f"`{metric.name}`"
-    if metric.aliases:
-        cell += "<br>was " + ", ".join(f"`{a}`" for a in metric.aliases)
+    renamed = [alias for alias in metric.aliases if alias != metric.name]
+    if renamed:
+        cell += "<br>was " + ", ".join(f"`{a}`" for a in renamed)
     return cell
 
 

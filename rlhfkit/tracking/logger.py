@@ -58,8 +58,17 @@ def _tracker_name(tracker: Any) -> str:
 
 
 def _wandb_table_key(key: str, step: int) -> str:
-    # W&B shows only the latest table logged under a key; a key per step keeps every step's samples.
+    # W&B's table panel shows the latest table logged under a key; a key per step keeps every step's samples in view.
     return f"{key}/step_{step:06d}"
+
+
+GLOBAL_STEP = "train/global_step"
+
+
+def tracker_key(name: str) -> str:
+    """The key a metric has in the trackers: TRL's, as transformers' callbacks rewrite its logs (eval/* as named,
+    everything else under train/), so TRL and rlhfkit runs share charts. The run directory keeps the bare name."""
+    return name if name.startswith("eval/") else f"train/{name}"
 
 
 class RunLogger:
@@ -76,6 +85,7 @@ class RunLogger:
     resume: append to metrics.jsonl/samples.jsonl instead of starting them afresh, and continue the
         Trackio run of the same name (W&B continues a run only when $WANDB_RUN_ID names it).
     resume_step: with resume, drop the run directory's lines logged after this step (see RunDirectory.prepare).
+    legacy_names: also send each metric to the trackers under the older trainer's names (--log_legacy_names).
     """
 
     def __init__(
@@ -90,8 +100,10 @@ class RunLogger:
         *,
         resume: bool = False,
         resume_step: int | None = None,
+        legacy_names: bool = False,
     ):
         self.accelerator = accelerator
+        self.legacy_names = legacy_names
         self.output_dir = Path(output_dir)
         self.project = project
         self.run_name = run_name
@@ -121,6 +133,10 @@ class RunLogger:
         accelerator.init_trackers(project, config=None, init_kwargs=init_kwargs)  # main process only
         if self.is_main:
             self._store_config(flatten_config(to_jsonable(config)))
+            if (run := self._tracker("wandb")) is not None:
+                # As transformers' WandbCallback: every chart's x-axis is the trainer step, train/global_step.
+                run.define_metric(GLOBAL_STEP)
+                run.define_metric("*", step_metric=GLOBAL_STEP, step_sync=True)
             self._announce()
 
     # ------------------------------------------------------------------------------------------
@@ -183,13 +199,20 @@ class RunLogger:
 
     # ------------------------------------------------------------------------------------------
 
+    def _tracker_values(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` under their tracker keys (tracker_key), plus the older trainer's names with legacy_names."""
+        keyed = {tracker_key(name): value for name, value in values.items()}
+        return {**keyed, **M.older_names(dict(values))} if self.legacy_names else keyed
+
     def log(self, scalars: Mapping[str, Any], step: int) -> None:
-        """Log scalar metrics at `step` to every tracker and as one line of metrics.jsonl."""
+        """Log scalar metrics at `step` as one line of metrics.jsonl (bare names) and to every tracker (TRL's keys,
+        with train/global_step)."""
         values = {str(k): _number(v) for k, v in scalars.items()}
         if self.is_main:
             self.run_dir.append_metrics(step, values)  # first: the run's own record never depends on a tracker
+            tracked = {**self._tracker_values(values), GLOBAL_STEP: step}
             for tracker in list(self.accelerator.trackers):
-                self._guarded(tracker.name, lambda tracker=tracker: tracker.log(values, step=step))
+                self._guarded(tracker.name, lambda tracker=tracker: tracker.log(tracked, step=step))
 
     def log_histograms(self, histograms: Mapping[str, Any], step: int) -> None:
         """Log distributions with each tracker's own histogram type.
@@ -202,6 +225,7 @@ class RunLogger:
         arrays = {k: v for k, v in ((str(k), _finite_values(v)) for k, v in histograms.items()) if v.size}
         if not arrays:
             return
+        arrays = self._tracker_values(arrays)
         if (writer := self._tracker("tensorboard")) is not None:
 
             def tensorboard():
@@ -213,7 +237,8 @@ class RunLogger:
         if (run := self._tracker("wandb")) is not None:
             import wandb
 
-            self._guarded("wandb", lambda: run.log({k: wandb.Histogram(v) for k, v in arrays.items()}, step=step))
+            histograms = {k: wandb.Histogram(v) for k, v in arrays.items()}
+            self._guarded("wandb", lambda: run.log({**histograms, GLOBAL_STEP: step}, step=step))
         if (run := self._tracker("trackio")) is not None:
             import trackio
 
@@ -231,8 +256,9 @@ class RunLogger:
 
         console_rows: print only the first this many rows (all are logged); None prints every row.
 
-        Trackio keeps each step's table under `key`; W&B gets `key`/step_NNNNNN (it would show only the
-        latest under a fixed key); TensorBoard gets a markdown table as text under `key` at `step`.
+        Every tracker gets the table under `key` at `step` (TRL's key is "completions"): Trackio keeps each
+        step's table, TensorBoard gets a markdown table as text; W&B, whose table panel shows the latest table of a
+        key, also gets it under `key`/step_NNNNNN so every step's samples stay in view.
         """
         if not self.is_main:
             return
@@ -257,8 +283,9 @@ class RunLogger:
         if (run := self._tracker("wandb")) is not None:
             import wandb
 
-            table = {_wandb_table_key(key, step): wandb.Table(columns=columns, data=rows)}
-            self._guarded("wandb", lambda: run.log(table, step=step))
+            table = wandb.Table(columns=columns, data=rows)
+            tables = {key: table, _wandb_table_key(key, step): table, GLOBAL_STEP: step}
+            self._guarded("wandb", lambda: run.log(tables, step=step))
         if (run := self._tracker("trackio")) is not None:
             import trackio
 

@@ -7,10 +7,12 @@ with each tracker library's own types.
 Where each tracker writes (see :func:`make_trackers`):
   trackio      project = `project`, run name = `run_name`; data in trackio's SQLite store under
                $TRACKIO_DIR (trackio's default: the user's cache). ``trackio show --project PROJECT``.
-  wandb        project = `project`, run name = `run_name`, files under `output_dir`/wandb/. Offline
-               (``wandb sync`` later) when $WANDB_MODE is unset and no API key is configured.
+  wandb        project = $WANDB_PROJECT or `project`, run name = `run_name`, files under `output_dir`/wandb/.
+               Offline (``wandb sync`` later) when $WANDB_MODE is unset and no API key is configured.
   tensorboard  event files under `logging_dir`/`run_name`, or `output_dir`/runs/`run_name` when no
                logging_dir is given, so several runs sharing a logging_dir stay apart.
+  others       accelerate's tracker of that name (comet_ml, mlflow, aim, clearml, dvclive, swanlab), named after
+               `project`; a directory, where the tracker needs one, under `output_dir`/<name>.
 """
 
 from __future__ import annotations
@@ -24,27 +26,27 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+# First-class: tested, with histograms, completion tables and alerts besides scalars.
 TRACKERS: tuple[str, ...] = ("trackio", "wandb", "tensorboard")
+# Every other tracker accelerate ships: scalars and the config, through accelerate's own classes.
+OTHER_TRACKERS: tuple[str, ...] = ("comet_ml", "mlflow", "aim", "clearml", "dvclive", "swanlab")
 _INSTALL_HINT = {
     "trackio": "pip install trackio",
     "wandb": "pip install 'rlhfkit[wandb]'",
     "tensorboard": "pip install 'rlhfkit[tensorboard]'",
+    **{name: f"pip install {name}" for name in OTHER_TRACKERS},
 }
 
 
 def installed_trackers() -> list[str]:
-    """The trackers of TRACKERS that accelerate can use in this environment."""
-    from accelerate.utils import is_tensorboard_available, is_trackio_available, is_wandb_available
+    """The trackers of TRACKERS and OTHER_TRACKERS that accelerate can use in this environment (each library is
+    looked for only here, so a tracker nobody asked for is never imported)."""
+    import accelerate.utils
 
-    available = {
-        "trackio": is_trackio_available(),
-        "wandb": is_wandb_available(),
-        "tensorboard": is_tensorboard_available(),
-    }
-    return [name for name in TRACKERS if available[name]]
+    return [name for name in (*TRACKERS, *OTHER_TRACKERS) if getattr(accelerate.utils, f"is_{name}_available")()]
 
 
-REPORT_TO_NAMES: tuple[str, ...] = (*TRACKERS, "all", "none")
+REPORT_TO_NAMES: tuple[str, ...] = (*TRACKERS, *OTHER_TRACKERS, "all", "none")
 
 
 def parse_report_to(value: str | Sequence[str] | None) -> list[str]:
@@ -154,16 +156,23 @@ def make_trackers(
     directory: accelerate's name-based setup would put TensorBoard under <logging_dir>/<project>,
     mixing runs. Nothing starts until ``accelerator.init_trackers`` (main process only).
     """
-    from accelerate.tracking import TensorBoardTracker, TrackioTracker, WandBTracker
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, TensorBoardTracker, TrackioTracker, WandBTracker
 
     trackers = []
     for name in resolve_report_to(report_to):
         if name == "tensorboard":
             trackers.append(TensorBoardTracker(run_name, str(tensorboard_root(output_dir, logging_dir))))
         elif name == "wandb":
-            trackers.append(WandBTracker(project, **wandb_init_kwargs(run_name, output_dir, resume, wandb_id)))
+            # As transformers' WandbCallback: $WANDB_PROJECT names the project; WANDB_ENTITY, WANDB_TAGS and the
+            # other WANDB_* variables are read by wandb.init itself.
+            wandb_project = os.environ.get("WANDB_PROJECT") or project
+            trackers.append(WandBTracker(wandb_project, **wandb_init_kwargs(run_name, output_dir, resume, wandb_id)))
         elif name == "trackio":
             trackers.append(TrackioTracker(project, **trackio_init_kwargs(run_name, resume)))
+        else:  # as accelerate builds it from its name: the project first, a directory where it needs one
+            tracker_class = LOGGER_TYPE_TO_CLASS[name]
+            where = {"logging_dir": str(Path(output_dir) / name)} if tracker_class.requires_logging_directory else {}
+            trackers.append(tracker_class(project, **where))
     return trackers
 
 

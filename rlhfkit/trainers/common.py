@@ -1,9 +1,10 @@
 """Small pieces of a training run that the run lifecycle (run.py) composes: the optimizer, the learning-rate and
-sample-generation schedules, saving models atomically, interrupts and skipped non-finite steps.
+sample-generation schedules, where the epochs end, saving models atomically, interrupts and skipped non-finite steps.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -14,24 +15,41 @@ from collections.abc import Callable
 import torch
 from accelerate import Accelerator
 
-from rlhfkit.config import TrainConfig
+from rlhfkit.config import TrainConfig, lr_factor
 
 
 def make_optimizer(params, args: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW, fused into one kernel where torch has one for the device (CPU and CUDA): fewer passes over the
-    parameters and no per-step temporaries the size of the model."""
-    fused = torch.device(device).type in ("cpu", "cuda")
-    return torch.optim.AdamW(
-        params, lr=args.learning_rate, eps=args.adam_epsilon, weight_decay=args.weight_decay, fused=fused
-    )
+    """The optimizer --optim names, built as transformers' Trainer builds it (the run sets its lr every step).
+
+    adamw_torch_fused (the default, as in transformers 5): AdamW fused into one kernel where torch has one for the
+    device (CPU and CUDA): fewer passes over the parameters and no per-step temporaries the size of the model.
+    adamw_torch: the same AdamW, unfused. sgd: plain SGD. adafactor: transformers' Adafactor with an external
+    learning rate (no relative step, no parameter scaling, no warm-up init)."""
+    lr, decay = args.learning_rate, args.weight_decay
+    if args.optim == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=decay)
+    if args.optim == "adafactor":
+        from transformers.optimization import Adafactor
+
+        return Adafactor(
+            params, lr=lr, weight_decay=decay, scale_parameter=False, relative_step=False, warmup_init=False
+        )
+    betas = (args.adam_beta1, args.adam_beta2)
+    fused = args.optim == "adamw_torch_fused" and torch.device(device).type in ("cpu", "cuda")
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=args.adam_epsilon, weight_decay=decay, fused=fused)
 
 
-def linear_lr(learning_rate: float, step: int, num_steps: int, warmup: int = 0) -> float:
-    """Learning rate of 1-based `step`: linear warm-up over `warmup` steps (learning_rate x step / warmup), then
-    linear decay from learning_rate (step warmup + 1) towards 0 (after the last step)."""
-    if step <= warmup:
-        return learning_rate * step / warmup
-    return learning_rate * (num_steps - step + 1) / (num_steps - warmup)
+def lr_schedule(args: TrainConfig, num_steps: int) -> Callable[[int], float]:
+    """The learning rate of each 1-based step of a `num_steps`-step run: learning_rate x the factor of transformers'
+    --lr_scheduler_type schedule after step - 1 scheduler steps, with warmup_steps(args, num_steps) of warm-up.
+
+    This is how TRL steps transformers' scheduler (once per PPO update; once per GRPO optimizer step, which is one
+    rlhfkit step), so a warm-up's first step has lr 0 and linear decay ends at learning_rate / num_steps. The factor
+    is a pure function of the step (rlhfkit.config.lr_factor, from the LambdaLR transformers builds): a resumed run
+    needs no scheduler state."""
+    factor = lr_factor(args, num_steps)
+    learning_rate = args.learning_rate
+    return lambda step: learning_rate * factor(step - 1)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -47,6 +65,22 @@ def sample_every(num_steps: int, num_sample_generations: int) -> int:
 def is_sample_step(step: int, num_steps: int, every: int) -> bool:
     """Samples are generated every `every` steps and after the last one (step 0 is handled by the caller)."""
     return bool(every) and (step % every == 0 or step == num_steps)
+
+
+def epoch_end_steps(
+    num_steps: int, dataset_size: int, prompts_per_draw: int, steps_per_draw: int = 1
+) -> frozenset[int]:
+    """The 1-based steps that end a pass over the prompts, and the last step (which ends the run's last, possibly
+    partial, epoch, as in transformers' Trainer).
+
+    Each draw takes `prompts_per_draw` prompts (all processes: PPO's rollout batch, GRPO's generation batch) and
+    serves `steps_per_draw` steps (GRPO's num_iterations). Pass k ends with the draw holding its last prompt, the
+    (k x dataset_size)-th drawn (rlhfkit.data.endless_batches draws passes back to back), after that draw's last step.
+    """
+    draws = math.ceil(num_steps / steps_per_draw)
+    passes = draws * prompts_per_draw // dataset_size
+    last_draws = (-(-k * dataset_size // prompts_per_draw) for k in range(1, passes + 1))  # ceil, in integers
+    return frozenset({min(draw * steps_per_draw, num_steps) for draw in last_draws} | {num_steps})
 
 
 def save_into(accelerator: Accelerator, path: str, write: Callable[[str], None]) -> None:
@@ -120,11 +154,12 @@ class StepGuard:
         self.streak = 0  # consecutive skipped steps
         self.skipped = 0  # skipped steps since the last take_skipped()
 
-    def step(self, accelerator, model, optimizer, max_grad_norm: float | None) -> bool:
-        """Clip (when max_grad_norm is set) and apply the gradients if they are finite; True if applied."""
+    def step(self, accelerator, model, optimizer, max_grad_norm: float | None) -> float:
+        """Clip (when max_grad_norm is set) and apply the gradients if they are finite (the step is skipped and
+        counted otherwise). Returns the gradient norm before clipping."""
         limit = max_grad_norm if max_grad_norm is not None else float("inf")
-        norm = accelerator.clip_grad_norm_(model.parameters(), limit)
-        ok = bool(torch.isfinite(torch.as_tensor(norm)))
+        norm = float(accelerator.clip_grad_norm_(model.parameters(), limit))
+        ok = math.isfinite(norm)
         if ok:
             optimizer.step()
             self.streak = 0
@@ -132,7 +167,7 @@ class StepGuard:
             self.streak += 1
             self.skipped += 1
         optimizer.zero_grad(set_to_none=True)
-        return ok
+        return norm
 
     @property
     def exhausted(self) -> bool:

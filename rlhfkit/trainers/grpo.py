@@ -12,7 +12,8 @@ Variant: GRPO as in DeepSeekMath (Shao et al., 2024, section 4.1, outcome superv
 * each generated batch serves ``num_iterations`` optimizer steps (logp_old saved at generation when > 1), each
   step accumulating ``gradient_accumulation_steps`` micro-batches of ``per_device_train_batch_size`` completions;
 * ``mask_truncated_completions`` leaves completions without a terminator out of the loss (DAPO);
-* learning rate decays linearly to 0 over the steps.
+* learning rate decays linearly to 0 over the steps (--lr_scheduler_type: transformers' schedules, stepped once per
+  optimizer step as TRL does).
 
 Deliberate differences from TRL (docs/algorithms/grpo.md gives the details):
 * every EOS id of the tokenizer and generation config ends a completion (TRL counts only one, #7039);
@@ -49,7 +50,7 @@ from rlhfkit.rollout import (
     sampling_config,
     terminator_ids,
 )
-from rlhfkit.trainers.common import make_optimizer
+from rlhfkit.trainers.common import epoch_end_steps, make_optimizer
 from rlhfkit.trainers.run import TrainingRun
 
 
@@ -116,19 +117,18 @@ class GRPOTrainer:
             )
         self.reward_weights = [float(w) for w in weights]
 
-        self.train_dataset = tokenize_prompts(
-            train_dataset, tok, args.dataset_text_field, args.max_prompt_length, "", args.prompt_overflow
-        )
+        text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
+        procs = args.dataset_num_proc
+        self.train_dataset = tokenize_prompts(train_dataset, tok, text, limit, "", overflow, num_proc=procs)
         self.eval_dataset = (
-            tokenize_prompts(
-                eval_dataset, tok, args.dataset_text_field, args.max_prompt_length, "eval ", args.prompt_overflow
-            )
+            tokenize_prompts(eval_dataset, tok, text, limit, "eval ", overflow, num_proc=procs)
             if eval_dataset is not None
             else None
         )
         self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
-        disable_dropout(model)  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)
+        if args.disable_dropout:  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)
+            disable_dropout(model)
         self.ref_model = None
         if args.beta != 0.0:
             self.ref_model = frozen_copy(model).to(acc.device)
@@ -139,7 +139,10 @@ class GRPOTrainer:
         ]
         self._batch: GenerationBatch | None = None
         extra_metrics = [m for pair in self.reward_metrics for m in pair]
-        run.start(self, self.sizes.num_steps, extra_metrics)  # restores a checkpoint; opens the run dir
+        prompts_per_generation = self.sizes.local_prompts * acc.num_processes
+        steps = self.sizes.num_steps
+        epoch_ends = epoch_end_steps(steps, len(self.train_dataset), prompts_per_generation, args.num_iterations)
+        run.start(self, steps, extra_metrics, epoch_ends=epoch_ends)  # restores a checkpoint; opens the run dir
 
     # What the run lifecycle needs from its trainer: models, own state, evaluation.
     def write_models(self, directory: str) -> None:
@@ -170,6 +173,7 @@ class GRPOTrainer:
             acc.process_index,
             acc.num_processes,
             skip=progress.generations,
+            shuffle=args.shuffle_dataset,
         )
         for step in run.steps():
             # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).
@@ -189,7 +193,9 @@ class GRPOTrainer:
                 self.log_completions(self._batch, step)
 
             # 4. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
-            run.end_step(step, {M.NUM_TOKENS.name: progress.num_tokens})
+            epoch = progress.episode / (args.num_generations * len(self.train_dataset))  # G completions per prompt
+            last = {M.NUM_TOKENS.name: progress.num_tokens, M.LEARNING_RATE.name: run.lr, M.EPOCH.name: epoch}
+            run.end_step(step, last)
 
     # ------------------------------------------------------------------------------------------------
     def _score(self, rows: list[dict], prompts: list, completions: list[str], ids, mask, resp_ids, resp_mask):

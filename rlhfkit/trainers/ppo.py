@@ -9,7 +9,8 @@ PPOv2 trainer, itself following Ziegler et al. (2019) and Stiennon et al. (2020)
   advantages whitened over the rollout batch;
 * clipped policy surrogate and clipped value loss; num_ppo_epochs x num_mini_batches optimizer steps per
   rollout batch, each mini-batch accumulated from per_device_train_batch_size micro-batches;
-* learning rate decayed linearly to 0 over the updates; optional adaptive KL controller (Ziegler et al.).
+* learning rate decayed linearly to 0 over the updates (--lr_scheduler_type: transformers' schedules, stepped once
+  per update as TRL does); optional adaptive KL controller (Ziegler et al.).
 
 Deviations from TRL's trainer, each deliberate (docs/algorithms/ppo.md gives the details):
 * the score is added on the last real response token, not on the first padding position after it (TRL #3750);
@@ -46,7 +47,7 @@ from rlhfkit.rollout import (
     sampling_config,
     terminator_ids,
 )
-from rlhfkit.trainers.common import make_optimizer
+from rlhfkit.trainers.common import epoch_end_steps, make_optimizer
 from rlhfkit.trainers.run import TrainingRun
 
 
@@ -113,9 +114,12 @@ class PPOTrainer:
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
 
         text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
-        self.train_dataset = tokenize_prompts(train_dataset, processing_class, text, limit, "", overflow)
+        procs = args.dataset_num_proc
+        self.train_dataset = tokenize_prompts(
+            train_dataset, processing_class, text, limit, "", overflow, num_proc=procs
+        )
         self.eval_dataset = (
-            tokenize_prompts(eval_dataset, processing_class, text, limit, "eval ", overflow)
+            tokenize_prompts(eval_dataset, processing_class, text, limit, "eval ", overflow, num_proc=procs)
             if eval_dataset is not None
             else None
         )
@@ -125,8 +129,9 @@ class PPOTrainer:
             ref_model = frozen_copy(model)
         if value_model is None:
             value_model = frozen_copy(reward_model).requires_grad_(True).train()
-        for m in (model, ref_model, reward_model, value_model):
-            disable_dropout(m)
+        if args.disable_dropout:  # the first ratio of an update is then exactly 1
+            for m in (model, ref_model, reward_model, value_model):
+                disable_dropout(m)
         self.ref_model = ref_model.eval().requires_grad_(False).to(acc.device)
         self.reward_model = reward_model.eval().requires_grad_(False).to(acc.device)
         model.generation_config.pad_token_id = processing_class.pad_token_id
@@ -140,7 +145,9 @@ class PPOTrainer:
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
-        run.start(self, self.sizes.num_total_batches, unit="update")  # restores a checkpoint; opens the run dir
+        num_updates = self.sizes.num_total_batches
+        epoch_ends = epoch_end_steps(num_updates, len(self.train_dataset), self.sizes.batch_size)
+        run.start(self, num_updates, unit="update", epoch_ends=epoch_ends)  # restores a checkpoint; opens the run dir
 
     # What the run lifecycle needs from its trainer: models, own state, evaluation.
     def write_models(self, directory: str) -> None:
@@ -179,6 +186,7 @@ class PPOTrainer:
             acc.process_index,
             acc.num_processes,
             skip=run.progress.step,  # one batch per update
+            shuffle=args.shuffle_dataset,
         )
         for update in run.steps():
             # 1. Rollout: sample responses to a batch of prompts from the current policy, score them.
@@ -210,7 +218,8 @@ class PPOTrainer:
                 self.kl_ctl.update(run.global_mean(kl.sum(1)), sizes.batch_size)
 
             # 6. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
-            run.end_step(update, {M.OBJECTIVE_KL_COEF.name: kl_coef_used})
+            epoch = run.progress.episode / len(self.train_dataset)  # one episode per prompt
+            run.end_step(update, {M.OBJECTIVE_KL_COEF.name: kl_coef_used, M.EPOCH.name: epoch})
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -358,6 +367,7 @@ class PPOTrainer:
             m.add_tensor(M.LOSS_VALUE_AVG, vf_loss, mask)
             m.add_tensor(M.LOSS_TOTAL_AVG, pg_loss + args.vf_coef * vf_loss, mask)
             m.add(M.VAL_CLIPFRAC_AVG, (vf.clipped & mask).sum(), tokens)
+            m.add_tensor(M.VAL_VPRED, vpred.detach(), mask)
             m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
             m.add_tensor(M.VAL_RATIO_VAR, ratio, mask)
             m.add_values(M.POLICY_RATIO_DIST, ratio[mask])

@@ -7,22 +7,24 @@ watch. Its ``train()`` loops over :meth:`TrainingRun.steps` with its own numbere
 ``run.metrics`` and ends each step with :meth:`TrainingRun.end_step`, where the logging window, health checks,
 progress, evaluation, checkpoints and early stops happen the same way for PPO and GRPO.
 
-The logging window: a row logged every ``logging_steps`` steps (and after the last) pools every sum and count added
-since the previous row, as the registry declares per metric (histograms included), reduced across processes once.
-Counters of the window (skipped non-finite steps) add up over it; "last" metrics (lr, episode, eps, kl_coef, ...)
-are the values at the logged step. An unfinished window is part of a checkpoint, so a resumed run logs the same rows.
+The logging window: a row logged on the ``logging_strategy`` schedule (by default every ``logging_steps`` steps and
+after the last) pools every sum and count added since the previous row, as the registry declares per metric
+(histograms included), reduced across processes once. Counters of the window (skipped non-finite steps) add up
+over it; "last" metrics (lr, episode, eps, kl_coef, ...) are the values at the logged step. An unfinished window is
+part of a checkpoint, so a resumed run logs the same rows.
 
 What the run needs from its trainer (``start(trainer, ...)``): ``model`` and ``optimizer`` (prepared),
 ``write_models(dir)`` and ``load_models(dir)``, ``state_dict()`` / ``load_state_dict(state)`` for the trainer's own
-state (PPO's KL controller, GRPO's batch in use), and ``evaluate(step)``, called on the sample-generation schedule
-when the trainer has an ``eval_dataset``.
+state (PPO's KL controller, GRPO's batch in use), and ``evaluate(step)``, called on the evaluation schedule
+(``eval_strategy``, by default the sample-generation schedule) when the trainer has an ``eval_dataset``.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +45,7 @@ from rlhfkit.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from rlhfkit.config import ConfigError, TrainConfig, warmup_steps
+from rlhfkit.config import ConfigError, TrainConfig
 from rlhfkit.health.watch import HealthStop, HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
@@ -54,7 +56,7 @@ from rlhfkit.trainers.common import (
     InterruptGuard,
     StepGuard,
     is_sample_step,
-    linear_lr,
+    lr_schedule,
     sample_every,
     save_into,
     set_lr,
@@ -167,16 +169,25 @@ class TrainingRun:
         set_seed(args.seed, device_specific=True)  # each process samples different responses
         return accelerator
 
-    def start(self, trainer: Trainee, num_steps: int, extra_metrics: Sequence[M.Metric] = (), unit="step") -> None:
+    def start(
+        self,
+        trainer: Trainee,
+        num_steps: int,
+        extra_metrics: Sequence[M.Metric] = (),
+        unit="step",
+        epoch_ends: Collection[int] = (),
+    ) -> None:
         """Restore the checkpoint being resumed (if any), then open the run directory, trackers and health watch.
 
         num_steps: steps of the whole run. extra_metrics: template expansions the trainer logs (per-reward-function
-        metrics). unit: what the progress bar counts ("update" for PPO)."""
+        metrics). unit: what the progress bar counts ("update" for PPO). epoch_ends: the steps that end a pass over
+        the prompts (common.epoch_end_steps), for the epoch strategies; the last step always counts."""
         args = self.args
         self.trainer, self.num_steps, self.unit = trainer, num_steps, unit
         self.metrics = MetricAccumulator(extra_metrics)
         self.sample_every = sample_every(num_steps, args.num_sample_generations)
-        self.warmup = warmup_steps(args, num_steps)
+        self.lr_at = lr_schedule(args, num_steps)
+        self.epoch_ends = frozenset(epoch_ends) | {num_steps}
         if self.resume is not None:
             self._restore(self.resume)
         self.logger = RunLogger(
@@ -189,6 +200,7 @@ class TrainingRun:
             logging_dir=args.logging_dir,
             resume=self.resume is not None,
             resume_step=self.resume.step if self.resume is not None else None,
+            legacy_names=args.log_legacy_names,
         )
         resume_step = self.progress.step if self.resume is not None else None
         self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator, resume_step)
@@ -230,24 +242,33 @@ class TrainingRun:
 
     # ------------------------------------------------------------------------------------------------
     def steps(self) -> Iterator[int]:
-        """The steps left to train (1-based), each after setting its learning rate (linear warm-up, then decay).
+        """The steps left to train (1-based), each after setting its learning rate (--lr_scheduler_type).
 
-        Before the first: the evaluation at step 0 and a resumed run's RNG states; during: SIGINT/SIGTERM become a
-        clean stop at the end of the step; after the last: the final checkpoint, the models saved into output_dir
-        (which then loads as the trained policy) and the trackers closed."""
-        if self.sample_every and self.progress.step == 0:
+        Before the first: the evaluation at step 0 (num_sample_generations schedule, or --eval_on_start) and a resumed
+        run's RNG states; during: SIGINT/SIGTERM become a clean stop at the end of the step; after the last: the final
+        checkpoint (whatever --save_strategy), the models saved into output_dir (which then loads as the trained
+        policy) and the trackers closed."""
+        args = self.args
+        scheduled = args.eval_strategy == "no" and self.sample_every
+        if self.progress.step == 0 and (scheduled or args.eval_on_start):
             self._evaluate(step=0)
         if self._rng is not None:
             set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
         self._start = time.time() - self.progress.elapsed
         with self.interrupt:
             for step in range(self.progress.step + 1, self.num_steps + 1):
-                self._lr = linear_lr(self.args.learning_rate, step, self.num_steps, self.warmup)
+                self._lr = self.lr_at(step)
                 set_lr(self.trainer.optimizer, self._lr)
+                self._step_start = time.perf_counter()
                 yield step
         self.save_checkpoint(self.num_steps)
         save_into(self.accelerator, self.args.output_dir, self.trainer.write_models)
         self.logger.finish()
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the current step."""
+        return self._lr
 
     @contextmanager
     def timed(self, metric: M.Metric) -> Iterator[None]:
@@ -256,10 +277,12 @@ class TrainingRun:
         yield
         self.metrics.add(metric, time.perf_counter() - start, 1)
 
-    def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Clip the gradients to max_grad_norm and apply them, unless they are NaN/inf (then the step is skipped
-        and counted). True if applied."""
-        return self.guard.step(self.accelerator, model, optimizer, self.args.max_grad_norm)
+        and counted in nonfinite_steps); the norm before clipping goes into grad_norm."""
+        norm = self.guard.step(self.accelerator, model, optimizer, self.args.max_grad_norm)
+        if math.isfinite(norm):
+            self.metrics.add(M.GRAD_NORM, norm, 1)
 
     def global_mean(self, values: torch.Tensor) -> float:
         """Mean of `values` over every process (a collective: every process must call it)."""
@@ -273,10 +296,33 @@ class TrainingRun:
         return [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
 
     def is_log_step(self, step: int) -> bool:
-        return step % self.args.logging_steps == 0 or step == self.num_steps
+        """Whether `step` ends a logging window (--logging_strategy, --logging_first_step)."""
+        args = self.args
+        if args.logging_first_step and step == 1:
+            return True
+        if args.logging_strategy == "steps":
+            return step % args.logging_steps == 0 or step == self.num_steps
+        return args.logging_strategy == "epoch" and step in self.epoch_ends
 
     def is_sample_step(self, step: int) -> bool:
+        """Whether the trainer evaluates and logs its completions table after `step` (--eval_strategy; with "no",
+        the num_sample_generations schedule)."""
+        args = self.args
+        if args.eval_strategy == "steps":
+            return step % (args.eval_steps or args.logging_steps) == 0 or step == self.num_steps
+        if args.eval_strategy == "epoch":
+            return step in self.epoch_ends
         return is_sample_step(step, self.num_steps, self.sample_every)
+
+    def is_save_step(self, step: int) -> bool:
+        """Whether a checkpoint is saved after `step` during training (--save_strategy); the last step's is saved
+        when training ends, whatever the strategy."""
+        args = self.args
+        if step >= self.num_steps:
+            return False
+        if args.save_strategy == "steps":
+            return bool(args.save_steps) and step % args.save_steps == 0
+        return args.save_strategy == "epoch" and step in self.epoch_ends
 
     def end_step(self, step: int, scalars: Mapping[str, float] | None = None) -> None:
         """Close training step `step` (a collective: every process calls it).
@@ -285,13 +331,19 @@ class TrainingRun:
         On a logging step the window's metrics are reduced, checked by the health rules and logged; on a sample step
         the trainer evaluates; then the run stops cleanly if asked (signal, critical finding with --health stop,
         too many non-finite steps) or checkpoints on schedule."""
+        self.metrics.add(M.STEP_TIME, time.perf_counter() - self._step_start, 1)
         self.progress.step, self.progress.elapsed = step, time.time() - self._start
-        finding = self._log_window(step, scalars or {}) if self.is_log_step(step) else None
+        finding = None
+        if self.is_log_step(step):
+            finding = self._log_window(step, scalars or {})
+        elif self.args.logging_strategy == "no":  # no row will ever pool this window: drop it rather than grow it
+            self.metrics.clear()
+            self.guard.take_skipped()
         self.logger.progress(step, self.num_steps, {**self._row, **self._counters()}, unit=self.unit)
         if self.is_sample_step(step):
             self._evaluate(step)
         self._stop_if_asked(step, finding)
-        if self.args.save_steps and step % self.args.save_steps == 0 and step < self.num_steps:
+        if self.is_save_step(step):
             self.save_checkpoint(step)
 
     def _counters(self) -> dict[str, float]:

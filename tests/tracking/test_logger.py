@@ -14,7 +14,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from rlhfkit.tracking.logger import RunLogger
+from rlhfkit.tracking.logger import RunLogger, tracker_key
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = Path(__file__).with_name("demo_run.py")
@@ -137,9 +137,11 @@ def test_tensorboard_reads_back(demo_run):
     out, _, _ = demo_run
     events = EventAccumulator(str(out / "runs" / "demo"), size_guidance={"tensors": 0, "histograms": 0})
     events.Reload()
-    for name in STEPS[0]["scalars"]:
-        assert [(e.step, e.value) for e in events.Scalars(name)] == [(s["step"], s["scalars"][name]) for s in STEPS]
-    for event, entry in zip(events.Histograms("env/reward_dist"), STEPS):
+    for name in STEPS[0]["scalars"]:  # under TRL's keys: train/<name>
+        expected = [(s["step"], s["scalars"][name]) for s in STEPS]
+        assert [(e.step, e.value) for e in events.Scalars(tracker_key(name))] == expected
+    assert [(e.step, e.value) for e in events.Scalars("train/global_step")] == [(s["step"], s["step"]) for s in STEPS]
+    for event, entry in zip(events.Histograms("train/env/reward_dist"), STEPS):
         values = finite(entry["histograms"]["env/reward_dist"])
         h = event.histogram_value
         assert event.step == entry["step"]
@@ -179,16 +181,18 @@ def test_wandb_offline_run_reads_back(demo_run):
     for entry in STEPS:
         row = history[entry["step"]]
         for name, value in entry["scalars"].items():
-            assert row[name] == value
+            assert row[tracker_key(name)] == value
+        assert row["train/global_step"] == entry["step"]
         values = finite(entry["histograms"]["env/reward_dist"])
-        assert row["env/reward_dist._type"] == "histogram"
-        assert sum(row["env/reward_dist.values"]) == len(values)
-        assert (row["env/reward_dist.bins"][0], row["env/reward_dist.bins"][-1]) == (min(values), max(values))
-        # One table per step, so every step's samples stay visible in W&B.
-        key = f"completions/step_{entry['step']:06d}"
-        assert row[f"{key}._type"] == "table-file"
-        table = json.loads((run_dir / "files" / row[f"{key}.path"]).read_text())
-        assert table["columns"] == COLUMNS and table["data"] == entry["table"]["rows"]
+        assert row["train/env/reward_dist._type"] == "histogram"
+        assert sum(row["train/env/reward_dist.values"]) == len(values)
+        bins = row["train/env/reward_dist.bins"]
+        assert (bins[0], bins[-1]) == (min(values), max(values))
+        # The table under TRL's key, and one per step, so every step's samples stay visible in W&B.
+        for key in ("completions", f"completions/step_{entry['step']:06d}"):
+            assert row[f"{key}._type"] == "table-file"
+            table = json.loads((run_dir / "files" / row[f"{key}.path"]).read_text())
+            assert table["columns"] == COLUMNS and table["data"] == entry["table"]["rows"]
 
 
 def test_trackio_store_reads_back(demo_run):
@@ -209,9 +213,14 @@ def test_trackio_store_reads_back(demo_run):
     logs = store["logs"]
     for entry in STEPS:
         at_step = [log for log in logs if log["step"] == entry["step"]]
-        scalars = {k: v for log in at_step for k, v in log.items() if k in entry["scalars"]}
-        assert scalars == entry["scalars"]
-        (hist,) = [log["env/reward_dist"] for log in at_step if "env/reward_dist" in log]
+        scalars = {
+            k: v for log in at_step for k, v in log.items() if k.startswith("train/") and not isinstance(v, dict)
+        }
+        assert scalars == {
+            **{tracker_key(k): v for k, v in entry["scalars"].items()},
+            "train/global_step": entry["step"],
+        }
+        (hist,) = [log["train/env/reward_dist"] for log in at_step if "train/env/reward_dist" in log]
         values = finite(entry["histograms"]["env/reward_dist"])
         assert hist["_type"] == "trackio.histogram" and sum(hist["values"]) == len(values)
         assert (hist["bins"][0], hist["bins"][-1]) == (min(values), max(values))

@@ -131,3 +131,47 @@ def test_make_trackers_gives_each_tracker_the_run_name_and_its_directory(tmp_pat
     (tb,) = make_trackers("tensorboard", project="p", run_name="r", output_dir=tmp_path, logging_dir=tmp_path / "tb")
     assert Path(tb.logging_dir_param) == tmp_path / "tb"
     assert make_trackers("none", project="p", run_name="r", output_dir=tmp_path) == []
+
+
+def test_every_other_accelerate_tracker_gets_trls_keys(tiny_assets, tmp_path, monkeypatch):
+    """--report_to mlflow (or comet_ml, aim, clearml, dvclive, swanlab) goes through accelerate's tracker of that
+    name: here a recording stand-in, as mlflow is not installed."""
+    import accelerate.utils
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
+
+    from rlhfkit.builders import build_ppo_trainer
+    from tests.trainers.test_ppo import small_config
+
+    logged = []
+
+    class RecordingMLflow(GeneralTracker):
+        name, requires_logging_directory = "mlflow", False
+
+        def __init__(self, project):
+            super().__init__()
+            logged.append(("project", project))
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            logged.append(("config", values))
+
+        def log(self, values, step=None, **kwargs):
+            logged.append((step, dict(values)))
+
+    monkeypatch.setitem(LOGGER_TYPE_TO_CLASS, "mlflow", RecordingMLflow)
+    monkeypatch.setattr(accelerate.utils, "is_mlflow_available", lambda: True)
+    args = small_config(tiny_assets, tmp_path, report_to=["mlflow"], project="exp", num_sample_generations=0)
+    build_ppo_trainer(args).train()
+    assert logged[0] == ("project", "exp") and logged[1][0] == "config"
+    rows = [values for step, values in logged[2:]]
+    assert [row["train/global_step"] for row in rows] == [1, 2, 3]
+    assert all({"train/objective/kl", "train/episode", "train/lr"} <= set(row) for row in rows)
+
+
+def test_a_tracker_that_is_not_installed_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(trackers, "installed_trackers", lambda: ["trackio"])
+    with pytest.raises(ImportError, match="pip install mlflow"):
+        resolve_report_to("mlflow")

@@ -19,8 +19,9 @@ from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.metrics.registry import REGISTRY, expand, is_template
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
+from tests.trainers.test_strategies import small_prompts
 
-WALL_CLOCK = {"eps", "time/rollout", "time/optimization"}
+WALL_CLOCK = {"eps", "time/rollout", "time/optimization", "step_time"}
 
 
 def reduction(name):
@@ -115,7 +116,7 @@ def test_ppo_row_pools_the_updates_of_its_window(tiny_assets, tmp_path):
         )  # fmt: skip
         return build_ppo_trainer(args)
 
-    last = ["lr", "episode", "objective/kl_coef"]
+    last = ["lr", "episode", "epoch", "objective/kl_coef"]
     check_window_of_two(make_trainer, tmp_path, last, "model.safetensors")
 
 
@@ -127,7 +128,8 @@ def test_grpo_row_pools_the_steps_of_its_window(tiny_assets, tmp_path):
         )  # fmt: skip
         return build_grpo_trainer(args, set())
 
-    check_window_of_two(make_trainer, tmp_path, ["lr", "episode", "num_tokens"], "model.safetensors")
+    last = ["lr", "learning_rate", "episode", "epoch", "num_tokens"]
+    check_window_of_two(make_trainer, tmp_path, last, "model.safetensors")
 
 
 def test_skipped_steps_add_up_over_the_window(tiny_assets, tmp_path, monkeypatch):
@@ -150,3 +152,25 @@ def test_skipped_steps_add_up_over_the_window(tiny_assets, tmp_path, monkeypatch
     with open(os.path.join(trainer.args.output_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     assert [(r["step"], r["nonfinite_steps"]) for r in rows] == [(2, 2), (4, 1)]
+
+
+def test_first_step_and_epoch_rows_pool_their_own_steps(tiny_assets, tmp_path):
+    """--logging_strategy epoch --logging_first_step: a row after update 1, at the end of the first pass (update 3:
+    40 prompts, 16 per update) and after the last update; each pools the updates since the previous row."""
+    data = small_prompts(tiny_assets, tmp_path / "prompts", train=40, test=8)
+
+    def make_trainer(out, **logging):
+        args = small_config(
+            tiny_assets, tmp_path, output_dir=str(out), dataset_name=data, total_episodes=64, num_ppo_epochs=1,
+            num_sample_generations=0, health="off", **logging,
+        )  # fmt: skip
+        return build_ppo_trainer(args)
+
+    every, every_states, _ = train(make_trainer(tmp_path / "every", logging_steps=1))
+    rows, _, _ = train(make_trainer(tmp_path / "epoch", logging_strategy="epoch", logging_first_step=True))
+    assert [r["step"] for r in every] == [1, 2, 3, 4] and [r["step"] for r in rows] == [1, 3, 4]
+    for row, (first, last) in zip(rows, [(0, 1), (1, 3), (3, 4)]):
+        for name, value in pooled_row(every_states[first:last]).items():
+            if name not in WALL_CLOCK:
+                assert row[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (row["step"], name)
+        assert row["lr"] == every[last - 1]["lr"] and row["episode"] == every[last - 1]["episode"]

@@ -1,4 +1,5 @@
-"""A real PPO run logging to Trackio, W&B and TensorBoard, read back with each tracker's own reader."""
+"""A real PPO run logging to Trackio, W&B and TensorBoard, read back with each tracker's own reader: TRL's keys
+(train/<name>, eval/<name>, train/global_step), the completions table, and the older trainer's names."""
 
 import json
 import os
@@ -8,10 +9,23 @@ import sys
 import pytest
 
 from rlhfkit.metrics import registry
+from rlhfkit.tracking.logger import tracker_key
 from tests.helpers import asset_flags
 
-PPO_SCALARS = {m.name for m in registry.metrics_for("ppo", kind="scalar")}
-PPO_HISTOGRAMS = {m.name for m in registry.metrics_for("ppo", kind="histogram")}
+PPO_SCALARS = {tracker_key(m.name) for m in registry.metrics_for("ppo", kind="scalar")} | {"train/global_step"}
+PPO_HISTOGRAMS = {tracker_key(m.name) for m in registry.metrics_for("ppo", kind="histogram")}
+# The older trainer's names (seeds 000/001), sent unprefixed with --log_legacy_names.
+OLDER = {alias for m in registry.metrics_for("ppo", kind=None) for alias in m.aliases}
+OLDER_SCALARS = {a for m in registry.metrics_for("ppo", kind="scalar") for a in m.aliases}
+# Seed 003's openrlbenchmark command: its x-axis and its 16 metrics, as TRL's runs have them in W&B.
+OPENRLBENCHMARK = {"train/episode"} | {
+    f"train/{name}"
+    for name in (
+        "objective/rlhf_reward", "objective/scores", "objective/kl", "objective/non_score_reward",
+        "objective/entropy", "policy/approxkl_avg", "policy/clipfrac_avg", "loss/policy_avg", "loss/value_avg",
+        "val/clipfrac_avg", "policy/entropy_avg", "val/ratio", "val/ratio_var", "val/num_eos_tokens", "lr", "eps",
+    )
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +38,8 @@ def tracked_run(tiny_assets, tmp_path_factory):
         WANDB_CACHE_DIR=str(tmp / "wandb-cache"),
         WANDB_DATA_DIR=str(tmp / "wandb-data"),
         WANDB_CONFIG_DIR=str(tmp / "wandb-config"),
+        WANDB_PROJECT="ppo-wandb-project",  # as in TRL, W&B's project comes from here when set
+        WANDB_TAGS="tl-dr,rlhfkit",
         TRACKIO_DIR=str(tmp / "trackio"),
     )
     out = tmp / "run"
@@ -55,6 +71,7 @@ def tracked_run(tiny_assets, tmp_path_factory):
         "1",
         "--save_steps",
         "0",
+        "--log_legacy_names",
     ]
     result = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -69,13 +86,18 @@ def test_tensorboard_has_every_ppo_metric(tracked_run):
         str(out / "runs" / "tracked"), size_guidance={"scalars": 0, "histograms": 0, "tensors": 0}
     )
     events.Reload()
-    assert set(events.Tags()["scalars"]) == PPO_SCALARS
-    assert set(events.Tags()["histograms"]) == PPO_HISTOGRAMS
+    assert set(events.Tags()["scalars"]) == PPO_SCALARS | OLDER_SCALARS
+    assert set(events.Tags()["histograms"]) == PPO_HISTOGRAMS | (OLDER - OLDER_SCALARS)
     rows = {json.loads(line)["step"]: json.loads(line) for line in open(out / "metrics.jsonl")}
     for name in ("objective/kl", "objective/scores", "val/ratio", "episode"):
-        (event,) = [e for e in events.Scalars(name) if e.step == 1]
+        (event,) = [e for e in events.Scalars(tracker_key(name)) if e.step == 1]
         assert event.value == pytest.approx(rows[1][name], rel=1e-6)
+    (event,) = [e for e in events.Scalars("ppo/mean_scores") if e.step == 1]  # an older name, same value
+    assert event.value == pytest.approx(rows[1]["objective/scores"], rel=1e-6)
+    global_step = events.Scalars("train/global_step")  # with every row, training and eval (step 0 is eval only)
+    assert {e.step for e in global_step} == {0, 1, 2} and all(e.value == e.step for e in global_step)
     assert {t.step for t in events.Tensors("completions/text_summary")} == {0, 2}
+    assert "episode" in rows[1] and "train/episode" not in rows[1]  # the run directory keeps the bare names
 
 
 def test_wandb_offline_run_has_every_ppo_metric(tracked_run):
@@ -90,9 +112,17 @@ def test_wandb_offline_run_has_every_ppo_metric(tracked_run):
     )
     records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     keys = set().union(*(r["history"]["item"].keys() for r in records if r["type"] == "history"))
-    assert PPO_SCALARS <= keys
-    assert {f"{h}._type" for h in PPO_HISTOGRAMS} <= keys
-    assert {"completions/step_000000._type", "completions/step_000002._type"} <= keys
+    assert OPENRLBENCHMARK | {"train/global_step"} <= keys
+    assert PPO_SCALARS | OLDER_SCALARS <= keys
+    assert {f"{h}._type" for h in PPO_HISTOGRAMS | (OLDER - OLDER_SCALARS)} <= keys
+    assert {"completions._type", "completions/step_000000._type", "completions/step_000002._type"} <= keys
+    text = result.stdout
+    assert "ppo-wandb-project" in text and "tl-dr" in text  # $WANDB_PROJECT and $WANDB_TAGS, as in TRL
+    # Every chart's x-axis is train/global_step, as transformers' WandbCallback sets it.
+    metrics = [r for r in records if r["type"] == "metric"]
+    assert any(
+        m["metric"].get("glob_name") == "*" and m["metric"].get("step_metric") == "train/global_step" for m in metrics
+    ), metrics[:3]
 
 
 def test_trackio_store_has_every_ppo_metric(tracked_run):
@@ -104,4 +134,4 @@ def test_trackio_store_has_every_ppo_metric(tracked_run):
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     logs = json.loads(result.stdout.strip().splitlines()[-1])
     keys = set().union(*(log.keys() for log in logs))
-    assert PPO_SCALARS | PPO_HISTOGRAMS | {"completions"} <= keys
+    assert PPO_SCALARS | PPO_HISTOGRAMS | OLDER | {"completions"} <= keys
