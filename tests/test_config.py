@@ -160,3 +160,12 @@ def test_epsilon_high_defaults_to_epsilon_and_scale_rewards_takes_true_false():
     assert GRPOConfig(epsilon=0.3).epsilon_high == 0.3
     assert GRPOConfig(scale_rewards=True).scale_rewards == "group"
     assert GRPOConfig(scale_rewards="false").scale_rewards == "none"
+
+
+def test_dict_flags_take_json_on_the_command_line_as_in_python():
+    """--project_kwargs '{"logging_dir": "x"}' does on the command line what project_kwargs={...} does in Python."""
+    from rlhfkit.args import parse_config
+
+    args, _ = parse_config(PPOConfig, ["--project_kwargs", '{"logging_dir": "tb"}'], "rlhfkit ppo")
+    assert args.project_kwargs == {"logging_dir": "tb"} and args.logging_dir == "tb"
+    assert PPOConfig(project_kwargs={"logging_dir": "tb"}).logging_dir == "tb"
