@@ -146,6 +146,10 @@ def _parser(cls: type, prog: str):
             if action.type in (int, float):
                 action.type = _number_or_text(action.type)
                 parser.numeric_options.update(action.option_strings)
+            if field.type in ("bool | None", bool | None) and action.nargs is None:
+                # An unset-by-default flag (--bf16): HfArgumentParser wants a value after it; `--bf16` alone means
+                # true, as for every other on/off flag (and as TRL's docs write it).
+                action.nargs, action.const = "?", True
 
         def error(self, message: str):
             raise UsageError(f"{message.rstrip('.')}. See '{self.prog} --help'.")

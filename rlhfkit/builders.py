@@ -11,12 +11,14 @@ from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig, TrainConfig
 from rlhfkit.data import load_prompt_splits
 from rlhfkit.models import (
     Hub,
+    check_lora_setup,
     check_same_vocabulary,
-    choose_dtype,
     load_policy,
+    load_quantized_policy,
     load_reward_model,
     load_scalar_model,
     load_tokenizer,
+    weight_dtype,
 )
 
 MODEL_FLAGS = ("model_name_or_path", "sft_model_path", "reward_model_path", "value_model_path", "model_name")
@@ -166,6 +168,7 @@ def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = f
         apply_builtin_task(args, explicit)
         if "reward_funcs" not in explicit:
             args.reward_funcs = ["correctness", "partial_credit"]
+    check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
     train, test, task = _load_data_and_task(args)
     reward_funcs = list(args.reward_model_path or [])
     if args.reward_funcs or not reward_funcs:
@@ -186,14 +189,18 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
 
     if uses_builtin_task(args):
         apply_builtin_task(args, explicit)
+    check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
     train, test, task = _load_data_and_task(args)
-    hub = Hub(args.model_revision, args.trust_remote_code)
+    hub = Hub.from_args(args)
     sft_path = args.sft_model_path or args.model_name_or_path
     sft_flag = "sft_model_path" if args.sft_model_path else "model_name_or_path"
     tokenizer_flag = "model_name_or_path" if args.model_name_or_path else sft_flag
     tokenizer = load_tokenizer(args.model_name_or_path or sft_path, tokenizer_flag, hub)
-    dtype = choose_dtype(args.bf16, args.fp16)
-    policy = load_policy(sft_path, dtype, sft_flag, hub)
+    dtype = weight_dtype(args.dtype)
+    if args.load_in_4bit or args.load_in_8bit:  # QLoRA: the policy's base weights quantised (CUDA and bitsandbytes)
+        policy = load_quantized_policy(sft_path, dtype, args, sft_flag, hub)
+    else:
+        policy = load_policy(sft_path, dtype, sft_flag, hub)
     if args.reward_model_path is None:
         warnings.warn(
             "No --reward_model_path: scoring with a randomly initialised head on the SFT model. This only checks that "

@@ -3,7 +3,9 @@
 A checkpoint directory ``checkpoint-N`` (N = the step it was taken after) holds:
 
     model.safetensors, config.json, tokenizer files   the policy, loadable on its own by any transformers tool
-    value_model/                                      PPO's value model (safetensors)
+                                                      (--use_peft: adapter_config.json and adapter_model.safetensors,
+                                                      the LoRA adapter, which peft loads onto the base model)
+    value_model/                                      PPO's value model (safetensors; --use_peft: its adapter)
     optimizer.pt                                      optimizer state (tensors and numbers only)
     extra_state.pt                                    the trainer's own tensors (PPO's KL controller, a GRPO batch still
                                                       in use) and the metric sums of an unfinished logging window
@@ -248,8 +250,13 @@ def load_optimizer(optimizer: torch.optim.Optimizer, path: str | os.PathLike) ->
 def load_weights(model: torch.nn.Module, directory: str | os.PathLike) -> None:
     """Copy the weights of a save_pretrained directory into `model` (same architecture; strict).
 
-    Loading through the model class lets transformers handle tied and sharded weights as it wrote them.
+    Loading through the model class lets transformers handle tied and sharded weights as it wrote them. A peft
+    model (--use_peft) loads its adapter's weights only (load_adapter_weights).
     """
+    from rlhfkit.models import is_peft_model
+
+    if is_peft_model(model):
+        return load_adapter_weights(model, directory)
     dtype = next(model.parameters()).dtype
     try:
         saved = type(model).from_pretrained(str(directory), dtype=dtype)
@@ -258,4 +265,26 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike) -> None:
         raise CheckpointError(
             f"{directory}: cannot load its weights into the model ({type(e).__name__}: {e}). Resume with the same "
             "model as the checkpointed run, from an intact checkpoint."
+        ) from e
+
+
+def load_adapter_weights(model: torch.nn.Module, directory: str | os.PathLike) -> None:
+    """Copy the adapter a peft model's save_pretrained wrote in `directory` (adapter_model.safetensors: LoRA
+    matrices and modules_to_save) into the peft model `model`, whose base weights are untouched. Strict: the file
+    must hold exactly the tensors the model's adapter has."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(directory) / "adapter_model.safetensors"
+    try:
+        saved = load_file(path)
+        expected = set(get_peft_model_state_dict(model))
+        if set(saved) != expected:
+            missing, unexpected = sorted(expected - set(saved)), sorted(set(saved) - expected)
+            raise ValueError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
+        set_peft_model_state_dict(model, saved)
+    except Exception as e:
+        raise CheckpointError(
+            f"{directory}: cannot load its LoRA adapter into the model ({type(e).__name__}: {e}). Resume with the "
+            "same model and LoRA flags (--lora_r, --lora_target_modules, ...) as the checkpointed run."
         ) from e

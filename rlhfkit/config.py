@@ -66,6 +66,11 @@ def _best_checkpoint() -> dict[str, str]:
     }
 
 
+def _other_task_types() -> dict[str, str]:
+    why = "the policy is a causal LM (PPO's value model gets its own SEQ_CLS adapter)"
+    return {kind: why for kind in ("SEQ_CLS", "SEQ_2_SEQ_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")}
+
+
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the field(s) and the fix."""
 
@@ -541,6 +546,96 @@ class TrainConfig:
         ),
     )
 
+    # --- LoRA adapters (peft) and quantised loading: TRL's ModelConfig names and defaults -------------
+    use_peft: bool = field(
+        default=False,
+        metadata=_help(
+            "Train a LoRA adapter on the policy (peft) instead of all its weights. The reference is the same model "
+            "with the adapter disabled (no second copy); PPO's value model gets its own adapter, its score head "
+            "trained in full. Checkpoints and output_dir hold the adapters (docs/algorithms/ppo.md, LoRA).",
+            FLAG,
+        ),
+    )
+    lora_r: int = field(default=16, metadata=_help("LoRA rank (with use_peft).", integer(ge=1)))
+    lora_alpha: int = field(
+        default=32, metadata=_help("LoRA alpha: the adapter's output is scaled by alpha / r.", integer(ge=1))
+    )
+    lora_dropout: float = field(
+        default=0.05,
+        metadata=_help(
+            "Dropout on the adapters' inputs. Like all dropout it is off while disable_dropout is on (the default, "
+            "so that PPO's first ratio is exactly 1): pass --disable_dropout false to use it.",
+            number(ge=0, lt=1),
+        ),
+    )
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "Modules that get adapters: names (e.g. q_proj v_proj; a module matches when its name ends with one) "
+            "or all-linear (every linear layer but the output head). Default: peft's choice for the architecture "
+            "(q_proj and v_proj for Llama).",
+            OrNone(ListOf(TEXT)),
+        ),
+    )
+    lora_modules_to_save: list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "Policy modules trained in full beside the adapter and saved with it (e.g. lm_head).",
+            OrNone(ListOf(TEXT)),
+        ),
+    )
+    lora_task_type: str = field(
+        default="CAUSAL_LM",
+        metadata=_help(
+            "peft task type of the policy's adapter (the policy is a causal LM; PPO's value adapter is SEQ_CLS).",
+            OneOf(("CAUSAL_LM",), unsupported=_other_task_types),
+        ),
+    )
+    use_rslora: bool = field(
+        default=False, metadata=_help("Rank-stabilised LoRA: scale by alpha / sqrt(r) instead of alpha / r.", FLAG)
+    )
+    use_dora: bool = field(
+        default=False, metadata=_help("DoRA: weight-decomposed LoRA (a magnitude vector per adapted layer).", FLAG)
+    )
+    merge_adapter: bool = field(
+        default=False,
+        metadata=_help(
+            "With use_peft: also save the policy with the adapter merged into its weights, a plain transformers "
+            "model, in output_dir/merged/ (after the final checkpoint, which keeps the adapter).",
+            FLAG,
+        ),
+    )
+    load_in_4bit: bool = field(
+        default=False,
+        metadata=_help(
+            "Load the policy's base weights in 4 bits (bitsandbytes; QLoRA: needs use_peft and a CUDA GPU). "
+            "Untested in rlhfkit's CI, which has no GPU.",
+            FLAG,
+        ),
+    )
+    load_in_8bit: bool = field(
+        default=False,
+        metadata=_help(
+            "Load the policy's base weights in 8 bits (bitsandbytes; needs use_peft and a CUDA GPU). Untested in "
+            "rlhfkit's CI, which has no GPU.",
+            FLAG,
+        ),
+    )
+    bnb_4bit_quant_type: str = field(
+        default="nf4", metadata=_help("4-bit quantisation type (load_in_4bit).", OneOf(("nf4", "fp4")))
+    )
+    use_bnb_nested_quant: bool = field(
+        default=False, metadata=_help("Quantise the 4-bit quantisation constants too (load_in_4bit).", FLAG)
+    )
+    bnb_4bit_quant_storage: str | None = field(
+        default=None,
+        metadata=_help(
+            "dtype the 4-bit weights are stored in (load_in_4bit; e.g. bfloat16 to shard them with FSDP). Default: "
+            "uint8.",
+            OrNone(OneOf(("uint8", "float16", "bfloat16", "float32"))),
+        ),
+    )
+
     # --- optimisation ------------------------------------------------------------------------------
     learning_rate: float = field(
         default=3e-6,
@@ -648,14 +743,53 @@ class TrainConfig:
         metadata=_help("Also evaluate before the first step (the num_sample_generations schedule always does).", FLAG),
     )
 
-    # --- precision ---------------------------------------------------------------------------------
+    # --- precision and memory ----------------------------------------------------------------------
     bf16: bool | None = field(
         default=None,
         metadata=_help(
-            "bfloat16 weights. Default: only where the device is fast at it (CUDA with bf16).", OrNone(FLAG)
+            "bfloat16 mixed precision (accelerate's autocast over fp32 weights), as in TRL. Default: the accelerate "
+            "launch config's mixed_precision, else on where the device is fast at it (a CUDA GPU with bf16 units); "
+            "off on a CPU, where bf16 is ~9x slower than fp32.",
+            OrNone(FLAG),
         ),
     )
-    fp16: bool = field(default=False, metadata=_help("float16 weights (CUDA only).", FLAG))
+    fp16: bool = field(
+        default=False,
+        metadata=_help("float16 mixed precision with loss scaling (accelerate's GradScaler); CUDA GPUs only.", FLAG),
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata=_help(
+            "Weight dtype of the loaded models (TRL's ModelConfig): bfloat16 or float16 trains pure low-precision "
+            "weights (no fp32 master copy), auto keeps the checkpoint's. Default: float32 weights (with --bf16 / "
+            "--fp16 mixed precision on top).",
+            OrNone(OneOf(("auto", "float32", "bfloat16", "float16"))),
+        ),
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata=_help(
+            "Attention implementation of the loaded models (TRL's ModelConfig), e.g. sdpa, eager or "
+            "flash_attention_2; default: transformers' choice.",
+            OrNone(TEXT),
+        ),
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata=_help(
+            "Recompute activations in the backward pass instead of keeping them (policy and value model): less "
+            "memory, about a third more compute. TRL turns it on by default; rlhfkit leaves the choice to you.",
+            FLAG,
+        ),
+    )
+    gradient_checkpointing_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help(
+            "Arguments of transformers' gradient_checkpointing_enable, as JSON: e.g. '{\"use_reentrant\": true}'. "
+            "Default: use_reentrant false (no input gradients needed, works with frozen embeddings and LoRA).",
+            OrNone(JSON_OBJECT),
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):  # JSON text of a dict field (from the command line) becomes the dict
@@ -687,6 +821,33 @@ class TrainConfig:
             raise ConfigError("fp16=True and bf16=True: choose one precision. Pass only one of --fp16 and --bf16.")
         if self.lr_scheduler_kwargs or self.lr_scheduler_type == "cosine_with_min_lr":
             self._check_schedule()
+        self._check_lora()
+
+    def _check_lora(self) -> None:
+        """LoRA and quantisation flags that only make sense together. (Whether bitsandbytes and a CUDA GPU exist is
+        checked before the models load: models.quantization_config.)"""
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ConfigError("load_in_4bit=True and load_in_8bit=True: choose one. Pass only one of them.")
+        quantised = "load_in_4bit" if self.load_in_4bit else "load_in_8bit" if self.load_in_8bit else None
+        if quantised and not self.use_peft:
+            raise ConfigError(
+                f"{quantised}=True without use_peft: quantised weights cannot be trained directly. Add --use_peft to "
+                f"train a LoRA adapter on them (QLoRA), or leave --{quantised} out."
+            )
+        if self.merge_adapter and not self.use_peft:
+            raise ConfigError("merge_adapter=True without use_peft: there is no adapter to merge. Add --use_peft.")
+        if self.merge_adapter and quantised:
+            raise ConfigError(
+                f"merge_adapter=True with {quantised}=True: merging into quantised weights loses precision. Train "
+                "with --merge_adapter false, then merge the saved adapter into the unquantised base model with peft "
+                "(PeftModel.from_pretrained(base, output_dir).merge_and_unload())."
+            )
+        if self.lora_target_modules is not None and "all-linear" in self.lora_target_modules:
+            if len(self.lora_target_modules) > 1:
+                raise ConfigError(
+                    f"lora_target_modules={self.lora_target_modules!r}: all-linear stands alone. Pass "
+                    "--lora_target_modules all-linear, or module names only."
+                )
 
     def _check_schedule(self) -> None:
         """Build the schedule for a short run, so arguments the schedule does not take (or lacks) fail now, naming

@@ -27,23 +27,43 @@ class ModelLoadError(ValueError):
     """A model or tokenizer cannot be loaded; the message names the flag, the name and what to do."""
 
 
-def choose_dtype(bf16: bool | None, fp16: bool = False) -> torch.dtype:
-    """Precision the device does natively: bf16 on CUDA with bf16 units, fp32 elsewhere.
+def native_dtype() -> torch.dtype:
+    """What the device computes fast: bf16 on a CUDA GPU with bf16 units, fp32 elsewhere (bf16 on a CPU without
+    bf16 units is ~9x slower than fp32, measured). For models that are only run, never trained (eval, judges)."""
+    return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
 
-    bf16 on a CPU without bf16 units is ~9x slower than fp32 (measured), so we never pick it on CPU by default.
-    """
+
+def weight_dtype(dtype: str | None) -> torch.dtype | str:
+    """The dtype trained models load in: --dtype (TRL's ModelConfig; "auto" keeps the checkpoint's), else float32,
+    the master weights that --bf16 / --fp16 mixed precision computes over."""
+    return "auto" if dtype == "auto" else getattr(torch, dtype or "float32")
+
+
+def mixed_precision(bf16: bool | None, fp16: bool) -> str:
+    """accelerate's mixed_precision for --bf16 / --fp16 ("bf16", "fp16" or "no"): autocast over the weights, with
+    loss scaling for fp16. --bf16 unset: the accelerate launch config's choice (ACCELERATE_MIXED_PRECISION), else
+    bf16 on a CUDA GPU with bf16 units and no mixed precision elsewhere."""
     if fp16:
-        return torch.float16
+        return "fp16"
     if bf16 is None:
+        launched = os.environ.get("ACCELERATE_MIXED_PRECISION")
+        if launched:
+            return launched
         bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return torch.bfloat16 if bf16 else torch.float32
+    return "bf16" if bf16 else "no"
 
 
 class Hub(NamedTuple):
-    """How names that are not local directories are fetched: TRL's --model_revision and --trust_remote_code."""
+    """How models are fetched and built: TRL's --model_revision, --trust_remote_code and --attn_implementation."""
 
     revision: str = "main"  # branch, tag or commit of a hub id (ignored for local directories)
     trust_remote_code: bool = False  # run the modelling code a checkpoint ships (off unless asked, as in TRL)
+    attn_implementation: str | None = None  # transformers' choice when None
+
+    @classmethod
+    def from_args(cls, args) -> Hub:
+        """The options of a training config (TrainConfig)."""
+        return cls(args.model_revision, args.trust_remote_code, args.attn_implementation)
 
 
 DEFAULT_HUB = Hub()
@@ -77,6 +97,12 @@ def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     where = f"--{flag} {name!r}"
+    if os.path.isfile(os.path.join(name, "adapter_config.json")):  # a LoRA run's output_dir or checkpoint
+        return (
+            f"{where} holds a LoRA adapter, which transformers loads onto its base model only with peft installed and "
+            f"the base model (base_model_name_or_path in its adapter_config.json) reachable ({error}). Install peft "
+            "(pip install 'rlhfkit[peft]'), or pass the merged model (output_dir/merged with --merge_adapter)."
+        )
     if os.path.isdir(name):
         return (
             f"{where} is a directory but not a model saved with save_pretrained ({error}). Pass the directory that "
@@ -112,6 +138,10 @@ def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
     )
 
 
+def _build_options(hub: Hub) -> dict:
+    return {"attn_implementation": hub.attn_implementation} if hub.attn_implementation else {}
+
+
 def load_tokenizer(name: str, flag: str = "model_name_or_path", hub: Hub = DEFAULT_HUB) -> PreTrainedTokenizerBase:
     """The tokenizer of a local directory or hub id, padding on the left (as batched generation needs)."""
     tokenizer = _from_pretrained(AutoTokenizer, name, flag, hub, padding_side="left")
@@ -128,7 +158,7 @@ def load_tokenizer(name: str, flag: str = "model_name_or_path", hub: Hub = DEFAU
 
 def load_policy(name: str, dtype: torch.dtype, flag: str = "sft_model_path", hub: Hub = DEFAULT_HUB) -> nn.Module:
     """A causal LM from a local directory or hub id."""
-    return _from_pretrained(AutoModelForCausalLM, name, flag, hub, dtype=dtype)
+    return _from_pretrained(AutoModelForCausalLM, name, flag, hub, dtype=dtype, **_build_options(hub))
 
 
 def load_scalar_model(name: str, dtype: torch.dtype, flag: str, hub: Hub = DEFAULT_HUB) -> nn.Module:
@@ -137,7 +167,9 @@ def load_scalar_model(name: str, dtype: torch.dtype, flag: str, hub: Hub = DEFAU
     A causal LM checkpoint gets a fresh score head (TRL's smoke-test default for a missing reward model)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "newly initialized score weights" is expected for the smoke-test default
-        model = _from_pretrained(AutoModelForSequenceClassification, name, flag, hub, num_labels=1, dtype=dtype)
+        model = _from_pretrained(
+            AutoModelForSequenceClassification, name, flag, hub, num_labels=1, dtype=dtype, **_build_options(hub)
+        )
     if _score_head(model) is None:
         raise ModelLoadError(f"--{flag} {name!r}: the model has no 'score' head to read scalar values from.")
     return model
@@ -224,11 +256,23 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def enable_gradient_checkpointing(model: nn.Module, kwargs: dict | None = None) -> None:
+    """Recompute activations in the backward pass (transformers' gradient_checkpointing_enable). use_reentrant is off
+    unless `kwargs` say otherwise, as TRL sets it: the non-reentrant variant needs no gradient on the inputs, so
+    frozen embeddings and adapters work, and it gives the same gradients (tested)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False, **(kwargs or {})})
+
+
 def token_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Scalar head applied at every position of a sequence-classification model. Returns (B, L) float."""
+    if is_peft_model(model):  # the transformers model inside, its adapter layers (and score head copy) in place
+        model = model.get_base_model()
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,  # no decoding here; and gradient checkpointing refuses a cache
     ).last_hidden_state
     return _score_head(model)(hidden).squeeze(-1).float()
 
@@ -240,3 +284,155 @@ def policy_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
     ).logits
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# LoRA adapters (peft, imported only with --use_peft) and quantised base weights (--load_in_4bit / --load_in_8bit)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    """Whether `model` is a peft PeftModel (peft is not imported for it: a model can only be one once it was)."""
+    import sys
+
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def with_lora(model: nn.Module, args, task_type: str = "CAUSAL_LM") -> nn.Module:
+    """`model` wrapped in a peft PeftModel with a fresh LoRA adapter built from TRL's flags (`args`: a TrainConfig).
+
+    peft freezes the base weights in place and adds the adapter's small matrices beside them, so the model with its
+    adapter disabled *is* the base model: the reference of PPO and GRPO, without a second copy. The adapter starts
+    as a no-op (lora_B = 0): training starts from the base model exactly. task_type SEQ_CLS (PPO's value model):
+    peft also trains the score head in full (its modules_to_save). The adapters' dropout is off while
+    --disable_dropout is on (the default), like every other dropout, so PPO's first ratio stays exactly 1.
+    """
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise ModelLoadError("--use_peft needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
+    targets = args.lora_target_modules
+    if targets == ["all-linear"]:
+        targets = "all-linear"  # peft's shorthand is a string; a list holds module names
+    config = LoraConfig(
+        task_type=task_type,
+        r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=0.0 if args.disable_dropout else args.lora_dropout,
+        target_modules=targets,
+        modules_to_save=args.lora_modules_to_save if task_type == "CAUSAL_LM" else None,
+        use_rslora=args.use_rslora,
+        use_dora=args.use_dora,
+        revision=args.model_revision,  # recorded in adapter_config.json, so loaders fetch the same base
+    )
+    try:
+        with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing: not ours
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return get_peft_model(model, config)
+    except ValueError as e:  # no module matches lora_target_modules, or peft knows no default for the architecture
+        raise ModelLoadError(
+            f"--use_peft cannot put a LoRA adapter on {type(model).__name__}: {e} Pass --lora_target_modules with "
+            "the names of its linear layers (or all-linear)."
+        ) from e
+
+
+class adapter_disabled:  # a context manager: `with adapter_disabled(model):`
+    """The base model of a PeftModel for the block: adapters (and modules_to_save copies) off, eval mode (as a frozen
+    reference copy is); the mode is restored afterwards."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __enter__(self) -> nn.Module:
+        self.was_training = self.model.training
+        self.model.eval()
+        self.context = self.model.disable_adapter()
+        self.context.__enter__()
+        return self.model
+
+    def __exit__(self, *exc) -> None:
+        self.context.__exit__(*exc)
+        self.model.train(self.was_training)
+
+
+def write_merged(model: nn.Module, tokenizer, directory: str) -> None:
+    """A plain transformers model in `directory`: a copy of the PeftModel `model` with its adapter merged into the
+    base weights, and the tokenizer. `model` keeps its adapter; the copy costs one more set of weights meanwhile.
+    Written into `directory`.tmp and renamed once complete, replacing an earlier `directory`."""
+    import shutil
+
+    tmp = directory.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged = copy.deepcopy(model).merge_and_unload()
+    merged.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    del merged
+    shutil.rmtree(directory, ignore_errors=True)
+    os.replace(tmp, directory)
+
+
+def check_lora_setup(args) -> None:
+    """What --use_peft and --load_in_4bit / --load_in_8bit need from this machine (peft; bitsandbytes and a CUDA
+    GPU), checked before anything loads: a ModelLoadError (exit 2) that says what is missing."""
+    import importlib.util
+
+    if args.use_peft and importlib.util.find_spec("peft") is None:
+        raise ModelLoadError("--use_peft needs peft: pip install 'rlhfkit[peft]' (or pip install peft).")
+    quantization_config(args)
+
+
+def quantization_config(args, dtype: torch.dtype | str | None = None):
+    """transformers' BitsAndBytesConfig for --load_in_4bit / --load_in_8bit, as TRL's get_quantization_config builds
+    it, or None. Where bitsandbytes or a CUDA GPU is missing: a ModelLoadError (exit 2), raised before any model
+    loads (the builders call this first)."""
+    flag = "load_in_4bit" if args.load_in_4bit else "load_in_8bit" if args.load_in_8bit else None
+    if flag is None:
+        return None
+    import importlib.util
+
+    missing = [
+        what
+        for what, present in (
+            ("no CUDA GPU", torch.cuda.is_available()),
+            ("no bitsandbytes", importlib.util.find_spec("bitsandbytes") is not None),
+        )
+        if not present
+    ]
+    if missing:
+        raise ModelLoadError(
+            f"--{flag} needs bitsandbytes and a CUDA GPU (pip install bitsandbytes); this machine has "
+            f"{' and '.join(missing)}. Leave --{flag} out to train the LoRA adapter on unquantised weights."
+        )
+    from transformers import BitsAndBytesConfig
+
+    if args.load_in_8bit:
+        return BitsAndBytesConfig(load_in_8bit=True)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_compute_dtype=dtype if isinstance(dtype, torch.dtype) else None,
+        bnb_4bit_quant_type=args.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=args.use_bnb_nested_quant,
+        bnb_4bit_quant_storage=args.bnb_4bit_quant_storage,
+    )
+
+
+def load_quantized_policy(name: str, dtype, args, flag: str = "sft_model_path", hub: Hub = DEFAULT_HUB) -> nn.Module:
+    """A causal LM with quantised base weights (bitsandbytes) on this process's GPU, prepared for adapter training
+    (peft's prepare_model_for_kbit_training: base frozen, norms in fp32; gradient checkpointing is left to
+    --gradient_checkpointing). Needs a CUDA GPU: not exercised by rlhfkit's CPU tests."""
+    from accelerate import PartialState
+    from peft import prepare_model_for_kbit_training
+
+    quantization = quantization_config(args, dtype)
+    model = _from_pretrained(
+        AutoModelForCausalLM,
+        name,
+        flag,
+        hub,
+        dtype=dtype,
+        quantization_config=quantization,
+        device_map={"": PartialState().local_process_index},
+        **_build_options(hub),
+    )
+    return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)

@@ -79,33 +79,20 @@ class Group:
     names: tuple[str, ...]
 
 
-_MODEL_LOADING = (
-    "dtype", "attn_implementation", "model_init_kwargs", "use_peft", "lora_r", "lora_alpha", "lora_dropout",
-    "lora_target_modules", "lora_target_parameters", "lora_modules_to_save", "lora_task_type", "use_rslora",
-    "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
-    "bnb_4bit_quant_storage", "model_adapter_name", "ref_adapter_name",
-)  # fmt: skip
+# TRL's LoRA flags that rlhfkit's --use_peft does not take (it takes use_peft, lora_r, lora_alpha, lora_dropout,
+# lora_target_modules, lora_modules_to_save, lora_task_type, use_rslora, use_dora, load_in_4bit/8bit and bnb_*).
+_OTHER_ADAPTERS = ("lora_target_parameters", "model_adapter_name", "ref_adapter_name")
 _VLLM = tuple(name for name in TRL_GRPO_FLAGS if name.startswith("vllm_"))
 
 GROUPS: tuple[Group, ...] = (
     # --- planned ---------------------------------------------------------------------------------------------------
     Group(
         NOT_YET,
-        "model loading options (weight dtype, attention implementation, PEFT/LoRA adapters, 4/8-bit quantisation) "
-        "come with issue 15; models load in the device's precision (--bf16/--fp16), fully trained",
-        _MODEL_LOADING,
+        "DeepSpeed ZeRO and FSDP are not supported yet: a run launched under either stops at once and says so; "
+        "several processes train with DDP (examples/accelerate_configs/multi_gpu.yaml), and --bf16, "
+        "--gradient_checkpointing and --use_peft fit larger models",
+        ("deepspeed", "fsdp", "fsdp_config", "ds3_gather_for_generation"),
     ),
-    Group(
-        NOT_YET,
-        "gradient (activation) checkpointing comes with issue 15; rlhfkit keeps activations, as TRL with "
-        "--gradient_checkpointing false",
-        (
-            "gradient_checkpointing",
-            "gradient_checkpointing_kwargs",
-            "activation_checkpointing",
-            "activation_checkpointing_kwargs",
-        ),
-    ),  # fmt: skip
     Group(
         NOT_YET,
         "GRPO's generation batch options come with issue 19; one generation is one optimizer step's completions "
@@ -137,11 +124,6 @@ GROUPS: tuple[Group, ...] = (
             "entropy_target",
         ),
     ),  # fmt: skip
-    Group(
-        NOT_YET,
-        "DeepSpeed ZeRO-3 is not supported yet; several processes train with DDP (examples/accelerate_configs/)",
-        ("ds3_gather_for_generation",),
-    ),
     # --- accepted and ignored ----------------------------------------------------------------------------------------
     Group(
         IGNORED,
@@ -156,6 +138,13 @@ GROUPS: tuple[Group, ...] = (
         ("local_rank",),
     ),
     # --- not supported ---------------------------------------------------------------------------------------------
+    Group(
+        SUPPORTED_NOT,
+        "with --use_peft rlhfkit creates one LoRA adapter on the modules --lora_target_modules names, and the "
+        "reference is the policy with that adapter disabled: no adapters on bare parameters (MoE experts), no "
+        "choosing among several adapters a model already holds",
+        _OTHER_ADAPTERS,
+    ),
     Group(
         SUPPORTED_NOT,
         "rlhfkit does not upload to the Hugging Face Hub; upload the run directory after training (hf upload)",
@@ -231,9 +220,6 @@ GROUPS: tuple[Group, ...] = (
             "ddp_static_graph",
             "ddp_backend",
             "ddp_timeout",
-            "fsdp",
-            "fsdp_config",
-            "deepspeed",
             "accelerator_config",
             "parallelism_config",
             "ignore_bias_buffers",
@@ -347,6 +333,12 @@ GROUPS: tuple[Group, ...] = (
         "a checkpoint always holds the whole training state, written by the main process, so the run resumes "
         "exactly; SIGTERM/SIGINT always end the step with a checkpoint",
         ("save_only_model", "save_on_each_node", "restore_callback_states_from_checkpoint", "enable_jit_checkpoint"),
+    ),
+    Group(
+        SUPPORTED_NOT,
+        "options rlhfkit's loaders do not take: pass model options through the checkpoint's config, and FSDP's "
+        "activation checkpointing belongs to FSDP (use --gradient_checkpointing)",
+        ("model_init_kwargs", "activation_checkpointing", "activation_checkpointing_kwargs"),
     ),
     Group(
         SUPPORTED_NOT,

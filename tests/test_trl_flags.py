@@ -47,8 +47,8 @@ def test_every_listed_flag_is_a_trl_flag_that_some_command_refuses():
         (["ppo", "--push_to_hub"], "--push_to_hub is a TRL/transformers flag that rlhfkit does not support: rlhfkit "
          "does not upload to the Hugging Face Hub"),
         (["grpo", "--use_vllm", "true"], "--use_vllm is a TRL/transformers flag that rlhfkit does not support:"),
-        (["ppo", "--use-peft"], "--use_peft is a TRL/transformers flag that rlhfkit does not support yet: model "
-         "loading options"),
+        (["ppo", "--model-adapter-name", "policy"], "--model_adapter_name is a TRL/transformers flag that rlhfkit "
+         "does not support: with --use_peft rlhfkit creates one LoRA adapter"),
         (["grpo", "--steps_per_generation", "4"], "--steps_per_generation is a TRL/transformers flag that rlhfkit "
          "does not support yet: GRPO's generation batch options come with issue 19"),
         (["ppo", "--no_remove_unused_columns"], "--remove_unused_columns is a TRL/transformers flag"),
@@ -75,7 +75,7 @@ def test_a_misspelt_flag_is_still_unknown(capsys):
 
 def test_every_refused_flag_is_named_at_once():
     with pytest.raises(UsageError) as info:
-        parse_config(GRPOConfig, ["--gradient_checkpointing", "--hub_model_id", "me/model", "--beta", "0.1"], "x")
+        parse_config(GRPOConfig, ["--steps_per_generation", "2", "--hub_model_id", "me/model", "--beta", "0.1"], "x")
     assert str(info.value).count("is a TRL/transformers flag") == 2
 
 

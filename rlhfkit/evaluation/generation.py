@@ -41,11 +41,11 @@ def quiet_loading():
 def load_generator(path: str | Path, flag: str):
     """(model, tokenizer) of a causal LM, a hub id or a save_pretrained directory that holds both; a name that
     cannot be loaded is a ModelLoadError naming `--{flag}`."""
-    from rlhfkit.models import choose_dtype, load_policy, load_tokenizer
+    from rlhfkit.models import load_policy, load_tokenizer, native_dtype
 
     tokenizer = load_tokenizer(str(path), flag=flag)
     with quiet_loading():
-        model = load_policy(str(path), choose_dtype(None), flag=flag)
+        model = load_policy(str(path), native_dtype(), flag=flag)
     return model, tokenizer
 
 

@@ -152,14 +152,14 @@ class RewardModelJudge:
     @classmethod
     def from_path(cls, path: str | Path, batch_size: int = 64, device: str | torch.device | None = None):
         """Model and tokenizer of a hub id or a save_pretrained directory; a ModelLoadError names the judge."""
-        from rlhfkit.models import choose_dtype, load_scalar_model, load_tokenizer
+        from rlhfkit.models import load_scalar_model, load_tokenizer, native_dtype
 
         from .generation import quiet_loading
 
         path = str(path)
         tokenizer = load_tokenizer(path, flag="judge reward-model:")
         with quiet_loading():
-            model = load_scalar_model(path, choose_dtype(None), flag="judge reward-model:")
+            model = load_scalar_model(path, native_dtype(), flag="judge reward-model:")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(model.to(device), tokenizer, name=f"reward-model:{path}", batch_size=batch_size)
 

@@ -156,16 +156,26 @@ class StepGuard:
 
     def step(self, accelerator, model, optimizer, max_grad_norm: float | None) -> float:
         """Clip (when max_grad_norm is set) and apply the gradients if they are finite (the step is skipped and
-        counted otherwise). Returns the gradient norm before clipping."""
+        counted otherwise). Returns the gradient norm before clipping.
+
+        Under fp16 loss scaling (a GradScaler, accelerate's with --fp16) the scaler decides: it skips a step whose
+        gradients overflowed and lowers the scale, which is routine while the scale settles. Such a skip is counted
+        (nonfinite_steps), but only a skip at a scale already below 1, where overflow is no longer the scale's
+        doing, moves the streak that stops training."""
         limit = max_grad_norm if max_grad_norm is not None else float("inf")
-        norm = float(accelerator.clip_grad_norm_(model.parameters(), limit))
-        ok = math.isfinite(norm)
-        if ok:
-            optimizer.step()
-            self.streak = 0
+        norm = float(accelerator.clip_grad_norm_(model.parameters(), limit))  # unscales first under a GradScaler
+        scaler = getattr(accelerator, "scaler", None)
+        if scaler is not None:
+            scale = scaler.get_scale()
+            optimizer.step()  # the scaler's step: applied, or skipped when the gradients are not finite
+            skipped = accelerator.optimizer_step_was_skipped
+            broken = skipped and scale < 1
         else:
-            self.streak += 1
-            self.skipped += 1
+            skipped = broken = not math.isfinite(norm)
+            if not skipped:
+                optimizer.step()
+        self.skipped += skipped
+        self.streak = self.streak + 1 if broken else 0
         optimizer.zero_grad(set_to_none=True)
         return norm
 

@@ -21,11 +21,15 @@ Deliberate differences from TRL (docs/algorithms/grpo.md gives the details):
 * each process keeps whole groups (per_device_train_batch_size is a multiple of num_generations), so a prompt's
   completions never straddle processes; one generation batch feeds one optimizer step per iteration
   (TRL's steps_per_generation = gradient_accumulation_steps, its default).
+
+LoRA (--use_peft): the policy trains an adapter; the reference (beta > 0) is the policy with its adapter disabled, not
+a copy (reference_logprobs).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -40,7 +44,19 @@ from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes
 from rlhfkit.data import as_completions, endless_batches, prompt_text, tokenize_prompts
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.models import Hub, choose_dtype, disable_dropout, frozen_copy, load_policy_and_tokenizer, policy_logits
+from rlhfkit.models import (
+    Hub,
+    adapter_disabled,
+    disable_dropout,
+    enable_gradient_checkpointing,
+    frozen_copy,
+    load_policy_and_tokenizer,
+    load_quantized_policy,
+    policy_logits,
+    weight_dtype,
+    with_lora,
+    write_merged,
+)
 from rlhfkit.rewards import RewardModelFunction, RewardOutput, call_reward_function, reward_sources, weighted_total
 from rlhfkit.rollout import (
     complete,
@@ -99,9 +115,12 @@ class GRPOTrainer:
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
-        dtype = choose_dtype(args.bf16, args.fp16)
-        hub = Hub(args.model_revision, args.trust_remote_code)
+        dtype, hub = weight_dtype(args.dtype), Hub.from_args(args)
+        if isinstance(model, str) and (args.load_in_4bit or args.load_in_8bit):  # QLoRA (CUDA and bitsandbytes)
+            model = load_quantized_policy(model, dtype, args, "model_name_or_path", hub)
         model, tok = load_policy_and_tokenizer(model, processing_class, dtype, hub)
+        if args.use_peft:  # LoRA: only the adapter trains; the reference is the model with it disabled
+            model = with_lora(model, args)
         self.tokenizer = tok
         self.task = task
         self.stop_ids = terminator_ids(tok, model)
@@ -130,9 +149,11 @@ class GRPOTrainer:
         if args.disable_dropout:  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)
             disable_dropout(model)
         self.ref_model = None
-        if args.beta != 0.0:
+        if args.beta != 0.0 and not args.use_peft:
             self.ref_model = frozen_copy(model).to(acc.device)
-        optimizer = make_optimizer(model.parameters(), args, acc.device)
+        if args.gradient_checkpointing:
+            enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
+        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], args, acc.device)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self.reward_metrics = [
             (M.expand(M.REWARDS_FUNC_MEAN, name), M.expand(M.REWARDS_FUNC_STD, name)) for name in self.reward_names
@@ -196,6 +217,8 @@ class GRPOTrainer:
             epoch = progress.episode / (args.num_generations * len(self.train_dataset))  # G completions per prompt
             last = {M.NUM_TOKENS.name: progress.num_tokens, M.LEARNING_RATE.name: run.lr, M.EPOCH.name: epoch}
             run.end_step(step, last)
+        if args.merge_adapter:  # after the final checkpoint and save, which keep the adapter
+            self.save_merged()
 
     # ------------------------------------------------------------------------------------------------
     def _score(self, rows: list[dict], prompts: list, completions: list[str], ids, mask, resp_ids, resp_mask):
@@ -255,10 +278,10 @@ class GRPOTrainer:
 
         width = chunk.query_ids.shape[1]
         old_logprobs = None
-        if args.num_iterations > 1:  # the sampling log-probs are exact enough in fp32 (see PPOTrainer); else recompute
-            fp32 = next(model.parameters()).dtype == torch.float32
-            old_logprobs = chunk.logprobs if fp32 else self._logprobs(model, ids, mask, width, resp.ids)
-        ref_logprobs = self._logprobs(self.ref_model, ids, mask, width, resp.ids) if self.ref_model else None
+        if args.num_iterations > 1:  # logp_old: the sampling log-probs where exact, else a full forward's
+            exact = self.run.sampling_logprobs_exact(model)
+            old_logprobs = chunk.logprobs if exact else self._logprobs(model, ids, mask, width, resp.ids)
+        ref_logprobs = self.reference_logprobs(model, ids, mask, width, resp.ids)
         self.log_generation(outputs, total, resp, prompts, completions)
         return GenerationBatch(
             prompts=prompts,
@@ -284,6 +307,23 @@ class GRPOTrainer:
             logits = policy_logits(model, ids[i : i + step], mask[i : i + step])
             parts.append(response_logprobs(logits, width, response_ids[i : i + step], self.args.temperature))
         return torch.cat(parts)
+
+    def reference_logprobs(self, model, ids, mask, width, response_ids) -> torch.Tensor | None:
+        """(N, T) log-probs of the reference (beta > 0; else None): the frozen copy's, or with LoRA the policy's with
+        its adapter disabled."""
+        if self.args.beta == 0.0:
+            return None
+        if self.ref_model is not None:
+            return self._logprobs(self.ref_model, ids, mask, width, response_ids)
+        with adapter_disabled(model) as base:
+            return self._logprobs(base, ids, mask, width, response_ids)
+
+    def save_merged(self) -> None:
+        """--merge_adapter: output_dir/merged/, the policy with its adapter merged (a plain transformers model).
+        Called when the run has ended (its process group too): the main process writes it alone."""
+        if self.accelerator.is_main_process:
+            policy = self.accelerator.unwrap_model(self.model)
+            write_merged(policy, self.tokenizer, os.path.join(self.args.output_dir, "merged"))
 
     def log_generation(self, outputs: list[RewardOutput], total, resp, prompts, completions) -> None:
         """Completion lengths, rewards and true success of one generation, pooled when reduced."""

@@ -17,6 +17,9 @@ Deviations from TRL's trainer, each deliberate (docs/algorithms/ppo.md gives the
 * every per-token statistic is a masked mean over real response tokens, pooled over micro-batches and
   processes (no sentinel values leak into objective/entropy, val/ratio or policy/approxkl_avg);
 * one optimizer step per mini-batch (TRL steps once per gradient_accumulation_steps micro-batches).
+
+LoRA (--use_peft): the policy and the value model train adapters (the value model's score head in full); the
+reference is the policy with its adapter disabled, not a copy (add_adapters, reference_logits).
 """
 
 from __future__ import annotations
@@ -32,11 +35,20 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.checkpoint import load_weights
-from rlhfkit.config import PPOConfig, ppo_batch_sizes
+from rlhfkit.config import ConfigError, PPOConfig, ppo_batch_sizes
 from rlhfkit.data import endless_batches, tokenize_prompts
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.models import disable_dropout, frozen_copy, policy_logits, token_values
+from rlhfkit.models import (
+    adapter_disabled,
+    disable_dropout,
+    enable_gradient_checkpointing,
+    frozen_copy,
+    policy_logits,
+    token_values,
+    with_lora,
+    write_merged,
+)
 from rlhfkit.rewards import apply_eos_trick, reward_model_scores
 from rlhfkit.rollout import (
     complete,
@@ -125,23 +137,28 @@ class PPOTrainer:
         )
         self.sizes = ppo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
-        if ref_model is None:
+        if args.use_peft:  # LoRA: adapters on the policy and the value model; no reference copy (see add_adapters)
+            model, value_model = self.add_adapters(model, ref_model, value_model, reward_model)
+        elif ref_model is None:
             ref_model = frozen_copy(model)
         if value_model is None:
             value_model = frozen_copy(reward_model).requires_grad_(True).train()
         if args.disable_dropout:  # the first ratio of an update is then exactly 1
             for m in (model, ref_model, reward_model, value_model):
-                disable_dropout(m)
-        self.ref_model = ref_model.eval().requires_grad_(False).to(acc.device)
+                if m is not None:
+                    disable_dropout(m)
+        self.ref_model = ref_model.eval().requires_grad_(False).to(acc.device) if ref_model is not None else None
         self.reward_model = reward_model.eval().requires_grad_(False).to(acc.device)
         model.generation_config.pad_token_id = processing_class.pad_token_id
+        if args.gradient_checkpointing:
+            for m in (model, value_model):
+                enable_gradient_checkpointing(m, args.gradient_checkpointing_kwargs)
         wrapper = PolicyAndValue(model, value_model)
-        optimizer = make_optimizer(wrapper.parameters(), args, acc.device)
+        optimizer = make_optimizer([p for p in wrapper.parameters() if p.requires_grad], args, acc.device)
         self.model, self.optimizer = acc.prepare(wrapper, optimizer)
-        # In fp32 the log-probs computed while sampling equal a full forward's to ~1e-6, so the rollout skips the
-        # policy forward (the first PPO ratio is then 1 up to that rounding); in half precision cached decoding and
-        # a full pass differ by ~1e-2, which would show up as spurious clipping, so we recompute.
-        self.reuse_sampling_logprobs = next(model.parameters()).dtype == torch.float32
+        # Where exact (run.sampling_logprobs_exact), the rollout skips the policy forward; PPO's first ratio is then
+        # 1 up to fp32 rounding. Elsewhere a full forward recomputes them, as the update will see them.
+        self.reuse_sampling_logprobs = run.sampling_logprobs_exact(model)
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
@@ -151,7 +168,8 @@ class PPOTrainer:
 
     # What the run lifecycle needs from its trainer: models, own state, evaluation.
     def write_models(self, directory: str) -> None:
-        """Policy (loadable on its own), value model in value_model/, and the tokenizer."""
+        """Policy (loadable on its own), value model in value_model/, and the tokenizer. With --use_peft, peft's
+        save_pretrained writes the adapters (adapter_config.json, adapter_model.safetensors), not the base weights."""
         model = self.unwrapped
         model.policy.save_pretrained(directory)
         model.value_model.save_pretrained(os.path.join(directory, "value_model"))
@@ -160,6 +178,36 @@ class PPOTrainer:
     def load_models(self, directory) -> None:
         load_weights(self.unwrapped.policy, directory)
         load_weights(self.unwrapped.value_model, os.path.join(directory, "value_model"))
+
+    # LoRA (--use_peft): adapters, the reference as the adapter-disabled policy, the merged save.
+    def add_adapters(self, model: nn.Module, ref_model, value_model, reward_model) -> tuple[nn.Module, nn.Module]:
+        """The policy and the value model with LoRA adapters (models.with_lora); their base weights stay frozen.
+
+        The value model (by default a copy of the reward model) gets its own adapter with peft's task type SEQ_CLS,
+        whose score head peft trains in full: a fresh value head must learn the returns' scale, which a low-rank
+        update of the backbone alone would not give it. There is no reference model: it is the policy with its
+        adapter disabled (reference_logits)."""
+        if ref_model is not None:
+            raise ConfigError(
+                "PPOTrainer got a ref_model and use_peft: with LoRA the reference is the policy with its adapter "
+                "disabled. Pass ref_model=None."
+            )
+        if value_model is None:
+            value_model = frozen_copy(reward_model)
+        return with_lora(model, self.args), with_lora(value_model, self.args, task_type="SEQ_CLS")
+
+    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, V) logits of the reference: the frozen copy, or with LoRA the policy with its adapter disabled."""
+        if self.ref_model is not None:
+            return policy_logits(self.ref_model, input_ids, attention_mask)
+        with adapter_disabled(self.unwrapped.policy) as base:
+            return policy_logits(base, input_ids, attention_mask)
+
+    def save_merged(self) -> None:
+        """--merge_adapter: output_dir/merged/, the policy with its adapter merged (a plain transformers model).
+        Called when the run has ended (its process group too): the main process writes it alone."""
+        if self.accelerator.is_main_process:
+            write_merged(self.unwrapped.policy, self.tokenizer, os.path.join(self.args.output_dir, "merged"))
 
     def state_dict(self) -> dict:
         return {"kl_ctl": self.kl_ctl.state_dict()} if self.kl_ctl is not None else {}
@@ -220,6 +268,8 @@ class PPOTrainer:
             # 6. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
             epoch = run.progress.episode / len(self.train_dataset)  # one episode per prompt
             run.end_step(update, {M.OBJECTIVE_KL_COEF.name: kl_coef_used, M.EPOCH.name: epoch})
+        if args.merge_adapter:  # after the final checkpoint and save, which keep the adapter
+            self.save_merged()
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -243,7 +293,7 @@ class PPOTrainer:
                 logits, values = model(ids, attn)
                 logprobs = response_logprobs(logits, width, resp.ids, args.temperature)
             parts["logp"].append(logprobs)
-            ref_logits = policy_logits(self.ref_model, ids, attn)
+            ref_logits = self.reference_logits(ids, attn)
             parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
             parts["val"].append(values[:, width - 1 : -1])
             parts["score"].append(reward_model_scores(self.reward_model, ids, attn))

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 
 from rlhfkit.checkpoint import (
@@ -49,6 +50,7 @@ from rlhfkit.config import ConfigError, TrainConfig
 from rlhfkit.health.watch import HealthStop, HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
+from rlhfkit.models import mixed_precision
 from rlhfkit.tracking.logger import RunLogger
 from rlhfkit.tracking.rundir import CONFIG_FILE, METRICS_FILE, holds_run, read_config
 from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
@@ -83,6 +85,26 @@ def resolve_output_dir(args: TrainConfig) -> str:
             "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
         )
     return args.output_dir
+
+
+def _refuse_sharding_engines() -> None:
+    """Exit 2 for a run that `accelerate launch` started under DeepSpeed or FSDP, before either engine starts.
+
+    rlhfkit's trainers step, clip and skip (non-finite) optimizer steps themselves, checkpoint the optimizer whole
+    and sample from the unsharded policy; ZeRO and FSDP take each of those over. Until that is built and measured on
+    GPUs, such a run would fail later or, on CPUs (where accelerate starts each FSDP process alone), train copies.
+    """
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        engine = f"DeepSpeed ZeRO stage {os.environ.get('ACCELERATE_DEEPSPEED_ZERO_STAGE', '?')}"
+    elif os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        engine = f"FSDP (version {os.environ.get('FSDP_VERSION', '1')})"
+    else:
+        return
+    raise ConfigError(
+        f"this run was launched under {engine}, which rlhfkit does not support yet. Launch with "
+        "examples/accelerate_configs/multi_gpu.yaml (DDP on GPUs) or cpu_2proc.yaml (CPUs); to fit a larger model, "
+        "add --bf16, --gradient_checkpointing and --use_peft (LoRA)."
+    )
 
 
 class Trainee(Protocol):
@@ -162,10 +184,29 @@ class TrainingRun:
             resume=self.resume is not None,
             wandb_id=tracker_ids.get("wandb"),
         )
+        _refuse_sharding_engines()
         # Without CUDA, accelerate only forms a process group (gloo) for torchrun-launched processes when told
         # cpu=True; a single process keeps its default device (e.g. MPS).
         multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-        accelerator = Accelerator(log_with=trackers or None, cpu=multi_cpu)
+        precision = mixed_precision(args.bf16, args.fp16)
+        if precision == "fp16" and not torch.cuda.is_available():
+            raise ConfigError(
+                "--fp16 is float16 mixed precision with loss scaling, which needs a CUDA GPU; this machine has none. "
+                "Use --bf16 (bfloat16 autocast works on CPUs, though slower than fp32 without bf16 units) or no flag."
+            )
+        # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with another precision;
+        # a run is a fresh start (a notebook's second trainer, a test), so forget it. The process group (PartialState)
+        # stays.
+        AcceleratorState._reset_state()
+        accelerator = Accelerator(log_with=trackers or None, cpu=multi_cpu, mixed_precision=precision)
+        launched = int(os.environ.get("WORLD_SIZE", "1"))
+        if accelerator.num_processes != launched:  # each process would train alone: N copies of one run
+            raise ConfigError(
+                f"{launched} processes were launched but accelerate joined {accelerator.num_processes} of them "
+                f"(distributed type {accelerator.distributed_type.value}): they would train independent copies of the "
+                "run. Launch with a DDP config: examples/accelerate_configs/multi_gpu.yaml on GPUs, cpu_2proc.yaml "
+                "on CPUs."
+            )
         set_seed(args.seed, device_specific=True)  # each process samples different responses
         return accelerator
 
@@ -249,13 +290,18 @@ class TrainingRun:
         checkpoint (whatever --save_strategy), the models saved into output_dir (which then loads as the trained
         policy) and the trackers closed."""
         args = self.args
+        # Everything a step computes (sampling, scoring, the training forward, evaluation) runs under one precision:
+        # accelerate's autocast of --bf16 / --fp16 (nothing without), so the log-probs of the rollout and of the
+        # update agree as closely as that precision allows.
+        autocast = self.accelerator.autocast
         scheduled = args.eval_strategy == "no" and self.sample_every
         if self.progress.step == 0 and (scheduled or args.eval_on_start):
-            self._evaluate(step=0)
+            with autocast():
+                self._evaluate(step=0)
         if self._rng is not None:
             set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
         self._start = time.time() - self.progress.elapsed
-        with self.interrupt:
+        with self.interrupt, autocast():
             for step in range(self.progress.step + 1, self.num_steps + 1):
                 self._lr = self.lr_at(step)
                 set_lr(self.trainer.optimizer, self._lr)
@@ -264,6 +310,12 @@ class TrainingRun:
         self.save_checkpoint(self.num_steps)
         save_into(self.accelerator, self.args.output_dir, self.trainer.write_models)
         self.logger.finish()
+
+    def sampling_logprobs_exact(self, model: torch.nn.Module) -> bool:
+        """Whether the log-probs computed while sampling (KV cache, one token at a time) can stand for a full
+        forward's: in fp32 weights without mixed precision they agree to ~1e-6; in bf16 or fp16, weights or
+        autocast, cached decoding and a full pass differ by ~1e-2, which PPO would see as spurious clipping."""
+        return next(model.parameters()).dtype == torch.float32 and self.accelerator.mixed_precision == "no"
 
     @property
     def lr(self) -> float:

@@ -107,15 +107,17 @@ def test_samples_and_eval_are_logged(run):
     assert [r["step"] for r in evals] == [0, 3]  # before training, then at the end (num_sample_generations=1)
 
 
-def test_first_minibatch_ratio_is_one(tiny_assets, tmp_path):
+@pytest.mark.parametrize("flags", [{}, {"use_peft": True}], ids=["full", "lora"])
+def test_first_minibatch_ratio_is_one(tiny_assets, tmp_path, flags):
     """With one epoch and one mini-batch every ratio is taken before the only optimizer step: exactly 1.
 
     This catches any mismatch between rollout and training log-probs (position ids with left padding,
-    dropout, temperature), which would show up as val/ratio != 1 and approxkl > 0.
+    dropout, temperature, LoRA's adapter dropout), which would show up as val/ratio != 1 and approxkl > 0.
     """
     args = small_config(
-        tiny_assets, tmp_path, num_ppo_epochs=1, num_mini_batches=1, total_episodes=32, num_sample_generations=0
-    )
+        tiny_assets, tmp_path, num_ppo_epochs=1, num_mini_batches=1, total_episodes=32, num_sample_generations=0,
+        **flags,
+    )  # fmt: skip
     trainer = build_ppo_trainer(args)
     trainer.train()
     for r in update_rows(read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))):

@@ -37,7 +37,7 @@ def resume_from(run_dir, checkpoint_step, tmp_path, make_config, build):
     shutil.copytree(run_dir, copy)
     for name in os.listdir(copy):  # the final model and later checkpoints did not exist yet
         later = name.startswith("checkpoint-") and name != f"checkpoint-{checkpoint_step}"
-        if later or name in ("model.safetensors", "value_model"):
+        if later or name in ("model.safetensors", "value_model", "adapter_model.safetensors", "adapter_config.json"):
             path = copy / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     args = make_config(copy, resume_from_checkpoint="latest")
@@ -85,6 +85,41 @@ def test_grpo_resumes_exactly_mid_batch_and_mid_window(tiny_assets, tmp_path):
     resumed = resume_from(original, 3, tmp_path, make_config, build_grpo_trainer)
     assert [r["step"] for r in rows_of(resumed) if "loss" in r] == [2, 4, 6]
     assert_same_run(original, resumed, ["model.safetensors"])
+
+
+def test_ppo_with_lora_resumes_exactly(tiny_assets, tmp_path):
+    """The checkpoint holds the policy's and the value model's adapters (and the value head); resuming loads them
+    into the same adapters and continues exactly: the same metrics and the same final adapters."""
+    pytest.importorskip("peft")
+
+    def make_config(out, **extra):
+        return small_config(
+            tiny_assets, tmp_path, output_dir=str(out), total_episodes=64, save_steps=2, use_peft=True, lora_r=4,
+            **extra,
+        )  # fmt: skip
+
+    original = tmp_path / "original"
+    build_ppo_trainer(make_config(original)).train()
+    resumed = resume_from(original, 2, tmp_path, make_config, build_ppo_trainer)
+    assert [r["step"] for r in rows_of(resumed) if "episode" in r] == [1, 2, 3, 4]
+    assert not (original / "checkpoint-2" / "model.safetensors").exists()  # adapters only
+    assert_same_run(original, resumed, ["adapter_model.safetensors", "value_model/adapter_model.safetensors"])
+
+
+def test_grpo_with_lora_resumes_exactly_mid_batch(tiny_assets, tmp_path):
+    pytest.importorskip("peft")
+
+    def make_config(out, **extra):
+        return grpo_config(
+            tiny_assets, tmp_path, output_dir=str(out), max_steps=4, num_iterations=2, save_steps=3, beta=0.04,
+            use_peft=True, **extra,
+        )  # fmt: skip
+
+    original = tmp_path / "original"
+    build_grpo_trainer(make_config(original), set()).train()
+    resumed = resume_from(original, 3, tmp_path, make_config, build_grpo_trainer)
+    assert [r["step"] for r in rows_of(resumed) if "loss" in r] == [1, 2, 3, 4]
+    assert_same_run(original, resumed, ["adapter_model.safetensors"])
 
 
 def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_assets, tmp_path):
