@@ -74,7 +74,8 @@ def apply_builtin_task(
     if isinstance(args, PPOConfig):
         args.model_name_or_path = os.path.join(root, "tokenizer")
         args.sft_model_path = os.path.join(root, "sft")
-        args.reward_model_path = os.path.join(root, "reward")
+        if not args.reward_funcs:  # with reward functions, PPO scores with them alone (docs/builtin_task.md)
+            args.reward_model_path = os.path.join(root, "reward")
         defaults = dict(BUILTIN_PPO_DEFAULTS, response_length=task.max_new_tokens)
     else:
         args.model_name_or_path = os.path.join(root, "sft")
@@ -134,7 +135,7 @@ def import_reward_function(ref: str):
 def resolve_reward_funcs(names: list[str] | None, task) -> list:
     """Reward callables for --reward_funcs: the task's built-in names, or module:function references.
 
-    No names: the task's rule-based rewards. No task and no names: an error (GRPO needs a reward).
+    No names: the task's rule-based rewards (GRPO's default). No task and no names: an error (GRPO needs a reward).
     """
     builtin = dict(task.reward_funcs) if task is not None else {}
     if not names:
@@ -201,17 +202,21 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
         policy = load_quantized_policy(sft_path, dtype, args, sft_flag, hub)
     else:
         policy = load_policy(sft_path, dtype, sft_flag, hub)
-    if args.reward_model_path is None:
+    reward_funcs = resolve_reward_funcs(args.reward_funcs, task) if args.reward_funcs else None
+    reward_model = None
+    if args.reward_model_path is None and reward_funcs is None:
         warnings.warn(
-            "No --reward_model_path: scoring with a randomly initialised head on the SFT model. This only checks that "
-            "training runs (like TRL's example with a dummy reward model); pass a trained reward model for real use.",
+            "No --reward_model_path nor --reward_funcs: scoring with a randomly initialised head on the SFT model. "
+            "This only checks that training runs (like TRL's example with a dummy reward model); pass a trained "
+            "reward model or reward functions for real use.",
             stacklevel=2,
         )
-    reward_path = args.reward_model_path or sft_path
-    reward_flag = "reward_model_path" if args.reward_model_path else sft_flag
-    # Scored with the policy's token ids: the reward model reads the policy's tokenizer (checked just below).
-    reward_model, _ = load_reward_model(reward_path, tokenizer, dtype, hub, reward_flag)
-    check_same_vocabulary(tokenizer, reward_path, reward_model, reward_flag, hub)
+    if args.reward_model_path is not None or reward_funcs is None:
+        reward_path = args.reward_model_path or sft_path
+        reward_flag = "reward_model_path" if args.reward_model_path else sft_flag
+        # Scored with the policy's token ids: the reward model reads the policy's tokenizer (checked just below).
+        reward_model, _ = load_reward_model(reward_path, tokenizer, dtype, hub, reward_flag)
+        check_same_vocabulary(tokenizer, reward_path, reward_model, reward_flag, hub)
     value_model = None
     if args.value_model_path:
         value_model = load_scalar_model(args.value_model_path, dtype, "value_model_path", hub)
@@ -226,4 +231,5 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
         train_dataset=train,
         eval_dataset=test,
         task=task,
+        reward_funcs=reward_funcs,
     )

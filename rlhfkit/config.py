@@ -546,6 +546,24 @@ class TrainConfig:
         ),
     )
 
+    # --- rewards: functions (both trainers) and weights; each trainer adds its reward models ----------------
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "Reward functions: names of the task's built-in rewards (e.g. correctness) or 'module:function' "
+            "references to f(prompts, completions, **columns) -> list[float | None]. GRPO's default: the task's "
+            "rewards. PPO: scored beside reward_model_path, which becomes optional.",
+            OrNone(ListOf(TEXT)),
+        ),
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata=_help(
+            "Weight of each reward: reward_funcs, then the reward models (reward_model_path). Default: all 1.",
+            OrNone(ListOf(number(), example=[1.0, 0.5])),
+        ),
+    )
+
     # --- LoRA adapters (peft) and quantised loading: TRL's ModelConfig names and defaults -------------
     use_peft: bool = field(
         default=False,
@@ -822,6 +840,19 @@ class TrainConfig:
         if self.lr_scheduler_kwargs or self.lr_scheduler_type == "cosine_with_min_lr":
             self._check_schedule()
         self._check_lora()
+        # Without reward_funcs the count may be the task's (GRPO), known once the task is loaded: the trainer checks.
+        if self.reward_weights is not None and self.reward_funcs:
+            sources = [*self.reward_funcs, *self.reward_model_paths()]
+            if len(self.reward_weights) != len(sources):
+                raise ConfigError(
+                    f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order of "
+                    f"reward_funcs then reward_model_path ({', '.join(map(str, sources))}), but has "
+                    f"{len(self.reward_weights)}. Pass e.g. --reward_weights {' '.join(['1.0'] * len(sources))}."
+                )
+
+    def reward_model_paths(self) -> list[str]:
+        """The reward models named by path, weighted after reward_funcs (each trainer has its own field)."""
+        return []
 
     def _check_lora(self) -> None:
         """LoRA and quantisation flags that only make sense together. (Whether bitsandbytes and a CUDA GPU exist is
@@ -890,13 +921,19 @@ class PPOConfig(TrainConfig):
     reward_model_path: str | None = field(
         default=None,
         metadata=_help(
-            "Reward model (sequence classification, 1 label; hub id or local directory); the value model starts from it. "
-            "Default: a randomly initialised score head on the SFT model (a smoke test, as TRL's example).",
+            "Reward model (sequence classification, 1 label, the policy's vocabulary; hub id or local directory); "
+            "the value model starts from it. Optional with reward_funcs; without either, a randomly initialised "
+            "score head on the SFT model (a smoke test, as TRL's example).",
             OrNone(PATH),
         ),
     )
     value_model_path: str | None = field(
-        default=None, metadata=_help("Value model initialisation. Default: reward_model_path.", OrNone(PATH))
+        default=None,
+        metadata=_help(
+            "Value model initialisation. Default: reward_model_path; with reward_funcs alone, the policy's weights "
+            "with a fresh score head that starts at 0.",
+            OrNone(PATH),
+        ),
     )
 
     # --- batch sizes and length of training ------------------------------------------------------
@@ -1003,6 +1040,9 @@ class PPOConfig(TrainConfig):
             self.logging_dir = str(self.project_kwargs["logging_dir"])
         super()._apply_aliases()
 
+    def reward_model_paths(self) -> list[str]:
+        return [self.reward_model_path] if self.reward_model_path else []
+
     def _check_combinations(self) -> None:
         super()._check_combinations()
         # A mini-batch, per_device x GA / num_mini_batches rollouts, must be a whole number of per_device
@@ -1026,14 +1066,6 @@ class GRPOConfig(TrainConfig):
     """
 
     exp_name: str = field(default="grpo", metadata=_help("Experiment name, used in the default run name.", TEXT))
-    reward_funcs: list[str] | None = field(
-        default=None,
-        metadata=_help(
-            "Reward functions: names of the task's built-in rewards (e.g. correctness) or 'module:function' "
-            "references to f(prompts, completions, **columns) -> list[float | None]. Default: the task's rewards.",
-            OrNone(ListOf(TEXT)),
-        ),
-    )
     reward_model_path: list[str] | None = field(
         default=None,
         metadata=_help(
@@ -1047,13 +1079,6 @@ class GRPOConfig(TrainConfig):
         metadata=_help(
             "TRL's grpo script's name for one reward model: added to reward_model_path (after its entries).",
             OrNone(PATH),
-        ),
-    )
-    reward_weights: list[float] | None = field(
-        default=None,
-        metadata=_help(
-            "Weight of each reward (reward_funcs, then reward models). Default: all 1.",
-            OrNone(ListOf(number(), example=[1.0, 0.5])),
         ),
     )
 
@@ -1180,6 +1205,9 @@ class GRPOConfig(TrainConfig):
             self.scale_rewards = "group" if str(scale).lower() == "true" else "none"
         super()._apply_aliases()
 
+    def reward_model_paths(self) -> list[str]:
+        return list(self.reward_model_path or [])
+
     def _check_combinations(self) -> None:
         super()._check_combinations()
         if self.epsilon_high is None:
@@ -1191,15 +1219,6 @@ class GRPOConfig(TrainConfig):
                 f"{self.num_generations} completions stay together. Try per_device_train_batch_size "
                 f"{self.num_generations * max(1, self.per_device_train_batch_size // self.num_generations)}."
             )
-        # Without reward_funcs the count is the task's, known once the task is loaded (the trainer checks it then).
-        if self.reward_weights is not None and self.reward_funcs:
-            sources = [*self.reward_funcs, *(self.reward_model_path or [])]
-            if len(self.reward_weights) != len(sources):
-                raise ConfigError(
-                    f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order of "
-                    f"reward_funcs then reward_model_path ({', '.join(map(str, sources))}), but has "
-                    f"{len(self.reward_weights)}. Pass e.g. --reward_weights {' '.join(['1.0'] * len(sources))}."
-                )
 
 
 class PPOBatchSizes(NamedTuple):

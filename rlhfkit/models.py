@@ -235,6 +235,39 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return ref.eval()
 
 
+def value_model_from_policy(policy: nn.Module) -> nn.Module:
+    """A value model started from a causal LM's weights: its architecture's sequence-classification class (1 label)
+    with the policy's backbone weights copied and a fresh score head set to 0, so every value starts at 0.
+
+    PPO's value model when there is no reward model to start from (reward functions alone), as verl and OpenRLHF
+    start their critic from the actor's weights; a zero head, rather than a random one, adds no noise to the first
+    advantages and lets the value loss fit the returns' scale from the first update."""
+    if getattr(policy, "hf_quantizer", None) is not None:
+        raise ModelLoadError(
+            "the value model would start from the policy's weights, but they are quantised (--load_in_4bit / "
+            "--load_in_8bit): pass --value_model_path (a sequence-classification model) or --reward_model_path."
+        )
+    config = copy.deepcopy(policy.config)
+    config.num_labels = 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value_model = AutoModelForSequenceClassification.from_config(config, dtype=policy.dtype)
+    except ValueError as e:  # the architecture has no sequence-classification class
+        raise ModelLoadError(
+            f"the value model would start from the policy's weights, but {type(policy).__name__} has no "
+            f"sequence-classification class ({e}). Pass --value_model_path (a sequence-classification model with "
+            "the policy's vocabulary)."
+        ) from None
+    backbone = getattr(policy, policy.base_model_prefix)
+    getattr(value_model, value_model.base_model_prefix).load_state_dict(backbone.state_dict())
+    head = _score_head(value_model)
+    nn.init.zeros_(head.weight)
+    if getattr(head, "bias", None) is not None:
+        nn.init.zeros_(head.bias)
+    return value_model.to(next(policy.parameters()).device)
+
+
 def disable_dropout(model: nn.Module) -> None:
     """PPO needs identical log-probs at rollout and at the first update step (ratio == 1), GRPO when a batch is
     reused. Dropout lives in nn.Dropout modules, and in float attributes that modules hand to

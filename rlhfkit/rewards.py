@@ -1,4 +1,4 @@
-"""Scores from reward models and reward functions: PPO's reward-model score, GRPO's reward sources."""
+"""Scores from reward models and reward functions: the reward sources both trainers score completions with."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.config import ConfigError
-from rlhfkit.data import is_conversational
+from rlhfkit.data import as_completions, is_conversational
+from rlhfkit.metrics import registry as M
+from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import DEFAULT_HUB, Hub, load_reward_model, token_values
 
 
@@ -53,7 +55,7 @@ def apply_eos_trick(
 
 
 # ------------------------------------------------------------------------------------------------
-# Rewards for GRPO: reward functions (TRL's calling convention) and reward models behind one interface
+# Reward sources: reward functions (TRL's calling convention) and reward models behind one interface
 # ------------------------------------------------------------------------------------------------
 
 
@@ -150,21 +152,32 @@ class RewardModelFunction:
     When the reward model's tokenizer is the policy's (same vocabulary), the policy's own token ids are scored,
     EOS included, exactly as the reward model saw sequences in training. Otherwise prompt + completion text is
     re-tokenised with the reward model's tokenizer (TRL's behaviour), so any reward model works with any policy.
-    Conversations (prompt messages plus the assistant's completion) are always rendered with the reward model's own
-    chat template, as TRL does: the template the reward model was trained with.
+    Conversations (prompt messages plus the assistant's completion) are rendered with the reward model's own chat
+    template, as TRL does: the template the reward model was trained with. policy_tokens: the model reads the
+    policy's tokenizer (PPO's reward_model_path, TRL's PPO): it scores the policy's ids always, conversations too.
     """
 
-    def __init__(self, model: nn.Module, tokenizer, name: str, same_vocab: bool, batch_size: int = 64):
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        name: str,
+        same_vocab: bool,
+        batch_size: int = 64,
+        policy_tokens: bool = False,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.__name__ = name
         self.same_vocab = same_vocab
         self.batch_size = batch_size
+        self.policy_tokens = policy_tokens  # always score the policy's ids, conversations too (PPO's reward model)
 
     @torch.inference_mode()
     def __call__(self, prompts: list, completions: list, sequence_ids=None, **kwargs) -> list[float]:
         device = next(self.model.parameters()).device
-        if self.same_vocab and sequence_ids is not None and not is_conversational(prompts[0]):
+        own_tokens = self.policy_tokens or self.same_vocab and not is_conversational(prompts[0])
+        if own_tokens and sequence_ids is not None:
             ids, mask = sequence_ids
         else:
             enc = self.tokenizer(
@@ -230,10 +243,82 @@ def reward_sources(
             raise ConfigError(f"reward_funcs entry {source!r} is neither callable, a model, nor a model path.")
         names.append(reward_name(source))
         funcs.append(source)
+    check_unique_names(names)
+    return names, funcs
+
+
+def check_unique_names(names: list[str]) -> None:
+    """Each reward source names its metrics (rewards/<name>/mean): two sources with one name would share them."""
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(
             f"two reward functions share the name {duplicates[0]!r}; metric names rewards/<name>/mean must be "
             "unique: rename one (set its __name__)."
         )
-    return names, funcs
+
+
+def reward_weights(weights: Sequence[float] | None, names: list[str]) -> list[float]:
+    """One float weight per reward source (default all 1), in the order of `names` (functions, then models)."""
+    weights = list(weights) if weights is not None else [1.0] * len(names)
+    if len(weights) != len(names):
+        raise ConfigError(
+            f"reward_weights has {len(weights)} values for {len(names)} reward functions ({', '.join(names)}): give "
+            "one weight per reward function, in the same order (functions, then reward models)."
+        )
+    return [float(w) for w in weights]
+
+
+def score_completions(
+    names: list[str],
+    funcs: list[Callable],
+    rows: list[dict],
+    prompts: list,
+    completions: list[str],
+    sequence: tuple[torch.Tensor, torch.Tensor],
+    response: tuple[torch.Tensor, torch.Tensor],
+    text_field: str,
+) -> list[RewardOutput]:
+    """Every reward source's RewardOutput for N completions, in the order of `funcs`.
+
+    rows: the dataset rows, one per completion; their other columns reach the functions as keyword arguments (TRL's
+    convention), with completion_ids. As in TRL, functions get the dataset's prompts as they are (text, or lists of
+    messages) and the completions in the same format (text, or [{"role": "assistant", "content": text}]).
+    sequence: (ids, mask) (N, L) of prompt + completion in the policy's tokens, which a reward model with the
+    policy's vocabulary scores directly; response: (ids, mask) (N, T) of the completions alone."""
+    skip = {text_field, "input_ids"}
+    columns = {key: [row[key] for row in rows] for key in rows[0] if key not in skip} if rows else {}
+    completion_ids = [ids[mask].tolist() for ids, mask in zip(*response)]
+    completions = as_completions(completions, prompts)
+    outputs = []
+    for name, fn in zip(names, funcs):
+        extra = {"sequence_ids": sequence} if isinstance(fn, RewardModelFunction) else {}
+        outputs.append(
+            call_reward_function(name, fn, prompts, completions, completion_ids=completion_ids, **columns, **extra)
+        )
+    return outputs
+
+
+class RewardSources:
+    """The reward functions and reward models a trainer scores completions with, their weights and metrics.
+
+    names, funcs: aligned, functions first, then reward models (the order of reward_weights)."""
+
+    def __init__(self, names: list[str], funcs: list[Callable], weights: Sequence[float] | None):
+        check_unique_names(names)
+        self.names, self.funcs = names, funcs
+        self.weights = reward_weights(weights, names)
+        self.metrics = [(M.expand(M.REWARDS_FUNC_MEAN, n), M.expand(M.REWARDS_FUNC_STD, n)) for n in names]
+
+    def score(self, rows: list[dict], prompts: list, completions: list[str], sequence, response, text_field: str):
+        """Each source's RewardOutput (score_completions)."""
+        return score_completions(self.names, self.funcs, rows, prompts, completions, sequence, response, text_field)
+
+    def total(self, outputs: list[RewardOutput], prompts: list) -> torch.Tensor:
+        """(N,) float64 weighted sum of the sources that apply to each completion (weighted_total)."""
+        return weighted_total(outputs, self.weights, prompts)
+
+    def log(self, metrics: MetricAccumulator, outputs: list[RewardOutput]) -> None:
+        """rewards/<name>/mean and /std of each source's raw values, over the completions it scored."""
+        for (mean, std), out in zip(self.metrics, outputs):
+            metrics.add_tensor(mean, out.values, out.applicable)
+            metrics.add_tensor(std, out.values, out.applicable)

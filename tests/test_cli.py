@@ -246,6 +246,21 @@ def test_ppo_without_model_flags_uses_the_builtin_task(tmp_path):
     assert [r["episode"] for r in rows if "episode" in r] == [64]
 
 
+def test_ppo_with_the_builtin_task_reward_function_has_no_reward_model(tmp_path):
+    """`rlhfkit ppo --reward_funcs correctness`: PPO against the task's checker (assets cached by the test above)."""
+    result = rlhfkit(
+        "ppo", "--reward_funcs", "correctness", "--output_dir", str(tmp_path / "run"), "--total_episodes", "64",
+        "--num_sample_generations", "0", "--report_to", "none", timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    config = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert config["reward_model_path"] is None and config["reward_funcs"] == ["correctness"]
+    (row,) = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert row["objective/scores"] == pytest.approx(row["rewards/correctness/mean"], abs=1e-9)
+    assert row["rewards/correctness/mean"] == pytest.approx(row["rollout/task_success"], abs=1e-9)
+    assert os.path.isfile(tmp_path / "run" / "value_model" / "model.safetensors")
+
+
 @pytest.mark.parametrize(
     "command, flag",
     [

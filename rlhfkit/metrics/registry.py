@@ -184,8 +184,10 @@ OBJECTIVE_RLHF_REWARD = Metric(
 )
 OBJECTIVE_SCORES = Metric(
     name="objective/scores",
-    meaning="Mean score the reward model (or reward function) gave the sampled responses.",
-    formula="mean_b R_b; R_b = score of response b, minus missing_eos_penalty when the response has no stop token",
+    meaning="Mean score of the sampled responses: the reward model's, or the weighted sum of the reward functions' "
+    "and the reward model's (--reward_funcs, --reward_weights).",
+    formula="mean_b R_b; R_b = sum_k w_k r_bk over the sources that score response b (one reward model alone: its "
+    "score), minus missing_eos_penalty when the response has no stop token",
     unit="reward",
     reduction="mean",
     trainers=PPO,
@@ -722,8 +724,9 @@ REWARDS_FUNC_MEAN = Metric(
     formula="mean_i r_ik over completions where function k returned a value (None = not applicable, left out)",
     unit="reward",
     reduction="mean",
-    trainers=GRPO,
-    when="once per reward function, named after it",
+    trainers=BOTH,
+    when="once per reward function and reward model, named after it; PPO: only with --reward_funcs (a reward model "
+    "alone is objective/scores)",
     importance="crucial",
     watch="Shows which part of the desired behaviour is being learned when several rewards are combined.",
 )
@@ -733,8 +736,8 @@ REWARDS_FUNC_STD = Metric(
     formula="sqrt of the unbiased variance of r_ik over completions where function k returned a value",
     unit="reward",
     reduction="std",
-    trainers=GRPO,
-    when="once per reward function, named after it",
+    trainers=BOTH,
+    when="once per reward function and reward model, named after it; PPO: only with --reward_funcs",
 )
 REWARD = Metric(
     name="reward",

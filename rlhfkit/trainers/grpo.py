@@ -41,7 +41,7 @@ from transformers import PreTrainedTokenizerBase
 from rlhfkit import ops
 from rlhfkit.checkpoint import load_weights
 from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes
-from rlhfkit.data import as_completions, endless_batches, prompt_text, tokenize_prompts
+from rlhfkit.data import endless_batches, prompt_text, tokenize_prompts
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
@@ -57,7 +57,7 @@ from rlhfkit.models import (
     with_lora,
     write_merged,
 )
-from rlhfkit.rewards import RewardModelFunction, RewardOutput, call_reward_function, reward_sources, weighted_total
+from rlhfkit.rewards import RewardOutput, RewardSources, reward_sources
 from rlhfkit.rollout import (
     complete,
     decode,
@@ -125,16 +125,8 @@ class GRPOTrainer:
         self.task = task
         self.stop_ids = terminator_ids(tok, model)
         model.generation_config.pad_token_id = tok.pad_token_id
-        self.reward_names, self.reward_funcs = reward_sources(
-            reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub
-        )
-        weights = args.reward_weights or [1.0] * len(self.reward_funcs)
-        if len(weights) != len(self.reward_funcs):
-            raise ConfigError(
-                f"reward_weights has {len(weights)} values for {len(self.reward_funcs)} reward functions "
-                f"({', '.join(self.reward_names)}): give one weight per reward function, in the same order."
-            )
-        self.reward_weights = [float(w) for w in weights]
+        names, funcs = reward_sources(reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub)
+        self.rewards = RewardSources(names, funcs, args.reward_weights)
 
         text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
         procs = args.dataset_num_proc
@@ -155,11 +147,8 @@ class GRPOTrainer:
             enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
         optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], args, acc.device)
         self.model, self.optimizer = acc.prepare(model, optimizer)
-        self.reward_metrics = [
-            (M.expand(M.REWARDS_FUNC_MEAN, name), M.expand(M.REWARDS_FUNC_STD, name)) for name in self.reward_names
-        ]
         self._batch: GenerationBatch | None = None
-        extra_metrics = [m for pair in self.reward_metrics for m in pair]
+        extra_metrics = [m for pair in self.rewards.metrics for m in pair]
         prompts_per_generation = self.sizes.local_prompts * acc.num_processes
         steps = self.sizes.num_steps
         epoch_ends = epoch_end_steps(steps, len(self.train_dataset), prompts_per_generation, args.num_iterations)
@@ -221,22 +210,11 @@ class GRPOTrainer:
             self.save_merged()
 
     # ------------------------------------------------------------------------------------------------
-    def _score(self, rows: list[dict], prompts: list, completions: list[str], ids, mask, resp_ids, resp_mask):
-        """Every reward source's RewardOutput for these completions (rows: dataset rows, one per completion).
-
-        As in TRL, reward functions get the dataset's prompts as they are (text, or lists of messages) and the
-        completions in the same format (text, or [{"role": "assistant", "content": text}])."""
-        skip = {self.args.dataset_text_field, "input_ids"}
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key not in skip} if rows else {}
-        completion_ids = [r[m].tolist() for r, m in zip(resp_ids, resp_mask)]
-        completions = as_completions(completions, prompts)
-        outputs = []
-        for name, fn in zip(self.reward_names, self.reward_funcs):
-            extra = {"sequence_ids": (ids, mask)} if isinstance(fn, RewardModelFunction) else {}
-            outputs.append(
-                call_reward_function(name, fn, prompts, completions, completion_ids=completion_ids, **columns, **extra)
-            )
-        return outputs
+    def _score(self, rows: list[dict], prompts: list, completions: list[str], chunk) -> list[RewardOutput]:
+        """Every reward source's RewardOutput for the completions of one generated chunk (rows: one per completion)."""
+        resp = chunk.responses
+        sequence, response = (chunk.input_ids, chunk.attention_mask), (resp.ids, resp.mask)
+        return self.rewards.score(rows, prompts, completions, sequence, response, self.args.dataset_text_field)
 
     @torch.no_grad()  # not inference_mode: the batch's tensors feed the loss's autograd graph later
     def generate_and_score(self, rows: list[dict]) -> GenerationBatch:
@@ -260,8 +238,8 @@ class GRPOTrainer:
         completions = decode(tok, resp.ids, resp.mask)
 
         # Rewards: each source's raw values, then the weighted total per completion.
-        outputs = self._score(rows, prompts, completions, ids, mask, resp.ids, resp.mask)
-        total = weighted_total(outputs, self.reward_weights, prompts)
+        outputs = self._score(rows, prompts, completions, chunk)
+        total = self.rewards.total(outputs, prompts)
 
         # Advantages over the global batch (all processes), so scale_rewards="batch" uses the batch std; each
         # process's completions are a contiguous block of whole groups in the gathered order.
@@ -339,9 +317,7 @@ class GRPOTrainer:
             M.COMPLETIONS_MAX_TERMINATED_LENGTH,
         ):
             m.add_tensor(metric, lengths, resp.terminated)
-        for (mean, std), out in zip(self.reward_metrics, outputs):
-            m.add_tensor(mean, out.values, out.applicable)
-            m.add_tensor(std, out.values, out.applicable)
+        self.rewards.log(m, outputs)
         m.add_tensor(M.REWARD, total)
         m.add_tensor(M.REWARD_STD, total)
         group_std = total.view(-1, G).std(dim=1)
@@ -398,7 +374,7 @@ class GRPOTrainer:
     # ------------------------------------------------------------------------------------------------
     def log_completions(self, batch: GenerationBatch, step: int) -> None:
         """The latest generation's completions (this process's share): prompt, completion, rewards, advantage."""
-        columns = ["prompt", "completion", *self.reward_names, "advantage"]
+        columns = ["prompt", "completion", *self.rewards.names, "advantage"]
         rewards = batch.rewards.t().tolist()
         prompts = [prompt_text(p, self.tokenizer) for p in batch.prompts]  # a conversation as the model read it
         rows = [
@@ -422,10 +398,8 @@ class GRPOTrainer:
             prompts = [r[args.dataset_text_field] for r in part]
             resp = chunk.responses
             completions = decode(tok, resp.ids, resp.mask)
-            outputs = self._score(
-                part, prompts, completions, chunk.input_ids, chunk.attention_mask, resp.ids, resp.mask
-            )
-            metrics.add_tensor(M.EVAL_REWARD, weighted_total(outputs, self.reward_weights, prompts))
+            outputs = self._score(part, prompts, completions, chunk)
+            metrics.add_tensor(M.EVAL_REWARD, self.rewards.total(outputs, prompts))
             if self.task is not None:
                 correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
                 metrics.add(M.EVAL_TASK_SUCCESS, float(sum(correct)), len(correct))

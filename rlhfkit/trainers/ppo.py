@@ -3,10 +3,12 @@
 Variant: "The N+ Implementation Details of RLHF with PPO" (Huang et al., 2024), the design behind TRL's
 PPOv2 trainer, itself following Ziegler et al. (2019) and Stiennon et al. (2020):
 
-* reward_t = -kl_coef * KL_t(policy || reference) on every response token, plus the reward-model score on the
-  last real response token; optional EOS trick (non_eos_penalty / missing_eos_penalty);
-* GAE(gamma, lam) over response tokens with the value model (initialised from the reward model);
-  advantages whitened over the rollout batch;
+* reward_t = -kl_coef * KL_t(policy || reference) on every response token, plus the score on the last real
+  response token: the reward model's, or with reward functions (verifiable rewards, as verl and OpenRLHF offer)
+  the weighted sum of the functions' and the reward model's; optional EOS trick (non_eos_penalty /
+  missing_eos_penalty);
+* GAE(gamma, lam) over response tokens with the value model (initialised from the reward model, else from the
+  policy's weights with a zero score head); advantages whitened over the rollout batch;
 * clipped policy surrogate and clipped value loss; num_ppo_epochs x num_mini_batches optimizer steps per
   rollout batch, each mini-batch accumulated from per_device_train_batch_size micro-batches;
 * learning rate decayed linearly to 0 over the updates (--lr_scheduler_type: transformers' schedules, stepped once
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -40,16 +43,26 @@ from rlhfkit.data import endless_batches, tokenize_prompts
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
+    Hub,
     adapter_disabled,
     disable_dropout,
     enable_gradient_checkpointing,
     frozen_copy,
     policy_logits,
     token_values,
+    value_model_from_policy,
+    weight_dtype,
     with_lora,
     write_merged,
 )
-from rlhfkit.rewards import apply_eos_trick, reward_model_scores
+from rlhfkit.rewards import (
+    RewardModelFunction,
+    RewardOutput,
+    RewardSources,
+    apply_eos_trick,
+    reward_name,
+    reward_sources,
+)
 from rlhfkit.rollout import (
     complete,
     decode,
@@ -89,9 +102,10 @@ class RolloutBatch:
     logprobs: torch.Tensor  # (B, T) policy log-probs at rollout time (temperature-scaled)
     ref_logprobs: torch.Tensor  # (B, T)
     values: torch.Tensor  # (B, T) value predictions at rollout time
-    scores: torch.Tensor  # (B,) reward-model scores after the EOS trick
+    scores: torch.Tensor  # (B,) weighted sum of the reward sources, after the EOS trick
+    reward_outputs: list[RewardOutput]  # each reward source's raw values (functions, then the reward model)
     queries: list[str]  # decoded query tokens (what the policy saw)
-    prompts: list[str]  # the dataset's prompt texts
+    prompts: list  # the dataset's prompts (text, or lists of messages)
     responses: list[str]
 
     @property
@@ -104,20 +118,38 @@ class RolloutBatch:
 
 
 class PPOTrainer:
-    """PPO trainer; see the module docstring for the exact variant. ``train()`` runs the whole loop."""
+    """PPO trainer; see the module docstring for the exact variant. ``train()`` runs the whole loop.
+
+    TRL's arguments, plus: reward_model optional when reward_funcs are given; reward_funcs: one or a list of
+    callables ``f(prompts, completions, **columns) -> list[float | None]``, reward-model paths or sequence-
+    classification models with their own tokenizer (as GRPOTrainer takes them), scored beside reward_model and
+    weighted by args.reward_weights (functions, then reward_model); reward_processing_classes: the tokenizers of
+    reward models given in reward_funcs as modules. value_model: default a copy of reward_model, else the policy's
+    weights with a zero score head (models.value_model_from_policy). task: a built-in ``Task`` whose checker measures
+    true success.
+    """
 
     def __init__(
         self,
         args: PPOConfig,
         processing_class: PreTrainedTokenizerBase,
         model: nn.Module,
-        ref_model: nn.Module | None,
-        reward_model: nn.Module,
-        train_dataset: Dataset,
+        ref_model: nn.Module | None = None,
+        reward_model: nn.Module | None = None,
+        train_dataset: Dataset | None = None,
         value_model: nn.Module | None = None,
         eval_dataset: Dataset | None = None,
         task=None,
+        reward_funcs: Callable | str | nn.Module | Sequence[Callable | str | nn.Module] | None = None,
+        reward_processing_classes: Sequence[PreTrainedTokenizerBase | None] | None = None,
     ):
+        if train_dataset is None:
+            raise ConfigError("PPOTrainer needs a train_dataset with a prompt column.")
+        if reward_model is None and reward_funcs is None:
+            raise ConfigError(
+                "PPOTrainer needs a reward: pass reward_model (a sequence-classification model with the policy's "
+                "vocabulary) and/or reward_funcs (functions f(prompts, completions, **columns) -> list[float])."
+            )
         self.args = args
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
@@ -137,18 +169,20 @@ class PPOTrainer:
         )
         self.sizes = ppo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
+        if value_model is None:  # from the reward model (TRL), else from the policy's weights with a zero head
+            value_model = frozen_copy(reward_model) if reward_model is not None else value_model_from_policy(model)
         if args.use_peft:  # LoRA: adapters on the policy and the value model; no reference copy (see add_adapters)
-            model, value_model = self.add_adapters(model, ref_model, value_model, reward_model)
-        elif ref_model is None:
-            ref_model = frozen_copy(model)
-        if value_model is None:
-            value_model = frozen_copy(reward_model).requires_grad_(True).train()
+            model, value_model = self.add_adapters(model, ref_model, value_model)
+        else:
+            value_model.requires_grad_(True)
+            ref_model = ref_model if ref_model is not None else frozen_copy(model)
         if args.disable_dropout:  # the first ratio of an update is then exactly 1
             for m in (model, ref_model, reward_model, value_model):
                 if m is not None:
                     disable_dropout(m)
         self.ref_model = ref_model.eval().requires_grad_(False).to(acc.device) if ref_model is not None else None
-        self.reward_model = reward_model.eval().requires_grad_(False).to(acc.device)
+        self.reward_model = reward_model
+        self.rewards = self.reward_sources(reward_funcs, reward_processing_classes, reward_model)
         model.generation_config.pad_token_id = processing_class.pad_token_id
         if args.gradient_checkpointing:
             for m in (model, value_model):
@@ -164,7 +198,10 @@ class PPOTrainer:
         )
         num_updates = self.sizes.num_total_batches
         epoch_ends = epoch_end_steps(num_updates, len(self.train_dataset), self.sizes.batch_size)
-        run.start(self, num_updates, unit="update", epoch_ends=epoch_ends)  # restores a checkpoint; opens the run dir
+        # Per-source rewards/<name>/mean|std only with reward functions: a reward model alone logs TRL's keys alone.
+        self.log_sources = reward_funcs is not None
+        extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
+        run.start(self, num_updates, extra_metrics, unit="update", epoch_ends=epoch_ends)  # restores a checkpoint
 
     # What the run lifecycle needs from its trainer: models, own state, evaluation.
     def write_models(self, directory: str) -> None:
@@ -179,8 +216,24 @@ class PPOTrainer:
         load_weights(self.unwrapped.policy, directory)
         load_weights(self.unwrapped.value_model, os.path.join(directory, "value_model"))
 
+    def reward_sources(self, reward_funcs, processing_classes, reward_model: nn.Module | None) -> RewardSources:
+        """The reward functions (and reward models with their own tokenizer) given in reward_funcs, then the reward
+        model, which reads the policy's tokenizer and scores its token ids in chunks of
+        local_rollout_forward_batch_size, as TRL's PPO does."""
+        args, acc = self.args, self.accelerator
+        names, funcs = [], []
+        if reward_funcs is not None:
+            dtype, hub = weight_dtype(args.dtype), Hub.from_args(args)
+            names, funcs = reward_sources(reward_funcs, processing_classes, self.tokenizer, dtype, acc.device, hub)
+        if reward_model is not None:
+            reward_model.eval().requires_grad_(False).to(acc.device)
+            name, size = reward_name(reward_model), args.local_rollout_forward_batch_size
+            names.append(name)
+            funcs.append(RewardModelFunction(reward_model, self.tokenizer, name, True, size, policy_tokens=True))
+        return RewardSources(names, funcs, args.reward_weights)
+
     # LoRA (--use_peft): adapters, the reference as the adapter-disabled policy, the merged save.
-    def add_adapters(self, model: nn.Module, ref_model, value_model, reward_model) -> tuple[nn.Module, nn.Module]:
+    def add_adapters(self, model: nn.Module, ref_model, value_model) -> tuple[nn.Module, nn.Module]:
         """The policy and the value model with LoRA adapters (models.with_lora); their base weights stay frozen.
 
         The value model (by default a copy of the reward model) gets its own adapter with peft's task type SEQ_CLS,
@@ -192,8 +245,6 @@ class PPOTrainer:
                 "PPOTrainer got a ref_model and use_peft: with LoRA the reference is the policy with its adapter "
                 "disabled. Pass ref_model=None."
             )
-        if value_model is None:
-            value_model = frozen_copy(reward_model)
         return with_lora(model, self.args), with_lora(value_model, self.args, task_type="SEQ_CLS")
 
     def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -240,7 +291,7 @@ class PPOTrainer:
             # 1. Rollout: sample responses to a batch of prompts from the current policy, score them.
             rows = [self.train_dataset[i] for i in next(prompts)]
             with run.timed(M.TIME_ROLLOUT):
-                batch = self.rollout([r["input_ids"] for r in rows], [r[args.dataset_text_field] for r in rows])
+                batch = self.rollout(rows)
 
             # 2. Rewards: per-token KL penalty to the reference, score on the last real response token.
             mask = batch.response_mask
@@ -273,16 +324,18 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def rollout(self, prompt_ids: list[list[int]], prompts: list[str]) -> RolloutBatch:
-        """Generate in chunks of local_rollout_forward_batch_size, then score every chunk.
+    def rollout(self, rows: list[dict]) -> RolloutBatch:
+        """Generate, with log-probs and values, in chunks of local_rollout_forward_batch_size; then score the batch.
 
-        prompts: the dataset's prompt texts (the task checker reads them; queries are what the model saw)."""
+        rows: the dataset rows (their prompts are what the task checker and the reward functions read; queries are
+        what the model saw)."""
         args, tok, device = self.args, self.tokenizer, self.accelerator.device
         model = self.unwrapped
         model.eval()
         gen_config = sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
-        parts: dict[str, list] = {k: [] for k in ("q", "qm", "r", "rm", "term", "logp", "ref", "val", "score")}
+        parts: dict[str, list] = {k: [] for k in ("q", "qm", "r", "rm", "term", "logp", "ref", "val")}
         step = args.local_rollout_forward_batch_size
+        prompt_ids = [r["input_ids"] for r in rows]
         for chunk in complete(model.policy, prompt_ids, gen_config, self.stop_ids, tok.pad_token_id, step, device):
             query_ids, query_mask, resp, logprobs = chunk
             ids, attn = chunk.input_ids, chunk.attention_mask
@@ -296,7 +349,6 @@ class PPOTrainer:
             ref_logits = self.reference_logits(ids, attn)
             parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
             parts["val"].append(values[:, width - 1 : -1])
-            parts["score"].append(reward_model_scores(self.reward_model, ids, attn))
             for key, value in (
                 ("q", query_ids),
                 ("qm", query_mask),
@@ -312,31 +364,40 @@ class PPOTrainer:
             [nn.functional.pad(q, (q_width - q.shape[1], 0), value=tok.pad_token_id) for q in parts["q"]]
         )
         query_mask = torch.cat([nn.functional.pad(q, (q_width - q.shape[1], 0), value=False) for q in parts["qm"]])
-        response_mask = pad_right(parts["rm"], False)
+        response_ids, response_mask = pad_right(parts["r"], tok.pad_token_id), pad_right(parts["rm"], False)
         terminated = torch.cat(parts["term"])
-        scores = apply_eos_trick(
-            torch.cat(parts["score"]),
-            terminated,
-            args.missing_eos_penalty,
-            args.non_eos_penalty,
-            args.penalty_reward_value,
-        )
-        batch = RolloutBatch(
+        prompts, responses = [r[args.dataset_text_field] for r in rows], decode(tok, response_ids, response_mask)
+        sequence = (torch.cat([query_ids, response_ids], 1), torch.cat([query_mask, response_mask], 1))
+        outputs, scores = self.score(rows, prompts, responses, sequence, (response_ids, response_mask), terminated)
+        return RolloutBatch(
             query_ids=query_ids,
             query_mask=query_mask,
-            response_ids=pad_right(parts["r"], tok.pad_token_id),
+            response_ids=response_ids,
             response_mask=response_mask,
             terminated=terminated,
             logprobs=pad_right(parts["logp"], 0.0) * response_mask,
             ref_logprobs=pad_right(parts["ref"], 0.0) * response_mask,
             values=pad_right(parts["val"], 0.0) * response_mask,
             scores=scores,
+            reward_outputs=outputs,
             queries=decode(tok, query_ids, query_mask),
             prompts=prompts,
-            responses=[],
+            responses=responses,
         )
-        batch.responses = decode(tok, batch.response_ids, batch.response_mask)
-        return batch
+
+    def score(
+        self, rows, prompts, responses, sequence, response, terminated
+    ) -> tuple[list[RewardOutput], torch.Tensor]:
+        """Each reward source's raw values, and the (B,) score: their weighted sum, then the EOS trick.
+
+        sequence: (ids, mask) of query + response in the policy's tokens; response: (ids, mask) of the responses."""
+        args = self.args
+        outputs = self.rewards.score(rows, prompts, responses, sequence, response, args.dataset_text_field)
+        total = self.rewards.total(outputs, prompts).to(terminated.device, torch.float32)
+        scores = apply_eos_trick(
+            total, terminated, args.missing_eos_penalty, args.non_eos_penalty, args.penalty_reward_value
+        )
+        return outputs, scores
 
     def log_rollout(self, batch: RolloutBatch, kl: torch.Tensor, non_score_reward: torch.Tensor, gae) -> None:
         """Rollout statistics, pooled over processes when reduced."""
@@ -369,6 +430,8 @@ class PPOTrainer:
         m.add_values(M.OBJECTIVE_REF_LOGPROBS, batch.ref_logprobs[mask])
         m.add_values(M.TOKENS_QUERIES_DIST, q_len)
         m.add_values(M.TOKENS_RESPONSES_DIST, r_len)
+        if self.log_sources:
+            self.rewards.log(m, batch.reward_outputs)
         if self.task is not None:
             correct = [self.task.check(p, r) for p, r in zip(batch.prompts, batch.responses)]
             m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
@@ -435,19 +498,15 @@ class PPOTrainer:
             model.policy, rows, tok, self.stop_ids, args.response_length, size, acc.device
         ):
             resp = chunk.responses
-            score = apply_eos_trick(
-                reward_model_scores(self.reward_model, chunk.input_ids, chunk.attention_mask),
-                resp.terminated,
-                args.missing_eos_penalty,
-                args.non_eos_penalty,
-                args.penalty_reward_value,
-            )
-            metrics.add_tensor(M.EVAL_SCORES, score)
             queries, responses = decode(tok, chunk.query_ids, chunk.query_mask), decode(tok, resp.ids, resp.mask)
-            shown = decode(tok, resp.ids, resp.mask, skip_special_tokens=False)  # a missing EOS stays visible
             prompts = [r[args.dataset_text_field] for r in part]
-            for prompt, q, r, text, s in zip(prompts, queries, responses, shown, score.tolist()):
-                row = [q, text, s]
+            sequence = (chunk.input_ids, chunk.attention_mask)
+            outputs, score = self.score(part, prompts, responses, sequence, (resp.ids, resp.mask), resp.terminated)
+            metrics.add_tensor(M.EVAL_SCORES, score)
+            shown = decode(tok, resp.ids, resp.mask, skip_special_tokens=False)  # a missing EOS stays visible
+            sources = torch.stack([o.values for o in outputs], 1).tolist() if self.log_sources else [[]] * len(part)
+            for prompt, q, r, text, s, raw in zip(prompts, queries, responses, shown, score.tolist(), sources):
+                row = [q, text, s, *[None if v != v else v for v in raw]]  # NaN: the source did not apply
                 if self.task is not None:
                     correct = self.task.check(prompt, r)  # the dataset's prompt: the query may have been truncated
                     metrics.add(M.EVAL_TASK_SUCCESS, float(correct), 1)
@@ -456,5 +515,6 @@ class PPOTrainer:
         model.train()
         logger = self.run.logger
         logger.log(metrics.reduce(acc).scalars, step=step)
-        columns = ["query", "model response", "score"] + (["correct"] if self.task is not None else [])
+        columns = ["query", "model response", "score", *(self.rewards.names if self.log_sources else [])]
+        columns += ["correct"] if self.task is not None else []
         logger.log_table("completions", columns, table[: min(size, 16)], step=step)

@@ -101,7 +101,9 @@ def test_findings_are_placed_on_the_charts_of_the_metrics_they_name(synthetic_ru
 def test_detect_trainer_from_metric_names():
     assert detect_trainer(["objective/kl", "val/ratio"]) == "ppo"
     assert detect_trainer(["reward", "kl", "entropy"]) == "grpo"
-    assert detect_trainer(["rewards/format/mean"]) == "grpo"
+    assert detect_trainer(["rewards/format/mean", "frac_reward_zero_std"]) == "grpo"
+    assert detect_trainer(["rewards/format/mean", "val/ratio"]) == "ppo"  # PPO logs reward functions too
+    assert detect_trainer(["rewards/format/mean"]) == "unknown"
     assert detect_trainer(["eval/task_success"]) == "unknown"
 
 

@@ -112,7 +112,7 @@ def test_grpo_trains_with_a_reward_model_of_the_architecture(checkpoints, tiny_a
         gradient_accumulation_steps=1, max_steps=2, health="off",
     )  # fmt: skip
     trainer = build_grpo_trainer(args)
-    (reward,) = trainer.reward_funcs
+    (reward,) = trainer.rewards.funcs
     assert type(reward.model).__name__ == checkpoints.arch.seq_cls
     assert type(trainer.accelerator.unwrap_model(trainer.model)).__name__ == checkpoints.arch.causal_lm
     before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}

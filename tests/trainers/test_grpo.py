@@ -168,7 +168,7 @@ def test_python_api_with_callables_and_none_rewards(tiny_assets, tmp_path):
         args=args,
         train_dataset=dataset["train"],
     )
-    assert trainer.reward_names == ["half_none", "reward"]
+    assert trainer.rewards.names == ["half_none", "reward"]
     trainer.train()
     (row,) = train_rows(read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")))
     assert row["rewards/half_none/mean"] == 1.0  # None (odd completions) is left out, not counted as 0
