@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import warnings
 
 from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig, TrainConfig
@@ -20,6 +18,7 @@ from rlhfkit.models import (
     load_tokenizer,
     weight_dtype,
 )
+from rlhfkit.rewards import resolve_reward_funcs
 
 MODEL_FLAGS = ("model_name_or_path", "sft_model_path", "reward_model_path", "value_model_path", "model_name")
 
@@ -105,59 +104,6 @@ def _load_data_and_task(args: TrainConfig):
 
         task = load_task(args.task)
     return train, test, task
-
-
-def import_reward_function(ref: str):
-    """The function named by "module:function" or "path/to/file.py:function" (imported only because the user
-    named it). The current directory is importable, as with ``python -m``."""
-    module_name, _, attr = ref.rpartition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"--reward_funcs {ref!r}: expected a built-in reward name or 'module:function'.")
-    try:
-        if module_name.endswith(".py"):
-            if not os.path.isfile(module_name):
-                raise ConfigError(f"--reward_funcs {ref!r}: the file {module_name!r} does not exist.")
-            spec = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        else:
-            if os.getcwd() not in sys.path:
-                sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"--reward_funcs {ref!r}: cannot import {module_name!r} ({e}).") from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ConfigError(f"--reward_funcs {ref!r}: {module_name!r} has no function {attr!r}.")
-    return fn
-
-
-def resolve_reward_funcs(names: list[str] | None, task) -> list:
-    """Reward callables for --reward_funcs: the task's built-in names, or module:function references.
-
-    No names: the task's rule-based rewards (GRPO's default). No task and no names: an error (GRPO needs a reward).
-    """
-    builtin = dict(task.reward_funcs) if task is not None else {}
-    if not names:
-        if not builtin:
-            raise ConfigError(
-                "GRPO needs a reward: pass --reward_funcs module:function (or a built-in name with --task) and/or "
-                "--reward_model_path PATH."
-            )
-        return list(builtin.values())
-    funcs = []
-    for name in names:
-        if name in builtin:
-            funcs.append(builtin[name])
-        elif ":" in name:
-            funcs.append(import_reward_function(name))
-        else:
-            known = ", ".join(builtin) or "none without --task"
-            raise ConfigError(
-                f"--reward_funcs {name!r} is not a built-in reward of the task (built-in: {known}) nor a "
-                "'module:function' reference."
-            )
-    return funcs
 
 
 def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = frozenset()):

@@ -24,7 +24,7 @@ from rlhfkit.data import PROMPT_OVERFLOW
 from rlhfkit.health.rules import HEALTH_MODES, parse_thresholds
 from rlhfkit.ops.advantages import GROUP_SCALES
 from rlhfkit.ops.kl import KL_ESTIMATORS
-from rlhfkit.ops.losses import LOSS_TYPES
+from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
 
 # The KL penalty in PPO's reward offers what TRL's PPOConfig offers: every estimator of ops but k2 (biased).
@@ -550,9 +550,11 @@ class TrainConfig:
     reward_funcs: list[str] | None = field(
         default=None,
         metadata=_help(
-            "Reward functions: names of the task's built-in rewards (e.g. correctness) or 'module:function' "
-            "references to f(prompts, completions, **columns) -> list[float | None]. GRPO's default: the task's "
-            "rewards. PPO: scored beside reward_model_path, which becomes optional.",
+            "Reward functions f(prompts, completions, **columns) -> list[float | None] (sync or async): the task's "
+            "built-in rewards (e.g. correctness), TRL's built-in names (think_format_reward, "
+            "get_soft_overlong_punishment, accuracy_reward with math-verify), or references 'module:function', "
+            "'module.function' (TRL's form) or 'path/to/file.py:function'. GRPO's default: the task's rewards. PPO: "
+            "scored beside reward_model_path, which becomes optional.",
             OrNone(ListOf(TEXT)),
         ),
     )
@@ -1092,7 +1094,26 @@ class GRPOConfig(TrainConfig):
     per_device_train_batch_size: int = field(
         default=8,
         metadata=_help(
-            "Completions per device per micro-batch; a multiple of num_generations (whole groups).", integer(ge=1)
+            "Completions per device per micro-batch. A group's completions may span micro-batches and devices: "
+            "only the generation batch must hold whole groups.",
+            integer(ge=1),
+        ),
+    )
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata=_help(
+            "Micro-batches each generation is split into (TRL): one generation holds per_device_train_batch_size x "
+            "steps_per_generation completions per device. Default: gradient_accumulation_steps (one generation per "
+            "optimizer step). Set at most one of this and generation_batch_size.",
+            OrNone(integer(ge=1)),
+        ),
+    )
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata=_help(
+            "Completions per generation, all devices (TRL): a multiple of per_device_train_batch_size x processes "
+            "and of num_generations. Default: per_device_train_batch_size x processes x steps_per_generation.",
+            OrNone(integer(ge=1)),
         ),
     )
     max_steps: int = field(
@@ -1157,6 +1178,37 @@ class GRPOConfig(TrainConfig):
         metadata=_help("Nucleus sampling: keep the smallest set of tokens with this mass.", number(gt=0, le=1)),
     )
     top_k: int = field(default=0, metadata=_help("Sample among the k most likely tokens (0: all).", integer(ge=0)))
+    min_p: float | None = field(
+        default=None,
+        metadata=_help(
+            "Drop tokens less likely than min_p x the most likely token's probability (transformers' min_p).",
+            OrNone(number(ge=0, le=1, example=0.05)),
+        ),
+    )
+    repetition_penalty: float = field(
+        default=1.0,
+        metadata=_help(
+            "Divide the logits of tokens already in the prompt or completion by this (CTRL's penalty; 1: off). "
+            "Sampling only: the log-probs of the loss are the unpenalised model's.",
+            number(gt=0),
+        ),
+    )
+    generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata=_help(
+            "Further transformers GenerationConfig fields, as JSON; they override the flags above. Options the "
+            "lean decoding loop does not implement send generation to model.generate (said once).",
+            OrNone(JSON_OBJECT),
+        ),
+    )
+    num_generations_eval: int | None = field(
+        default=None,
+        metadata=_help(
+            "Evaluation: sample this many completions per eval prompt at the training temperature (TRL). Unset: "
+            "one greedy completion per prompt (rlhfkit's default, a deterministic curve).",
+            OrNone(integer(ge=1)),
+        ),
+    )
 
     # --- GRPO --------------------------------------------------------------------------------------
     beta: float = field(
@@ -1178,11 +1230,79 @@ class GRPOConfig(TrainConfig):
     loss_type: str = field(
         default="dapo",
         metadata=_help(
-            "How per-token losses are averaged: grpo (per sequence, then over sequences), bnpo (over the tokens "
-            "of the micro-batch), dr_grpo (sum / (completions x max_completion_length)), dapo (over all tokens of "
-            "the step, every process).",
+            "The per-token loss and its average (docs/algorithms/grpo.md): grpo (token mean per completion, then "
+            "over completions), bnpo (over the tokens of the micro-batch), dr_grpo (sum / (completions x "
+            "max_completion_length)), dapo (over all tokens of the step, every process), luspo (token sum per "
+            "completion, mean over completions), cispo (REINFORCE weighted by the ratio capped at epsilon_high), "
+            "sapo (a soft sigmoid gate instead of the clip), vespo (a gamma-shaped weight of the sequence ratio).",
             OneOf(LOSS_TYPES),
         ),
+    )
+    importance_sampling_level: str = field(
+        default="token",
+        metadata=_help(
+            "token: one ratio per token (GRPO); sequence: one ratio per completion, the exp of its mean token "
+            "log-ratio (GSPO).",
+            OneOf(IMPORTANCE_SAMPLING_LEVELS),
+        ),
+    )
+    delta: float | None = field(
+        default=None,
+        metadata=_help(
+            "Two-sided clipping: cap the unclipped ratio at delta as well (INTELLECT-2); greater than "
+            "1 + epsilon_high. Unset: off.",
+            OrNone(number(gt=1, example=4.0)),
+        ),
+    )
+    use_bias_correction_kl: bool = field(
+        default=True,
+        metadata=_help(
+            "Multiply the k3 KL term by the importance ratio, in the loss and in the logged kl (TRL 1.16's default; "
+            "false: the plain k3 term of the GRPO paper). Only matters with beta > 0.",
+            FLAG,
+        ),
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata=_help(
+            "Policy loss only on the tokens whose entropy is in this top share of the micro-batch's completion "
+            "tokens (Wang et al. 2025, 0.2 there); 1: every token.",
+            number(gt=0, le=1),
+        ),
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0,
+        metadata=_help("loss_type sapo: temperature of the soft gate for positive advantages.", number(gt=0)),
+    )
+    sapo_temperature_neg: float = field(
+        default=1.05,
+        metadata=_help("loss_type sapo: temperature of the soft gate for negative advantages.", number(gt=0)),
+    )
+    vespo_k_pos: float = field(
+        default=2.0, metadata=_help("loss_type vespo: shape k of the gamma weight, A >= 0.", number(ge=0))
+    )
+    vespo_lambda_pos: float = field(
+        default=3.0, metadata=_help("loss_type vespo: rate lambda of the gamma weight, A >= 0.", number(ge=0))
+    )
+    vespo_k_neg: float = field(
+        default=3.0, metadata=_help("loss_type vespo: shape k of the gamma weight, A < 0.", number(ge=0))
+    )
+    vespo_lambda_neg: float = field(
+        default=2.0, metadata=_help("loss_type vespo: rate lambda of the gamma weight, A < 0.", number(ge=0))
+    )
+    sync_ref_model: bool = field(
+        default=False,
+        metadata=_help(
+            "Move the reference towards the policy every ref_model_sync_steps steps (TR-DPO): "
+            "ref <- alpha x policy + (1 - alpha) x ref. Needs beta > 0 and no --use_peft.",
+            FLAG,
+        ),
+    )
+    ref_model_mixup_alpha: float = field(
+        default=0.6, metadata=_help("sync_ref_model: the policy's share alpha.", number(ge=0, le=1))
+    )
+    ref_model_sync_steps: int = field(
+        default=512, metadata=_help("sync_ref_model: optimizer steps between syncs.", integer(ge=1))
     )
     scale_rewards: str = field(
         default="group",
@@ -1212,13 +1332,34 @@ class GRPOConfig(TrainConfig):
         super()._check_combinations()
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
-        if self.per_device_train_batch_size % self.num_generations:
+        owned = sorted(set(self.generation_kwargs or {}) & {"temperature", "max_new_tokens", "do_sample"})
+        if owned:
             raise ConfigError(
-                f"per_device_train_batch_size ({self.per_device_train_batch_size}) must be a multiple of "
-                f"num_generations ({self.num_generations}): it counts completions, and each prompt's "
-                f"{self.num_generations} completions stay together. Try per_device_train_batch_size "
-                f"{self.num_generations * max(1, self.per_device_train_batch_size // self.num_generations)}."
+                f"generation_kwargs sets {', '.join(owned)}: use --temperature / --max_completion_length instead; "
+                "the loss's log-probs and the completion mask read those flags, so they must match the sampler."
             )
+        if self.steps_per_generation is not None and self.generation_batch_size is not None:
+            raise ConfigError(
+                f"steps_per_generation ({self.steps_per_generation}) and generation_batch_size "
+                f"({self.generation_batch_size}) both set: set one (the other follows from it), as in TRL."
+            )
+        if self.delta is not None and self.delta <= 1 + self.epsilon_high:
+            raise ConfigError(
+                f"delta ({self.delta}) must be greater than 1 + epsilon_high ({1 + self.epsilon_high}): it caps the "
+                "ratio above the clip range. Try --delta 4 or leave it unset."
+            )
+        if self.sync_ref_model and (self.beta == 0.0 or self.use_peft):
+            why = (
+                "beta is 0, so there is no reference model"
+                if self.beta == 0.0
+                else ("with --use_peft the reference is the policy with its adapter disabled, not a model of its own")
+            )
+            raise ConfigError(
+                f"sync_ref_model needs a reference model to move, but {why}. Set --beta > 0 without "
+                "--use_peft, or leave sync_ref_model off."
+            )
+        # The launcher's process count (accelerate launch sets WORLD_SIZE); the trainer checks again with its own.
+        grpo_generation_shape(self, int(os.environ.get("WORLD_SIZE", "1")))
 
 
 class PPOBatchSizes(NamedTuple):
@@ -1259,30 +1400,57 @@ def ppo_batch_sizes(args: PPOConfig, world_size: int, dataset_size: int) -> PPOB
     return PPOBatchSizes(local_batch_size, batch_size, local_mini, micro, math.ceil(total / batch_size))
 
 
-class GRPOBatchSizes(NamedTuple):
-    """Batch arithmetic of GRPO (see docs/algorithms/grpo.md)."""
+def grpo_generation_shape(args: GRPOConfig, world_size: int) -> tuple[int, int]:
+    """(steps_per_generation, global completions per generation) as TRL derives them; ConfigError when the
+    generation batch does not hold whole groups or whole micro-batches."""
+    micro = args.per_device_train_batch_size * world_size  # completions of one micro-step, all processes
+    if args.generation_batch_size is not None:
+        steps = exact_div(
+            args.generation_batch_size,
+            micro,
+            f"generation_batch_size must be a multiple of per_device_train_batch_size x processes ({micro})",
+        )
+    else:
+        steps = args.steps_per_generation or args.gradient_accumulation_steps
+    completions = micro * steps
+    if completions % args.num_generations:
+        g = args.num_generations
+        fits = g // math.gcd(g, micro)  # the smallest steps_per_generation that holds whole groups
+        raise ConfigError(
+            f"a generation of {completions} completions (per_device_train_batch_size {args.per_device_train_batch_size}"
+            f" x {world_size} process(es) x steps_per_generation {steps}) does not hold whole groups of "
+            f"num_generations {g}. Make it a multiple of {g}: e.g. --steps_per_generation "
+            f"{fits * max(1, math.ceil(steps / fits))}, or --per_device_train_batch_size {g}."
+        )
+    return steps, completions
 
-    local_completions: int  # completions per device per generation = per_device_train_batch_size x GA
-    local_prompts: int  # prompts per device per generation = local_completions / num_generations
+
+class GRPOBatchSizes(NamedTuple):
+    """Batch arithmetic of GRPO as TRL's (see docs/algorithms/grpo.md)."""
+
+    local_completions: (
+        int  # completions per device per generation = per_device_train_batch_size x steps_per_generation
+    )
+    prompts: int  # prompts per generation, all devices
     completions: int  # completions per generation, all devices
-    num_steps: int  # optimizer steps in the run (num_iterations of them per generation)
+    steps_per_generation: int  # micro-batches one generation is split into
+    micro_steps_per_generation: int  # micro-batches a generation serves: steps_per_generation x num_iterations
+    num_steps: int  # optimizer steps in the run (gradient_accumulation_steps micro-batches each)
 
 
 def grpo_batch_sizes(args: GRPOConfig, world_size: int, dataset_size: int) -> GRPOBatchSizes:
-    local_completions = args.per_device_train_batch_size * args.gradient_accumulation_steps
-    local_prompts = exact_div(
-        local_completions,
-        args.num_generations,
-        "per_device_train_batch_size must be a multiple of num_generations",
-    )
+    steps, completions = grpo_generation_shape(args, world_size)
+    prompts = completions // args.num_generations
+    served = steps * args.num_iterations
     if args.max_steps > 0:
         num_steps = args.max_steps
     else:
-        generations = math.ceil(args.num_train_epochs * dataset_size / (local_prompts * world_size))
-        num_steps = generations * args.num_iterations
+        generations = math.ceil(args.num_train_epochs * dataset_size / prompts)
+        num_steps = math.ceil(generations * served / args.gradient_accumulation_steps)
     if num_steps < 1:
         raise ConfigError("max_steps must be >= 1 (or set num_train_epochs with a non-empty dataset).")
-    return GRPOBatchSizes(local_completions, local_prompts, local_completions * world_size, num_steps)
+    local = args.per_device_train_batch_size * steps
+    return GRPOBatchSizes(local, prompts, completions, steps, served, num_steps)
 
 
 def warmup_steps(args: TrainConfig, num_steps: int) -> int:

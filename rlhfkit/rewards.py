@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import importlib
+import importlib.util
+import inspect
 import math
 import numbers
 import os
-from collections.abc import Callable, Mapping, Sequence
+import sys
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -18,6 +24,7 @@ from rlhfkit.data import as_completions, is_conversational
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import DEFAULT_HUB, Hub, load_reward_model, token_values
+from rlhfkit.trl_rewards import TRL_REWARDS, trl_reward_function
 
 
 @torch.inference_mode()
@@ -82,7 +89,7 @@ def _as_number(value: Any) -> float | None:
 
 
 def call_reward_function(
-    name: str, fn: Callable, prompts: list[str], completions: list[str], **kwargs: Any
+    name: str, fn: Callable, prompts: list[str], completions: list[str], /, **kwargs: Any
 ) -> RewardOutput:
     """Call ``fn(prompts=..., completions=..., **kwargs)`` (TRL's convention) and check what comes back.
 
@@ -91,12 +98,63 @@ def call_reward_function(
     with an error naming the function, because a silently misaligned reward trains the wrong behaviour.
     NaN means "not applicable" too, as in TRL (its GRPO combines rewards with nansum and nanmean); +-inf is an error
     naming the completion, since one infinite reward turns its whole group's advantages into NaN.
+    An ``async def`` function (anything returning an awaitable) is awaited (run_awaitables).
     """
-    n = len(completions)
+    out = _invoke(name, fn, {**kwargs, "prompts": prompts, "completions": completions})
+    if inspect.isawaitable(out):
+        (out,) = run_awaitables([(name, out)])
+    return check_reward_values(name, out, len(completions))
+
+
+def _invoke(name: str, fn: Callable, kwargs: dict[str, Any]) -> Any:
+    """fn(**kwargs), an exception turned into a RewardFunctionError naming the function. kwargs is a dict so that
+    dataset columns may have any name ("name" and "fn" included)."""
     try:
-        out = fn(prompts=prompts, completions=completions, **kwargs)
+        return fn(**kwargs)
     except Exception as e:
         raise RewardFunctionError(f"reward function {name!r} raised {type(e).__name__}: {e}") from e
+
+
+def run_awaitables(named: list[tuple[str, Awaitable]]) -> list[Any]:
+    """The results of the reward functions' awaitables (name, awaitable), in order, awaited concurrently
+    (asyncio.gather) in a fresh event loop; in a worker thread when this thread already runs an event loop (a
+    notebook, an async caller), which cannot be re-entered. Nothing outlives the call: objects bound to an event
+    loop (async HTTP clients) must be created inside the function, not kept between calls.
+
+    Every awaitable runs to its end; then the first one to fail, in order, raises a RewardFunctionError naming it."""
+
+    async def one(name: str, awaitable: Awaitable) -> Any:
+        try:
+            return await awaitable
+        except Exception as e:
+            raise RewardFunctionError(f"reward function {name!r} raised {type(e).__name__}: {e}") from e
+
+    async def gather() -> list[Any]:
+        return await asyncio.gather(*(one(name, aw) for name, aw in named), return_exceptions=True)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # no loop running in this thread: the usual case (the training loop)
+        results = asyncio.run(gather())
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlhfkit-rewards") as pool:
+            results = pool.submit(asyncio.run, gather()).result()
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+def _close(awaitables: list[Awaitable]) -> None:
+    """Close coroutines that will never be awaited (an earlier function failed), so Python does not warn of them."""
+    for awaitable in awaitables:
+        if inspect.iscoroutine(awaitable):
+            awaitable.close()
+
+
+def check_reward_values(name: str, out: Any, n: int) -> RewardOutput:
+    """The RewardOutput of what reward function `name` returned for n completions (call_reward_function's checks):
+    one real number per completion, None or NaN where it does not apply; anything else is a RewardFunctionError."""
     if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Sequence) and not hasattr(out, "tolist"):
         raise RewardFunctionError(
             f"reward function {name!r} returned {type(out).__name__}; it must return a list with one float "
@@ -284,17 +342,34 @@ def score_completions(
     convention), with completion_ids. As in TRL, functions get the dataset's prompts as they are (text, or lists of
     messages) and the completions in the same format (text, or [{"role": "assistant", "content": text}]).
     sequence: (ids, mask) (N, L) of prompt + completion in the policy's tokens, which a reward model with the
-    policy's vocabulary scores directly; response: (ids, mask) (N, T) of the completions alone."""
+    policy's vocabulary scores directly; response: (ids, mask) (N, T) of the completions alone.
+
+    Functions may be ``async def`` (or return an awaitable), as in TRL: the sync ones are called in order, then all
+    the async ones of this call are awaited together (run_awaitables); their results are checked like the others'."""
     skip = {text_field, "input_ids"}
     columns = {key: [row[key] for row in rows] for key in rows[0] if key not in skip} if rows else {}
     completion_ids = [ids[mask].tolist() for ids, mask in zip(*response)]
     completions = as_completions(completions, prompts)
-    outputs = []
-    for name, fn in zip(names, funcs):
-        extra = {"sequence_ids": sequence} if isinstance(fn, RewardModelFunction) else {}
-        outputs.append(
-            call_reward_function(name, fn, prompts, completions, completion_ids=completion_ids, **columns, **extra)
-        )
+    n = len(completions)
+    outputs: list[RewardOutput | None] = []
+    pending: dict[int, Awaitable] = {}  # the async functions' awaitables, by position
+    try:
+        for i, (name, fn) in enumerate(zip(names, funcs)):
+            extra = {"sequence_ids": sequence} if isinstance(fn, RewardModelFunction) else {}
+            kwargs = {**columns, "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
+            out = _invoke(name, fn, {**kwargs, **extra})
+            if inspect.isawaitable(out):
+                pending[i] = out
+                outputs.append(None)
+            else:
+                outputs.append(check_reward_values(name, out, n))
+    except BaseException:
+        _close(list(pending.values()))
+        raise
+    if pending:
+        results = run_awaitables([(names[i], aw) for i, aw in pending.items()])
+        for i, out in zip(pending, results):
+            outputs[i] = check_reward_values(names[i], out, n)
     return outputs
 
 
@@ -322,3 +397,83 @@ class RewardSources:
         for (mean, std), out in zip(self.metrics, outputs):
             metrics.add_tensor(mean, out.values, out.applicable)
             metrics.add_tensor(std, out.values, out.applicable)
+
+
+# ------------------------------------------------------------------------------------------------
+# --reward_funcs: names to reward functions
+# ------------------------------------------------------------------------------------------------
+
+REFERENCE_FORMS = "'module:function', 'path/to/file.py:function' or TRL's dotted 'module.function'"
+
+
+def import_reward_function(ref: str) -> Callable:
+    """The function named by a reference: "module:function", "path/to/file.py:function", or TRL's dotted
+    "module.function" (split at the last dot, as TRL's GRPO script does). The module is imported only because the user
+    named it; the current directory is importable, as with ``python -m``."""
+    if ":" in ref:
+        module_name, _, attr = ref.rpartition(":")
+        form = "a 'module:function' or 'path/to/file.py:function' reference"
+    else:
+        module_name, _, attr = ref.rpartition(".")
+        form = "TRL's dotted 'module.function' reference"
+    accepted = f"--reward_funcs takes a built-in reward name, {REFERENCE_FORMS}."
+    if ":" not in ref and ref.endswith(".py"):
+        raise ConfigError(f"--reward_funcs {ref!r}: name the function in the file too, as '{ref}:function'.")
+    if not module_name or not attr:
+        raise ConfigError(f"--reward_funcs {ref!r}: expected a module and a function name. {accepted}")
+    tried = f"read as {form}: module {module_name!r}, function {attr!r}"
+    try:
+        if module_name.endswith(".py"):
+            if not os.path.isfile(module_name):
+                raise ConfigError(
+                    f"--reward_funcs {ref!r}: the file {module_name!r} does not exist (relative to {os.getcwd()})."
+                )
+            spec = importlib.util.spec_from_file_location(os.path.basename(module_name)[:-3], module_name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            if os.getcwd() not in sys.path:
+                sys.path.insert(0, os.getcwd())
+            module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"--reward_funcs {ref!r}: cannot import {module_name!r} ({e}); {tried}, looked up from the current "
+            f"directory and the installed packages. {accepted}"
+        ) from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"--reward_funcs {ref!r}: {module_name!r} has no function {attr!r} ({tried}). {accepted}")
+    return fn
+
+
+def resolve_reward_funcs(names: list[str] | None, task) -> list:
+    """Reward callables for --reward_funcs (GRPO's and PPO's). Each name is looked up in order as: one of the task's
+    built-in rewards; one of TRL's built-in reward names (rlhfkit.trl_rewards: think_format_reward,
+    get_soft_overlong_punishment, accuracy_reward, reasoning_accuracy_reward); a reference (import_reward_function):
+    "module:function", "path/to/file.py:function", or TRL's dotted "module.function".
+
+    No names: the task's rule-based rewards (GRPO's default). No task and no names: an error (GRPO needs a reward).
+    """
+    builtin = dict(task.reward_funcs) if task is not None else {}
+    if not names:
+        if not builtin:
+            raise ConfigError(
+                "GRPO needs a reward: pass --reward_funcs module:function (or a built-in name with --task) and/or "
+                "--reward_model_path PATH."
+            )
+        return list(builtin.values())
+    funcs = []
+    for name in names:
+        if name in builtin:
+            funcs.append(builtin[name])
+        elif name in TRL_REWARDS:
+            funcs.append(trl_reward_function(name))
+        elif ":" in name or "." in name:
+            funcs.append(import_reward_function(name))
+        else:
+            known = ", ".join(builtin) or "none without --task"
+            raise ConfigError(
+                f"--reward_funcs {name!r} is not a built-in reward of the task (built-in: {known}), nor one of TRL's "
+                f"built-in rewards ({', '.join(TRL_REWARDS)}), nor a reference: {REFERENCE_FORMS}."
+            )
+    return funcs

@@ -7,11 +7,12 @@ Masks are bool, True = a real token.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import warnings
 from collections.abc import Iterable, Iterator
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -59,16 +60,72 @@ def sampling_config(
     stop_ids: list[int],
     top_p: float = 1.0,
     top_k: int = 0,
+    *,
+    min_p: float | None = None,
+    repetition_penalty: float = 1.0,
+    generation_kwargs: dict[str, Any] | None = None,
 ) -> GenerationConfig:
-    """Sampling at `temperature` (the full distribution unless top_p < 1 or top_k > 0), or greedy when None.
+    """Sampling at `temperature` (the full distribution unless top_p < 1, top_k > 0 or min_p is set), or greedy
+    when None; TRL's GRPOConfig options, with transformers' meanings.
 
-    The log-probs used in the losses are those of the temperature-scaled full distribution; with top_p/top_k the
-    sampler draws from a truncated one (as TRL does), so keep them at their defaults for exact on-policy ratios.
+    - min_p: drop the tokens whose probability is below min_p times the most likely token's (after temperature,
+      top_k and top_p). Sampling only, as in transformers (ignored when greedy).
+    - repetition_penalty: divide the positive raw logits (multiply the negative ones) of every token already in
+      the sequence, prompt and response, before temperature (CTRL's penalty; transformers' generate decides
+      whether a prompt's left padding counts, and both of rlhfkit's decoding paths follow it). Greedy decoding
+      applies it too. 1.0: none.
+    - generation_kwargs: extra GenerationConfig fields, overriding the ones above (as TRL does). The lean
+      decoding loop implements the options above; any other active option (num_beams, no_repeat_ngram_size,
+      bad_words_ids, ...) sends generation to ``model.generate``, with a notice said once. An unknown field name
+      is a ValueError.
+
+    The log-probs used in the losses are those of the temperature-scaled full distribution, without the
+    repetition penalty or any truncation; with these options (or top_p/top_k) the sampler draws from another one
+    (as TRL does), so keep them at their defaults for exact on-policy ratios.
     """
-    common = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=stop_ids)
+    fields: dict[str, Any] = dict(max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=stop_ids)
+    if repetition_penalty != 1.0:
+        fields["repetition_penalty"] = repetition_penalty
     if temperature is None:
-        return GenerationConfig(do_sample=False, **common)
-    return GenerationConfig(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p, **common)
+        fields["do_sample"] = False
+    else:
+        fields.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
+        if min_p is not None:
+            fields["min_p"] = min_p
+    if generation_kwargs:
+        unknown = sorted(set(generation_kwargs) - _generation_config_fields())
+        if unknown:
+            raise ValueError(
+                f"generation_kwargs: unknown GenerationConfig field(s) {', '.join(map(repr, unknown))} "
+                f"(transformers {_transformers_version()})."
+            )
+        fields.update(generation_kwargs)
+    penalty = fields.get("repetition_penalty")
+    if penalty is not None:
+        if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
+            raise ValueError(f"repetition_penalty={penalty!r}: must be a number > 0 (1.0: no penalty).")
+        fields["repetition_penalty"] = float(penalty)  # transformers' processor takes floats only
+    if fields.get("min_p") is not None and not 0 <= fields["min_p"] <= 1:
+        raise ValueError(f"min_p={fields['min_p']!r}: must be a number in [0, 1].")
+    if fields.get("num_return_sequences") not in (None, 1):
+        raise ValueError(
+            f"generation_kwargs: num_return_sequences={fields['num_return_sequences']!r}: rlhfkit draws one "
+            "completion per prompt row; repeat the prompts instead (as GRPO's num_generations does)."
+        )
+    return GenerationConfig(**fields)
+
+
+@functools.cache
+def _generation_config_fields() -> frozenset[str]:
+    return frozenset(name for name in GenerationConfig().to_dict() if not name.startswith("_")) - {
+        "transformers_version"
+    }
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 class Generated(NamedTuple):
@@ -76,7 +133,8 @@ class Generated(NamedTuple):
 
     tokens: torch.Tensor  # (B, T') long, pad_token_id after a row's stop token
     logprobs: torch.Tensor | None  # (B, T') float32 log-prob of each sampled token under softmax(logits / temperature)
-    # (the full distribution, as the losses use it, even when top_k / top_p restricted the draw); None when greedy
+    # (the full distribution, as the losses use it, even when top_k / top_p / min_p restricted the draw or a
+    # repetition penalty reshaped it); None when greedy
 
 
 # What the lean loop passes to the forward besides input_ids and attention_mask. A forward that rejects one of them
@@ -85,6 +143,41 @@ LEAN_LOOP_ARGS = ("position_ids", "past_key_values", "use_cache", "logits_to_kee
 
 # Model classes known not to take the lean loop, with the reason (filled on first contact; the notice is said once).
 _NO_LEAN_LOOP: dict[type, str] = {}
+
+# GenerationConfig fields the lean loop implements...
+LEAN_LOOP_OPTIONS = frozenset(
+    {"max_new_tokens", "pad_token_id", "eos_token_id", "do_sample", "temperature", "top_k", "top_p", "min_p"}
+    | {"repetition_penalty"}
+)
+# ...and those that change neither the tokens nor their log-probs (how generate runs or what else it returns).
+_NO_EFFECT_OPTIONS = frozenset(
+    {"bos_token_id", "use_cache", "cache_implementation", "cache_config", "max_cache_len", "compile_config"}
+    | {"disable_compile", "output_attentions", "output_hidden_states", "output_scores", "output_logits"}
+    | {"return_dict_in_generate"}
+)
+# Values at which other options do nothing, where a transformers release's default is None instead.
+_INACTIVE_VALUES: dict[str, Any] = {
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "num_return_sequences": 1,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "encoder_repetition_penalty": 1.0,
+    "guidance_scale": 1.0,
+    "diversity_penalty": 0.0,
+    "length_penalty": 1.0,
+    "early_stopping": False,
+    "renormalize_logits": False,
+    "remove_invalid_values": False,
+}
+
+# Generation options already announced as sending generation to model.generate (each is said once).
+_ANNOUNCED_OPTIONS: set[str] = set()
 
 
 @torch.inference_mode()
@@ -95,20 +188,30 @@ def generate(
 
     A lean decoding loop over the model's KV cache instead of ``model.generate``: for the small models of the
     built-in task HF's per-token machinery (logits processors, stopping criteria, input preparation) costs more
-    than the forward pass itself. The sampling distribution is the same as ``generate``'s: softmax(logits /
-    temperature), optionally restricted to the top_k tokens and then to the top_p probability mass; greedy when
-    ``config.do_sample`` is False. Rows that have produced a stop token continue with ``pad_token_id``. The
-    log-probs of the sampled tokens come for free from the same logits, so a trainer can skip a policy forward.
+    than the forward pass itself. The sampling distribution is the same as ``generate``'s, step for step in
+    transformers' order: the repetition penalty on the raw logits of every token already in the sequence, then
+    softmax(logits / temperature), optionally restricted to the top_k tokens, then to the top_p probability mass,
+    then to the tokens of at least min_p times the top token's probability; greedy (argmax of the penalised
+    logits) when ``config.do_sample`` is False. Rows that have produced a stop token continue with
+    ``pad_token_id``. The log-probs of the sampled tokens come for free from the same logits, so a trainer can skip
+    a policy forward: they are those of the full softmax(logits / temperature), WITHOUT the repetition penalty or
+    any truncation (the distribution the losses use).
 
-    A model whose forward does not take the loop's arguments (``LEAN_LOOP_ARGS``) is generated with
-    ``model.generate`` instead, with the same outputs; the switch is announced once per model class.
+    A model whose forward does not take the loop's arguments (``LEAN_LOOP_ARGS``), or a config with an active
+    option the loop does not implement (anything beyond ``LEAN_LOOP_OPTIONS``: beams, n-gram bans, bad words...),
+    is generated with ``model.generate`` instead, with the same kind of outputs; the switch is announced once per
+    model class or option.
     """
-    reason = _lean_loop_refusal(model)
-    if reason is None:
-        try:
-            return _lean_generate(model, query_ids, query_mask, config)
-        except _LoopArgumentsRejected as e:
-            reason = _remember_refusal(model, str(e))
+    options = _options_beyond_the_lean_loop(config)
+    if options:
+        reason = _announce_options(options)
+    else:
+        reason = _lean_loop_refusal(model)
+        if reason is None:
+            try:
+                return _lean_generate(model, query_ids, query_mask, config)
+            except _LoopArgumentsRejected as e:
+                reason = _remember_refusal(model, str(e))
     if not callable(getattr(model, "generate", None)):
         raise TypeError(f"{type(model).__name__} cannot use the lean decoding loop ({reason}) and has no generate().")
     return _hf_generate(model, query_ids, query_mask, config)
@@ -147,6 +250,50 @@ def _remember_refusal(model: nn.Module, reason: str) -> str:
     return _NO_LEAN_LOOP[cls]
 
 
+def _options_beyond_the_lean_loop(config: GenerationConfig) -> list[str]:
+    """The active GenerationConfig options that the lean loop does not implement (a few attribute reads)."""
+    found = []
+    for name, default in _generation_defaults().items():
+        if name in LEAN_LOOP_OPTIONS or name in _NO_EFFECT_OPTIONS:
+            continue
+        value = getattr(config, name, default)
+        if (
+            value is None
+            or _same(value, default)
+            or (name in _INACTIVE_VALUES and _same(value, _INACTIVE_VALUES[name]))
+        ):
+            continue
+        found.append(name)
+    return found
+
+
+@functools.cache
+def _generation_defaults() -> dict[str, Any]:
+    defaults = GenerationConfig()
+    return {name: getattr(defaults, name, None) for name in sorted(_generation_config_fields())}
+
+
+def _same(value: Any, default: Any) -> bool:
+    try:
+        return type(value) is type(default) and bool(value == default)
+    except Exception:  # a tensor or an object without a plain equality: count it as set
+        return False
+
+
+def _announce_options(options: list[str]) -> str:
+    reason = f"it does not implement {', '.join(options)}"
+    new = [name for name in options if name not in _ANNOUNCED_OPTIONS]
+    if new:
+        _ANNOUNCED_OPTIONS.update(new)
+        warnings.warn(
+            f"rlhfkit: the lean KV-cache decoding loop does not implement the generation option(s) "
+            f"{', '.join(new)}; generating with model.generate instead (same kind of outputs: tokens cut after the "
+            "stop token, log-probs of the full softmax(logits / temperature); slower). Said once per option.",
+            stacklevel=3,
+        )
+    return reason
+
+
 def _probe(model: nn.Module, **kwargs):
     """A forward call whose TypeError about one of the lean loop's arguments means "use the fallback"; any other
     error (a real bug, a wrong shape) propagates unchanged."""
@@ -170,17 +317,24 @@ def _lean_generate(
     out = _probe(
         model, input_ids=query_ids, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1
     )
+    # The tokens a repetition penalty applies to, kept as a (B, V) mask updated in place; None (no cost) without one.
+    seen = penalised = None
+    if _has_repetition_penalty(config):
+        seen = _tokens_seen(query_ids, query_mask, out.logits.shape[-1])
+        penalised = seen[:, :-1]  # a view: it follows the updates
     next_position = position[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=query_ids.device)
     tokens, logprobs = [], []
     for step in range(config.max_new_tokens):
-        token, logprob = _pick(out.logits[:, -1, :], config)
+        token, logprob = _pick(out.logits[:, -1, :], config, penalised)
         token = torch.where(done, torch.full_like(token, config.pad_token_id), token)
         tokens.append(token)
         logprobs.append(logprob)
         done = done | torch.isin(token, stop_ids)
         if step == config.max_new_tokens - 1 or bool(done.all()):
             break
+        if seen is not None:  # generate's input_ids grow by the same token, padding included for finished rows
+            _mark_seen(seen, token)
         attention = torch.cat([attention, attention.new_ones(B, 1)], dim=1)
         forward = functools.partial(_probe, model) if step == 0 else model
         out = forward(
@@ -201,27 +355,36 @@ def _hf_generate(
     model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
 ) -> Generated:
     """The lean loop's outputs from ``model.generate``: tokens padded after the first stop token, and each sampled
-    token's log-prob under softmax(logits / temperature) of the full distribution, from generate's raw logits."""
+    token's log-prob under softmax(logits / temperature) of the full distribution (no repetition penalty, no
+    truncation), from generate's raw logits, or from one forward where beam search leaves them unaligned."""
     B = query_ids.shape[0]
     if not config.max_new_tokens:
         return Generated(query_ids.new_zeros(B, 0), None)
+    config = copy.deepcopy(config)
+    config.output_logits = True
+    config.return_dict_in_generate = True
     with _own_generation_defaults_hidden(model):
-        out = model.generate(
-            input_ids=query_ids,
-            attention_mask=query_mask.long(),
-            generation_config=config,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
+        out = model.generate(input_ids=query_ids, attention_mask=query_mask.long(), generation_config=config)
     raw = out.sequences[:, query_ids.shape[1] :]
     # generate already pads finished rows; cutting here as well keeps the lean loop's contract for any generate.
     tokens = ops.truncate_after_stop_token(raw, _as_list(config.eos_token_id), config.pad_token_id)
     if not config.do_sample:
         return Generated(tokens, None)
-    logits = torch.stack(out.logits, dim=1).float()  # (B, T', V), raw: before temperature and any processor
-    # After a row's stop token the lean loop's log-probs are of a discarded draw; here of the padding: both are
-    # outside the response mask, which every caller applies.
-    return Generated(tokens, ops.logprobs_from_logits(logits, raw, config.temperature))
+    temperature = _temperature(config)
+    if len(out.logits) == raw.shape[1] and out.logits[0].shape[0] == B:
+        logits = torch.stack(out.logits, dim=1).float()  # (B, T', V), raw: before temperature and any processor
+        # After a row's stop token the lean loop's log-probs are of a discarded draw; here of the padding: both are
+        # outside the response mask, which every caller applies.
+        return Generated(tokens, ops.logprobs_from_logits(logits, raw, temperature))
+    # Beam search keeps num_beams rows per prompt and reorders them, so its logits do not line up with the returned
+    # sequences: score the returned tokens with one forward instead (as TRL computes all its log-probs). Causal
+    # attention: the tokens after a stop token change nothing before it.
+    from rlhfkit.models import policy_logits
+
+    input_ids = torch.cat([query_ids, raw], dim=1)
+    attention_mask = torch.cat([query_mask.bool(), torch.ones_like(raw, dtype=torch.bool)], dim=1)
+    logits = policy_logits(model, input_ids, attention_mask)
+    return Generated(tokens, response_logprobs(logits.float(), query_ids.shape[1], raw, temperature))
 
 
 @contextlib.contextmanager
@@ -243,23 +406,112 @@ def _as_list(ids) -> list[int]:
     return [int(ids)] if isinstance(ids, int) else [int(i) for i in ids]
 
 
-def _pick(logits: torch.Tensor, config: GenerationConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Next token per row from (B, V) logits: argmax, or a sample from the (top-k / top-p restricted) softmax; and
-    the sampled token's log-prob under the unrestricted softmax(logits / temperature) (None when greedy)."""
+def _temperature(config: GenerationConfig) -> float:
+    return 1.0 if config.temperature is None else config.temperature
+
+
+def _has_repetition_penalty(config: GenerationConfig) -> bool:
+    return config.repetition_penalty is not None and config.repetition_penalty != 1.0
+
+
+def _tokens_seen(query_ids: torch.Tensor, query_mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(B, V + 1) bool: the tokens of each prompt a repetition penalty applies to, as transformers' generate counts
+    them; column V gathers ids beyond the output vocabulary (never generated, so never penalised) and the prompt's
+    left padding where the installed transformers leaves it out. Slice off the last column to use it."""
+    ids = query_ids
+    if _repetition_penalty_skips_left_padding():
+        padding = (query_mask != 0).int().argmax(dim=1)  # leading pad tokens per row, as generate computes them
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        ids = ids.masked_fill(positions[None, :] < padding[:, None], vocab_size)
+    seen = torch.zeros(ids.shape[0], vocab_size + 1, dtype=torch.bool, device=ids.device)
+    return seen.scatter_(1, ids.clamp(max=vocab_size), True)
+
+
+def _mark_seen(seen: torch.Tensor, token: torch.Tensor) -> None:
+    """Add one token per row to a mask from `_tokens_seen`, in place."""
+    seen.scatter_(1, token[:, None].clamp(max=seen.shape[1] - 1), True)
+
+
+@functools.cache
+def _repetition_penalty_skips_left_padding() -> bool:
+    """Whether the installed transformers' generate leaves a prompt's left padding out of the repetition penalty.
+
+    Older releases penalise every id of input_ids (the pad token among them); newer ones pass the padding lengths
+    of the attention mask to RepetitionPenaltyLogitsProcessor as prompt_ignore_length. Asked of transformers' own
+    processor list (a one-token prompt behind one pad), so the lean loop agrees with generate on any release.
+    """
+    from transformers.generation.utils import GenerationMixin
+
+    class Probe(GenerationMixin):
+        config = type("Config", (), {"is_encoder_decoder": False})()
+
+    try:
+        processors = Probe()._get_logits_processor(
+            GenerationConfig(repetition_penalty=2.0),
+            input_ids_seq_length=2,
+            device="cpu",
+            model_kwargs={"attention_mask": torch.tensor([[0, 1]])},
+        )
+        scores = processors(torch.tensor([[0, 1]]), torch.ones(1, 2))
+    except Exception:  # an internal API that changed shape: fall back on the long-standing behaviour
+        return False
+    return bool(scores[0, 0] == 1.0) and bool(scores[0, 1] == 0.5)
+
+
+def _processed_logits(
+    logits: torch.Tensor, config: GenerationConfig, seen: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The (B, V) float32 scores generate picks the next token from, given the raw logits, in the order of
+    transformers' ``GenerationMixin._get_logits_processor``: the repetition penalty (every token marked in `seen`,
+    (B, V) bool: divide its positive logit by the penalty, multiply a negative one), then, when sampling,
+    temperature, top_k, top_p and min_p, the tokens they drop at -inf. Greedy picks the argmax of these scores,
+    sampling draws from their softmax."""
+    z = logits.float()
+    if seen is not None and _has_repetition_penalty(config):
+        z = _penalised(z, seen, config.repetition_penalty)
     if not config.do_sample:
-        return logits.argmax(dim=-1), None
-    full = logits.float() / config.temperature
-    z = full
+        return z
+    return _warped(z / _temperature(config), config)
+
+
+def _penalised(z: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    return torch.where(seen, torch.where(z < 0, z * penalty, z / penalty), z)
+
+
+def _warped(z: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+    """Temperature-scaled scores restricted by top_k, then top_p, then min_p, exactly as transformers' warpers
+    compute them (with min_tokens_to_keep = 1)."""
     if config.top_k and config.top_k < z.shape[-1]:
         kth = torch.topk(z, config.top_k, dim=-1).values[:, -1:]
         z = z.masked_fill(z < kth, float("-inf"))
     if config.top_p is not None and config.top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=True)
-        probs = torch.softmax(sorted_z, dim=-1)
-        # Drop a token when the mass of the tokens strictly before it already reaches top_p (the first always stays).
-        drop_sorted = probs.cumsum(dim=-1) - probs >= config.top_p
+        # Drop the least likely tokens whose cumulative mass (from the bottom) stays within 1 - top_p; the most
+        # likely token always stays.
+        sorted_z, order = torch.sort(z, dim=-1, descending=False)
+        drop_sorted = sorted_z.softmax(dim=-1).cumsum(dim=-1) <= 1 - config.top_p
+        drop_sorted[:, -1:] = False
         z = z.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
-    token = torch.multinomial(torch.softmax(z, dim=-1), 1).squeeze(-1)
+    if config.min_p:
+        # Drop the tokens less likely than min_p times the most likely one (never the most likely: min_p <= 1).
+        probs = torch.softmax(z, dim=-1)
+        z = z.masked_fill(probs < config.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    return z
+
+
+def _pick(
+    logits: torch.Tensor, config: GenerationConfig, seen: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Next token per row from (B, V) raw logits: argmax, or a sample from the softmax of `_processed_logits`
+    (repetition penalty on the tokens in `seen`, temperature, top_k / top_p / min_p restrictions); and the sampled
+    token's log-prob under the unpenalised, unrestricted softmax(logits / temperature) (None when greedy)."""
+    if not config.do_sample:
+        scores = logits if seen is None else _processed_logits(logits, config, seen)
+        return scores.argmax(dim=-1), None
+    full = logits.float() / _temperature(config)
+    z = full
+    if seen is not None and _has_repetition_penalty(config):
+        z = _penalised(logits.float(), seen, config.repetition_penalty) / _temperature(config)
+    token = torch.multinomial(torch.softmax(_warped(z, config), dim=-1), 1).squeeze(-1)
     logprob = full.gather(-1, token[:, None]).squeeze(-1) - torch.logsumexp(full, dim=-1)
     return token, logprob
 

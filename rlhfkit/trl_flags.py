@@ -41,9 +41,7 @@ TRL_PPO_FLAGS = (  # TRL 1.12: experimental/ppo/ppo_config.py PPOConfig, scripts
     "use_rslora", "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
     "bnb_4bit_quant_storage",
 )  # fmt: skip
-TRL_GRPO_FLAGS = (  # TRL 1.16: scripts/grpo.py GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig
-    "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming",
-    "ignore_bias_buffers", "reward_model_name_or_path", "reward_funcs",
+TRL_GRPO_CONFIG_FIELDS = (  # TRL 1.16: trainer/grpo_config.py GRPOConfig's own fields, in its order
     "model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "disable_dropout", "cast_lm_head_to_fp32",
     "num_generations", "num_generations_eval", "max_completion_length", "ds3_gather_for_generation",
     "shuffle_dataset", "pad_to_multiple_of", "generation_batch_size", "steps_per_generation", "temperature", "top_p",
@@ -61,11 +59,15 @@ TRL_GRPO_FLAGS = (  # TRL 1.16: scripts/grpo.py GRPOScriptArguments, GRPOConfig,
     "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
     "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged",
     "vllm_importance_sampling_cap",
+)  # fmt: skip
+TRL_GRPO_FLAGS = (  # TRL 1.16: scripts/grpo.py GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig
+    "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming", "ignore_bias_buffers",
+    "reward_model_name_or_path", "reward_funcs",
+    *TRL_GRPO_CONFIG_FIELDS,
     "model_name_or_path", "model_revision", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha",
     "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save", "lora_task_type",
     "use_rslora", "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
-    "bnb_4bit_quant_storage",
-    "datasets", "streaming", "test_split_size",
+    "bnb_4bit_quant_storage", "datasets", "streaming", "test_split_size",
 )  # fmt: skip
 TRL_FLAGS = {"ppo": TRL_PPO_FLAGS, "grpo": TRL_GRPO_FLAGS}
 
@@ -95,26 +97,11 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         NOT_YET,
-        "GRPO's generation batch options come with issue 19; one generation is one optimizer step's completions "
-        "(TRL's default steps_per_generation = gradient_accumulation_steps), evaluated with num_generations",
-        ("generation_batch_size", "steps_per_generation", "num_generations_eval"),
-    ),
-    Group(
-        NOT_YET,
-        "GRPO's further loss variants come with issue 19; rlhfkit's loss is the clipped token-level ratio with "
-        "plain k3 KL (docs/algorithms/grpo.md), as TRL with --use_bias_correction_kl false and these at their defaults",
+        "TRL 1.16's off-policy sequence mask, per-reward normalisation (GDPO) and entropy bonus are planned; "
+        "rlhfkit's GRPO loss has no entropy term and normalises the weighted sum of the rewards "
+        "(TRL's defaults: off_policy_mask_threshold unset, sum_then_normalize, entropy_coef 0)",
         (
-            "importance_sampling_level",
-            "delta",
-            "use_bias_correction_kl",
             "off_policy_mask_threshold",
-            "top_entropy_quantile",
-            "sapo_temperature_neg",
-            "sapo_temperature_pos",
-            "vespo_k_pos",
-            "vespo_lambda_pos",
-            "vespo_k_neg",
-            "vespo_lambda_neg",
             "multi_objective_aggregation",
             "entropy_coef",
             "use_adaptive_entropy",
@@ -281,9 +268,9 @@ GROUPS: tuple[Group, ...] = (
     ),  # fmt: skip
     Group(
         SUPPORTED_NOT,
-        "rlhfkit samples with its own decoder (static KV cache) with temperature, top_p and top_k only, so that the "
-        "log-probs it trains on are those of the sampling distribution; vLLM and transformers' continuous batching "
-        "are not used",
+        "rlhfkit samples with its own KV-cache decoder (temperature, top_k, top_p, min_p, repetition_penalty), or "
+        "with model.generate where --generation_kwargs asks for more; vLLM, transformers' continuous batching and "
+        "its cache implementations are not used",
         (
             "use_vllm",
             *_VLLM,
@@ -291,16 +278,8 @@ GROUPS: tuple[Group, ...] = (
             "transformers_continuous_batching_config",
             "use_transformers_paged",
             "cache_implementation",
-            "min_p",
-            "repetition_penalty",
-            "generation_kwargs",
         ),
     ),  # fmt: skip
-    Group(
-        SUPPORTED_NOT,
-        "the reference model stays frozen (no TR-DPO style syncing with the policy)",
-        ("sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps"),
-    ),
     Group(
         SUPPORTED_NOT,
         "text prompts and conversations only: no tool calling, no multimodal inputs, and conversations are rendered "
@@ -483,6 +462,30 @@ def render_markdown() -> str:
     return "\n".join(lines)
 
 
+def render_grpo_config_table() -> str:
+    """Every field of TRL 1.16's GRPOConfig (its own, not TrainingArguments'): taken by rlhfkit (with rlhfkit's help
+    text) or not (with the reason). docs/algorithms/grpo.md holds this table (a test keeps it fresh):
+
+        python -m rlhfkit.trl_flags --grpo-config-table
+    """
+    from dataclasses import fields
+
+    from rlhfkit.config import GRPOConfig
+
+    helps = {f.name: f.metadata["help"] for f in fields(GRPOConfig)}
+    rows: list[tuple[list[str], str, str]] = []  # consecutive refused fields with one reason share a row
+    for name in TRL_GRPO_CONFIG_FIELDS:
+        if name in helps:
+            rows.append(([name], "supported", helps[name].split(" Valid: ")[0].replace("|", "\\|")))
+        elif rows and rows[-1][1:] == (group_of(name).status, group_of(name).reason):
+            rows[-1][0].append(name)
+        else:
+            rows.append(([name], group_of(name).status, group_of(name).reason))
+    lines = ["| TRL 1.16 GRPOConfig field | rlhfkit | notes |", "|---|---|---|"]
+    lines += [f"| {', '.join(f'`{n}`' for n in names)} | {status} | {note} |" for names, status, note in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _ordered(group: Group, refused: dict[str, dict[str, Group]]) -> list[str]:
     """The group's flags in the order TRL declares them (transformers' first); the FALLBACK group's are those of
     the installed transformers that no group names."""
@@ -493,4 +496,6 @@ def _ordered(group: Group, refused: dict[str, dict[str, Group]]) -> list[str]:
 
 
 if __name__ == "__main__":
-    print(render_markdown(), end="")
+    import sys
+
+    print(render_grpo_config_table() if "--grpo-config-table" in sys.argv else render_markdown(), end="")

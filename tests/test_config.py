@@ -98,7 +98,7 @@ def test_older_trl_api_aliases():
         (GRPOConfig, {"beta": -0.04}, "beta=-0.04: must be a finite number >= 0."),
         (GRPOConfig, {"epsilon_high": math.nan}, "epsilon_high=nan: must be a finite number >= 0."),
         (GRPOConfig, {"num_completions_to_print": -1}, "num_completions_to_print=-1: must be an integer >= 0."),
-        (GRPOConfig, {"loss_type": "ppo"}, "loss_type='ppo': must be one of grpo, bnpo, dr_grpo, dapo."),
+        (GRPOConfig, {"loss_type": "ppo"}, "loss_type='ppo': must be one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo."),
         (GRPOConfig, {"scale_rewards": "std"}, "scale_rewards='std': must be one of group, batch, none."),
         (GRPOConfig, {"reward_weights": [1.0, math.inf]}, "reward_weights=[1.0, inf]: entry 1 (inf) must be a finite"),
         (GRPOConfig, {"reward_funcs": ["a", "b"], "reward_weights": [1.0]}, "needs one weight per reward"),

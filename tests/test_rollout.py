@@ -132,8 +132,10 @@ class UnrelatedTypeError(LlamaForCausalLM):
 
 @pytest.fixture
 def fresh_notices(monkeypatch):
-    """Each test starts with no model class known to refuse the lean loop (so its notice is said again)."""
+    """Each test starts with no model class known to refuse the lean loop and no generation option announced (so
+    their notices are said again)."""
     monkeypatch.setattr(rollout, "_NO_LEAN_LOOP", {})
+    monkeypatch.setattr(rollout, "_ANNOUNCED_OPTIONS", set())
 
 
 def fallback_notices(caught, cls) -> list[str]:
@@ -195,3 +197,215 @@ def test_an_unrelated_type_error_is_not_swallowed(sft, tiny_assets, fresh_notice
     with pytest.raises(TypeError, match="unsupported operand"):
         generate(model, ids, mask, sampling_config(4, None, tokenizer.pad_token_id, [tokenizer.eos_token_id]))
     assert UnrelatedTypeError not in rollout._NO_LEAN_LOOP
+
+
+# ------------------------------------------------------------------------------------------------
+# TRL's further sampling options: min_p, repetition_penalty, generation_kwargs
+# ------------------------------------------------------------------------------------------------
+
+
+def test_sampling_config_defaults_are_unchanged_and_generation_kwargs_override():
+    sampled = sampling_config(10, 0.7, 0, [1, 2], 0.9, 5)
+    assert (
+        sampled.to_dict()
+        == GenerationConfig(
+            do_sample=True, temperature=0.7, top_k=5, top_p=0.9, max_new_tokens=10, pad_token_id=0, eos_token_id=[1, 2]
+        ).to_dict()
+    )
+    greedy = sampling_config(10, None, 0, [1])
+    assert (
+        greedy.to_dict()
+        == GenerationConfig(do_sample=False, max_new_tokens=10, pad_token_id=0, eos_token_id=[1]).to_dict()
+    )
+    config = sampling_config(
+        10, 0.7, 0, [1], top_k=5, min_p=0.1, repetition_penalty=2, generation_kwargs={"top_k": 3, "num_beams": 2}
+    )
+    assert (config.top_k, config.min_p, config.repetition_penalty, config.num_beams) == (3, 0.1, 2.0, 2)
+    assert sampling_config(10, None, 0, [1], min_p=0.1, repetition_penalty=1.5).repetition_penalty == 1.5
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(generation_kwargs={"num_beam": 2, "top_k": 3}), "unknown GenerationConfig field.*'num_beam'"),
+        (dict(generation_kwargs={"num_return_sequences": 4}), "num_return_sequences=4"),
+        (dict(repetition_penalty=0.0), "repetition_penalty=0.0"),
+        (dict(min_p=1.5), "min_p=1.5"),
+    ],
+)
+def test_sampling_config_rejects_what_it_cannot_honour(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        sampling_config(10, 0.7, 0, [1], **kwargs)
+
+
+OPTIONS = [
+    dict(temperature=1.0, min_p=0.2),
+    dict(temperature=1.0, repetition_penalty=1.7),
+    dict(temperature=1.0, repetition_penalty=0.6),  # < 1 rewards repetition
+    dict(temperature=None, repetition_penalty=1.7),  # greedy applies the penalty too
+    dict(temperature=0.7, top_k=12, top_p=0.8, min_p=0.1, repetition_penalty=1.3),
+    dict(temperature=1.4, top_p=0.9, min_p=0.05, repetition_penalty=1.2),
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_processed_logits_match_transformers_processors(sft, options):
+    """The scores _pick draws from (or takes the argmax of) are those of the processor list transformers' generate
+    builds for the same config (its own order), on the same logits and input ids: left-padded prompts plus
+    generated tokens. Identical -inf masks and identical probabilities."""
+    tokenizer, model, _, _ = sft
+    options = dict(options)
+    temperature = options.pop("temperature")
+    config = sampling_config(4, temperature, tokenizer.pad_token_id, [tokenizer.eos_token_id], **options)
+    torch.manual_seed(0)
+    B, Lq, T, V = 8, 7, 3, model.config.vocab_size
+    real = torch.randint(2, V, (B, Lq + T))  # never the pad token (0), so padding is the only place it occurs
+    padding = torch.randint(0, Lq, (B,))
+    query_mask = torch.arange(Lq)[None, :] >= padding[:, None]
+    input_ids = real.clone()
+    input_ids[:, :Lq] = real[:, :Lq].masked_fill(~query_mask, tokenizer.pad_token_id)
+    logits = torch.randn(B, V) * 3
+    processors = model._get_logits_processor(
+        config, input_ids_seq_length=Lq, device="cpu", model_kwargs={"attention_mask": query_mask.long()}
+    )
+    theirs = processors(input_ids, logits.clone())
+
+    seen = None
+    if config.repetition_penalty is not None:
+        seen = rollout._tokens_seen(input_ids[:, :Lq], query_mask, V)
+        for t in range(Lq, Lq + T):
+            rollout._mark_seen(seen, input_ids[:, t])
+        seen = seen[:, :-1]
+    ours = rollout._processed_logits(logits, config, seen)
+
+    assert torch.equal(ours.isneginf(), theirs.isneginf())
+    assert torch.equal(torch.softmax(ours, dim=-1), torch.softmax(theirs, dim=-1))
+    if temperature is None:
+        assert torch.equal(_pick(logits, config, seen)[0], theirs.argmax(dim=-1))
+    if config.min_p:
+        assert ours.isneginf().any()  # the restriction is exercised
+    if config.repetition_penalty is not None:
+        assert not torch.equal(ours, rollout._processed_logits(logits, sampling_config(4, temperature, 0, [1])))
+
+
+@pytest.mark.parametrize(
+    "options", OPTIONS[:3] + OPTIONS[4:], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items())
+)
+def test_pick_returns_the_unpenalised_unrestricted_logprob(options):
+    """Whatever penalty and restrictions shaped the draw, the log-prob is that of softmax(logits / temperature)."""
+    options = dict(options)
+    temperature = options.pop("temperature")
+    config = sampling_config(4, temperature, 0, [1], **options)
+    torch.manual_seed(0)
+    logits = torch.randn(64, 20) * 3
+    seen = torch.rand(64, 20) < 0.3 if config.repetition_penalty is not None else None
+    token, logprob = _pick(logits, config, seen)
+    expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, token[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprob, expected, atol=1e-6, rtol=0)
+    assert rollout._processed_logits(logits, config, seen).gather(-1, token[:, None]).isfinite().all()
+
+
+@pytest.mark.parametrize("penalty", [1.5, 0.7])
+def test_greedy_with_repetition_penalty_lean_loop_equals_generate(
+    sft, tiny_assets, fresh_notices, monkeypatch, penalty
+):
+    """Greedy tokens with a repetition penalty: the lean loop, model.generate itself, and the fallback agree exactly,
+    for left-padded prompts of different lengths (and the penalty changes the answer)."""
+    tokenizer, model, ids, mask = sft
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(12, None, tokenizer.pad_token_id, stop, repetition_penalty=penalty)
+    with monkeypatch.context() as m:
+        m.setattr(rollout, "_hf_generate", None)  # the lean loop, nothing else
+        lean = generate(model, ids, mask, config)
+    assert lean.logprobs is None
+    theirs = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config)[:, ids.shape[1] :]
+    refusing = RaisesOnLogitsToKeep.from_pretrained(tiny_assets / "sft").eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fallback = generate(refusing, ids, mask, config).tokens
+    unpenalised = generate(model, ids, mask, sampling_config(12, None, tokenizer.pad_token_id, stop)).tokens
+    lean_t, theirs_t, fallback_t, unpenalised_t = (
+        truncate_responses(t, stop, tokenizer.pad_token_id).ids for t in (lean.tokens, theirs, fallback, unpenalised)
+    )
+    assert torch.equal(lean_t, theirs_t) and torch.equal(fallback_t, theirs_t)
+    assert not torch.equal(lean_t, unpenalised_t)
+
+
+def test_sampled_logprobs_with_penalty_and_min_p_are_the_plain_tempered_ones(sft):
+    """Sampling with repetition_penalty and min_p returns the log-probs of the unpenalised softmax(logits / T), as a
+    separate training forward computes them (TRL's log-probs), not those of the distribution sampled from."""
+    from rlhfkit.models import policy_logits
+    from rlhfkit.rollout import complete, response_logprobs
+
+    tokenizer, model, ids, mask = sft
+    torch.manual_seed(2)
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(10, 0.7, tokenizer.pad_token_id, stop, top_k=8, min_p=0.05, repetition_penalty=1.5)
+    prompts = [row[m].tolist() for row, m in zip(ids.repeat(2, 1), mask.repeat(2, 1))]
+    (chunk,) = complete(model, prompts, config, stop, tokenizer.pad_token_id, batch_size=8)
+    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
+    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, 0.7)
+    m = chunk.responses.mask
+    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
+    # The penalty was in play: some response tokens repeat a real token before them (prompt or response).
+    Lq = chunk.query_ids.shape[1]
+    before = [
+        chunk.input_ids[b, : Lq + t][chunk.attention_mask[b, : Lq + t]].tolist() for b, t in m.nonzero().tolist()
+    ]
+    assert any(int(chunk.responses.ids[b, t]) in seen for (b, t), seen in zip(m.nonzero().tolist(), before))
+
+
+def option_notices(caught, option) -> list[str]:
+    return [str(w.message) for w in caught if option in str(w.message) and "model.generate" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "generation_kwargs, option",
+    [({"no_repeat_ngram_size": 2}, "no_repeat_ngram_size"), ({"num_beams": 3}, "num_beams")],
+)
+def test_an_option_the_lean_loop_lacks_goes_through_generate_once(sft, fresh_notices, generation_kwargs, option):
+    """Greedy with no_repeat_ngram_size / beam search: the tokens are model.generate's, and the switch is said once."""
+    tokenizer, model, ids, mask = sft
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(12, None, tokenizer.pad_token_id, stop, generation_kwargs=generation_kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = generate(model, ids, mask, config)
+        again = generate(model, ids, mask, config)
+    (notice,) = option_notices(caught, option)
+    assert "lean" in notice
+    theirs = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config)[:, ids.shape[1] :]
+    theirs = truncate_responses(theirs, stop, tokenizer.pad_token_id).ids
+    assert torch.equal(ours.tokens, theirs) and torch.equal(again.tokens, theirs) and ours.logprobs is None
+    lean = generate(model, ids, mask, sampling_config(12, None, tokenizer.pad_token_id, stop)).tokens
+    assert not torch.equal(truncate_responses(lean, stop, tokenizer.pad_token_id).ids, theirs)  # the option acted
+    assert type(model) not in rollout._NO_LEAN_LOOP  # the model itself still takes the lean loop
+
+
+@pytest.mark.parametrize("generation_kwargs", [{"bad_words_ids": "digit"}, {"num_beams": 2}])
+def test_generate_fallback_for_options_samples_with_full_distribution_logprobs(sft, fresh_notices, generation_kwargs):
+    """Sampling through model.generate for an option the loop lacks: tokens cut after the stop token, log-probs of
+    the full softmax(logits / T) (a separate forward where beam search leaves generate's logits unaligned)."""
+    from rlhfkit.models import policy_logits
+    from rlhfkit.rollout import complete, response_logprobs
+
+    tokenizer, model, ids, mask = sft
+    stop = terminator_ids(tokenizer, model)
+    banned = tokenizer.convert_tokens_to_ids("9")
+    if "bad_words_ids" in generation_kwargs:
+        generation_kwargs = {"bad_words_ids": [[banned]]}
+    config = sampling_config(10, 0.7, tokenizer.pad_token_id, stop, generation_kwargs=generation_kwargs)
+    torch.manual_seed(3)
+    prompts = [row[m].tolist() for row, m in zip(ids.repeat(2, 1), mask.repeat(2, 1))]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (chunk,) = complete(model, prompts, config, stop, tokenizer.pad_token_id, batch_size=8)
+    assert len(option_notices(caught, next(iter(generation_kwargs)))) == 1
+    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
+    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, 0.7)
+    m = chunk.responses.mask
+    assert m.sum() > 8 and chunk.responses.terminated.any()
+    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
+    assert (chunk.logprobs[~m] == 0).all() and (chunk.responses.ids[~m] == tokenizer.pad_token_id).all()
+    if "bad_words_ids" in generation_kwargs:
+        assert banned not in chunk.responses.ids[m].tolist()

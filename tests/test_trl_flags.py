@@ -20,6 +20,14 @@ def test_docs_are_generated_from_the_module():
         assert f.read() == trl_flags.render_markdown(), "run: python -m rlhfkit.trl_flags > docs/trl-flags.md"
 
 
+def test_grpo_docs_hold_every_trl_grpo_config_field():
+    with open(os.path.join(ROOT, "docs", "algorithms", "grpo.md"), encoding="utf-8") as f:
+        text = f.read()
+    table = trl_flags.render_grpo_config_table()
+    assert table in text, "paste the output of: python -m rlhfkit.trl_flags --grpo-config-table"
+    assert all(f"`{name}`" in table for name in trl_flags.TRL_GRPO_CONFIG_FIELDS)
+
+
 @pytest.mark.parametrize("command", trl_flags.COMMANDS)
 def test_every_trl_flag_is_taken_or_has_a_reason(command):
     taken = set(config_field_names(CONFIGS[command]))
@@ -49,8 +57,8 @@ def test_every_listed_flag_is_a_trl_flag_that_some_command_refuses():
         (["grpo", "--use_vllm", "true"], "--use_vllm is a TRL/transformers flag that rlhfkit does not support:"),
         (["ppo", "--model-adapter-name", "policy"], "--model_adapter_name is a TRL/transformers flag that rlhfkit "
          "does not support: with --use_peft rlhfkit creates one LoRA adapter"),
-        (["grpo", "--steps_per_generation", "4"], "--steps_per_generation is a TRL/transformers flag that rlhfkit "
-         "does not support yet: GRPO's generation batch options come with issue 19"),
+        (["grpo", "--entropy_coef", "0.01"], "--entropy_coef is a TRL/transformers flag that rlhfkit does not "
+         "support yet: TRL 1.16's off-policy sequence mask"),
         (["ppo", "--no_remove_unused_columns"], "--remove_unused_columns is a TRL/transformers flag"),
         (["ppo", "--max_steps", "10"], "--max_steps is a TRL/transformers flag that rlhfkit does not support: a PPO "
          "run's length is --total_episodes"),
@@ -75,7 +83,7 @@ def test_a_misspelt_flag_is_still_unknown(capsys):
 
 def test_every_refused_flag_is_named_at_once():
     with pytest.raises(UsageError) as info:
-        parse_config(GRPOConfig, ["--steps_per_generation", "2", "--hub_model_id", "me/model", "--beta", "0.1"], "x")
+        parse_config(GRPOConfig, ["--entropy_coef", "0.1", "--hub_model_id", "me/model", "--beta", "0.1"], "x")
     assert str(info.value).count("is a TRL/transformers flag") == 2
 
 

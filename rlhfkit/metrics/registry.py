@@ -506,8 +506,10 @@ ROLLOUT_TASK_SUCCESS = Metric(
 )
 EVAL_TASK_SUCCESS = Metric(
     name="eval/task_success",
-    meaning="Share of evaluation prompts whose greedy completion passes the task's correctness check.",
-    formula="mean over eval prompts of 1[task.check(prompt, greedy completion)]",
+    meaning="Share of evaluation prompts whose greedy completion passes the task's correctness check (GRPO with "
+    "--num_generations_eval: share of the sampled completions).",
+    formula="mean over eval prompts of 1[task.check(prompt, greedy completion)]; GRPO with num_generations_eval N: "
+    "mean over the N sampled completions of each eval prompt",
     unit="fraction",
     reduction="mean",
     trainers=BOTH,
@@ -776,7 +778,8 @@ FRAC_REWARD_ZERO_STD = Metric(
 KL = Metric(
     name="kl",
     meaning="KL divergence of the current policy from the reference, per completion token (k3 estimator).",
-    formula="pooled token mean of exp(ref - logp) - (ref - logp) - 1, logp of the policy being optimised",
+    formula="pooled token mean of k3 = exp(ref - logp) - (ref - logp) - 1, logp of the policy being optimised; "
+    "times the importance ratio r with use_bias_correction_kl (the default, as TRL 1.16)",
     unit="nats/token",
     reduction="mean",
     trainers=GRPO,
@@ -803,6 +806,7 @@ CLIP_RATIO_LOW_MEAN = Metric(
     unit="fraction",
     reduction="mean",
     trainers=GRPO,
+    when="loss_type grpo, bnpo, dr_grpo, dapo or luspo (the clipped surrogate)",
     importance="stability",
     watch="0 with num_iterations = 1; high values mean the policy moves too far per generation.",
 )
@@ -813,6 +817,10 @@ CLIP_RATIO_LOW_MIN = Metric(
     unit="fraction",
     reduction="min",
     trainers=GRPO,
+    when="loss_type grpo, bnpo, dr_grpo, dapo or luspo (the clipped surrogate)",
+    vs_trl="TRL 1.16 (PR #6380) takes the min over completions of each completion's clipped token share, "
+    "gathered across processes; rlhfkit keeps the definition of TRL's logging page, the min over micro-batches "
+    "(and processes) of each micro-batch's share",
 )
 CLIP_RATIO_HIGH_MEAN = Metric(
     name="clip_ratio/high_mean",
@@ -821,6 +829,7 @@ CLIP_RATIO_HIGH_MEAN = Metric(
     unit="fraction",
     reduction="mean",
     trainers=GRPO,
+    when="loss_type grpo, bnpo, dr_grpo, dapo or luspo (the clipped surrogate)",
 )
 CLIP_RATIO_HIGH_MAX = Metric(
     name="clip_ratio/high_max",
@@ -829,6 +838,10 @@ CLIP_RATIO_HIGH_MAX = Metric(
     unit="fraction",
     reduction="max",
     trainers=GRPO,
+    when="loss_type grpo, bnpo, dr_grpo, dapo or luspo (the clipped surrogate)",
+    vs_trl="TRL 1.16 (PR #6380) takes the max over completions of each completion's clipped token share, "
+    "gathered across processes; rlhfkit keeps the definition of TRL's logging page, the max over micro-batches "
+    "(and processes) of each micro-batch's share",
 )
 CLIP_RATIO_REGION_MEAN = Metric(
     name="clip_ratio/region_mean",
@@ -837,13 +850,40 @@ CLIP_RATIO_REGION_MEAN = Metric(
     unit="fraction",
     reduction="mean",
     trainers=GRPO,
+    when="loss_type grpo, bnpo, dr_grpo, dapo or luspo (the clipped surrogate)",
     importance="stability",
     watch="High values mean updates push hard against the clip range: lower learning_rate or num_iterations.",
 )
+CISPO_CLIP_RATIO = Metric(
+    name="cispo_clip_ratio",
+    meaning="Share of completion tokens whose CISPO weight was capped (ratio above epsilon_high, positive advantage).",
+    formula="pooled token mean of 1[r > epsilon_high and A > 0]",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    when="loss_type cispo",
+    importance="stability",
+    watch="0 with one update per generation; high values mean the policy moves far from the sampler.",
+)
+VESPO_PHI_SEQ_MEAN = Metric(
+    name="vespo/phi_seq_mean",
+    meaning="Mean VESPO gamma weight of the completions: 1 on-policy, smaller as the sequence ratio drifts.",
+    formula="mean over completions of phi(w) = exp(lambda + k ln w - lambda w), w = prod_t r_t (clamped)",
+    unit="weight",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    when="loss_type vespo",
+    importance="stability",
+    watch="Near 1; a falling mean means most completions are down-weighted: fewer iterations per generation.",
+)
 EVAL_REWARD = Metric(
     name="eval/reward",
-    meaning="Mean total reward of the greedy completions of the evaluation prompts.",
-    formula="mean over eval prompts of R(prompt, greedy completion)",
+    meaning="Mean total reward of the greedy completions of the evaluation prompts (sampled ones with "
+    "--num_generations_eval).",
+    formula="mean over eval prompts of R(prompt, greedy completion); with num_generations_eval N, mean over the N "
+    "completions sampled for each eval prompt",
     unit="reward",
     reduction="mean",
     trainers=GRPO,

@@ -16,6 +16,8 @@ from rlhfkit.ops.losses import (
     clipped_value_loss,
     explained_variance,
     grpo_per_token_loss,
+    high_entropy_mask,
+    vespo_gamma_weights,
 )
 from rlhfkit.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_lengths, truncate_after_stop_token
@@ -36,6 +38,7 @@ __all__ = [
     "gae",
     "grpo_per_token_loss",
     "group_advantages",
+    "high_entropy_mask",
     "kl_penalized_rewards",
     "kl_per_token",
     "last_true_index",
@@ -46,4 +49,5 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "truncate_after_stop_token",
+    "vespo_gamma_weights",
 ]

@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from fractions import Fraction
 
 import torch
 from accelerate import Accelerator
@@ -68,19 +69,20 @@ def is_sample_step(step: int, num_steps: int, every: int) -> bool:
 
 
 def epoch_end_steps(
-    num_steps: int, dataset_size: int, prompts_per_draw: int, steps_per_draw: int = 1
+    num_steps: int, dataset_size: int, prompts_per_draw: int, steps_per_draw: int | Fraction = 1
 ) -> frozenset[int]:
     """The 1-based steps that end a pass over the prompts, and the last step (which ends the run's last, possibly
     partial, epoch, as in transformers' Trainer).
 
     Each draw takes `prompts_per_draw` prompts (all processes: PPO's rollout batch, GRPO's generation batch) and
-    serves `steps_per_draw` steps (GRPO's num_iterations). Pass k ends with the draw holding its last prompt, the
+    serves `steps_per_draw` steps (GRPO: steps_per_generation x num_iterations / gradient_accumulation_steps, a
+    Fraction when a step draws on several generations or a generation ends mid-step). Pass k ends with the draw holding its last prompt, the
     (k x dataset_size)-th drawn (rlhfkit.data.endless_batches draws passes back to back), after that draw's last step.
     """
     draws = math.ceil(num_steps / steps_per_draw)
     passes = draws * prompts_per_draw // dataset_size
     last_draws = (-(-k * dataset_size // prompts_per_draw) for k in range(1, passes + 1))  # ceil, in integers
-    return frozenset({min(draw * steps_per_draw, num_steps) for draw in last_draws} | {num_steps})
+    return frozenset({min(math.ceil(draw * steps_per_draw), num_steps) for draw in last_draws} | {num_steps})
 
 
 def save_into(accelerator: Accelerator, path: str, write: Callable[[str], None]) -> None:

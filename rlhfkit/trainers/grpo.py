@@ -9,18 +9,18 @@ Variant: GRPO as in DeepSeekMath (Shao et al., 2024, section 4.1, outcome superv
   the batch std (``batch``) or nothing (``none``, Dr. GRPO), and shared by all of i's tokens;
 * per-token loss -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta * KL_k3(policy || reference),
   r = exp(logp - logp_old), aggregated per ``loss_type`` (grpo, bnpo, dr_grpo, dapo; docs/algorithms/grpo.md);
-* each generated batch serves ``num_iterations`` optimizer steps (logp_old saved at generation when > 1), each
-  step accumulating ``gradient_accumulation_steps`` micro-batches of ``per_device_train_batch_size`` completions;
+* one generation holds ``per_device_train_batch_size x steps_per_generation`` completions per process (TRL's
+  ``generation_batch_size``, all processes), split in order into ``steps_per_generation`` micro-batches and served
+  ``num_iterations`` times; an optimizer step accumulates ``gradient_accumulation_steps`` micro-batches, so a
+  generation may serve several steps (logp_old saved at generation then) or a step draw on several generations;
 * ``mask_truncated_completions`` leaves completions without a terminator out of the loss (DAPO);
 * learning rate decays linearly to 0 over the steps (--lr_scheduler_type: transformers' schedules, stepped once per
   optimizer step as TRL does).
 
 Deliberate differences from TRL (docs/algorithms/grpo.md gives the details):
-* every EOS id of the tokenizer and generation config ends a completion (TRL counts only one, #7039);
 * metrics pool sums and counts over micro-batches, steps of the logging window and processes before dividing;
-* each process keeps whole groups (per_device_train_batch_size is a multiple of num_generations), so a prompt's
-  completions never straddle processes; one generation batch feeds one optimizer step per iteration
-  (TRL's steps_per_generation = gradient_accumulation_steps, its default).
+* the generation batch is split into micro-batches in order (TRL shuffles it first): only bnpo's per-micro-batch
+  token mean depends on the split (docs/algorithms/grpo.md).
 
 LoRA (--use_peft): the policy trains an adapter; the reference (beta > 0) is the policy with its adapter disabled, not
 a copy (reference_logprobs).
@@ -32,6 +32,7 @@ import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 
 import torch
 from datasets import Dataset
@@ -57,6 +58,7 @@ from rlhfkit.models import (
     with_lora,
     write_merged,
 )
+from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, GRPOLossOutput
 from rlhfkit.rewards import RewardOutput, RewardSources, reward_sources
 from rlhfkit.rollout import (
     complete,
@@ -83,9 +85,9 @@ class GenerationBatch:
     loss_mask: torch.Tensor  # (N, T) bool: completion tokens that count in the loss
     advantages: torch.Tensor  # (N,) float32
     rewards: torch.Tensor  # (K, N) float64 raw rewards per source, NaN where not applicable
-    old_logprobs: torch.Tensor | None  # (N, T), only when num_iterations > 1
+    old_logprobs: torch.Tensor | None  # (N, T), only when the generation outlives an optimizer step
     ref_logprobs: torch.Tensor | None  # (N, T), only when beta > 0
-    num_items: float  # loss tokens of the whole step per process (global / world size): dapo's normaliser
+    num_items: float  # loss tokens of one optimizer step per process, on average: dapo/cispo/vespo's normaliser
     global_tokens: int  # prompt + completion tokens, all processes
 
 
@@ -149,24 +151,31 @@ class GRPOTrainer:
         self.model, self.optimizer = acc.prepare(model, optimizer)
         self._batch: GenerationBatch | None = None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair]
-        prompts_per_generation = self.sizes.local_prompts * acc.num_processes
-        steps = self.sizes.num_steps
-        epoch_ends = epoch_end_steps(steps, len(self.train_dataset), prompts_per_generation, args.num_iterations)
-        run.start(self, steps, extra_metrics, epoch_ends=epoch_ends)  # restores a checkpoint; opens the run dir
+        sizes = self.sizes
+        steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
+        epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
+        run.start(
+            self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends
+        )  # restores a checkpoint; opens the run dir
 
     # What the run lifecycle needs from its trainer: models, own state, evaluation.
     def write_models(self, directory: str) -> None:
-        """The policy and its tokenizer."""
+        """The policy and its tokenizer; with sync_ref_model also the reference, which then changes (ref_model/)."""
         self.accelerator.unwrap_model(self.model).save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)
+        if self.args.sync_ref_model:
+            self.ref_model.save_pretrained(os.path.join(directory, "ref_model"))
 
     def load_models(self, directory) -> None:
         load_weights(self.accelerator.unwrap_model(self.model), directory)
+        if self.args.sync_ref_model:
+            load_weights(self.ref_model, os.path.join(directory, "ref_model"))
 
     def state_dict(self) -> dict:
-        """A batch that still has iterations to serve (num_iterations > 1) is part of the state."""
-        reused = self._batch is not None and self.run.progress.step % self.args.num_iterations != 0
-        return {"batch": asdict(self._batch) if reused else None}
+        """A generation that still has micro-batches to serve is part of the state."""
+        micro_steps = self.run.progress.step * self.args.gradient_accumulation_steps
+        unfinished = self._batch is not None and micro_steps % self.sizes.micro_steps_per_generation != 0
+        return {"batch": asdict(self._batch) if unfinished else None}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("batch") is not None:
@@ -174,29 +183,30 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     def train(self) -> None:
-        args, sizes, run, acc = self.args, self.sizes, self.run, self.accelerator
-        progress = run.progress
+        args, sizes, run = self.args, self.sizes, self.run
+        progress, accumulation = run.progress, args.gradient_accumulation_steps
+        # Every process draws the same prompts (the whole generation batch) and keeps its slice of the completions.
         prompts = endless_batches(
-            len(self.train_dataset),
-            sizes.local_prompts,
-            args.seed,
-            acc.process_index,
-            acc.num_processes,
-            skip=progress.generations,
-            shuffle=args.shuffle_dataset,
+            len(self.train_dataset), sizes.prompts, args.seed, skip=progress.generations, shuffle=args.shuffle_dataset
         )
         for step in run.steps():
-            # 1. Generate G completions per prompt and score them (a new batch every num_iterations steps).
+            # 1. Generate G completions per prompt and score them whenever the last generation has served its
+            #    steps_per_generation x num_iterations micro-batches; this step's micro-batches, in order.
+            micro_batches = []
             with run.timed(M.TIME_ROLLOUT):
-                if (step - 1) % args.num_iterations == 0:
-                    self._batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
-                    progress.generations += 1
-                    progress.episode += sizes.completions
-                    progress.num_tokens += self._batch.global_tokens
+                for micro in range((step - 1) * accumulation, step * accumulation):
+                    if micro % sizes.micro_steps_per_generation == 0:
+                        self._batch = self.generate_and_score(next(prompts))
+                        progress.generations += 1
+                        progress.episode += sizes.completions
+                        progress.num_tokens += self._batch.global_tokens
+                    micro_batches.append((self._batch, micro % sizes.steps_per_generation))
 
-            # 2. Optimise: one optimizer step over gradient_accumulation_steps micro-batches of the batch.
+            # 2. Optimise: one optimizer step over the gradient_accumulation_steps micro-batches.
             with run.timed(M.TIME_OPTIMIZATION):
-                self.optimize(self._batch)
+                self.optimize(micro_batches)
+            if args.sync_ref_model and step % args.ref_model_sync_steps == 0:
+                self.sync_reference()
 
             # 3. The completions table on sample steps (and logging steps with log_completions).
             if run.is_sample_step(step) or (args.log_completions and run.is_log_step(step)):
@@ -217,16 +227,16 @@ class GRPOTrainer:
         return self.rewards.score(rows, prompts, completions, sequence, response, self.args.dataset_text_field)
 
     @torch.no_grad()  # not inference_mode: the batch's tensors feed the loss's autograd graph later
-    def generate_and_score(self, rows: list[dict]) -> GenerationBatch:
-        """Sample G completions per prompt, score them, compute advantages and the no-gradient log-probs."""
+    def generate_and_score(self, prompt_indices: list[int]) -> GenerationBatch:
+        """Sample G completions per prompt of the generation (all processes'), keep this process's slice, score
+        them, compute advantages over the whole generation and the no-gradient log-probs."""
         args, acc, tok = self.args, self.accelerator, self.tokenizer
-        G, device = args.num_generations, acc.device
-        rows = [row for row in rows for _ in range(G)]  # groups are contiguous
+        G, device, n = args.num_generations, acc.device, self.sizes.local_completions
+        repeated = [i for i in prompt_indices for _ in range(G)]  # groups are contiguous; one may span processes
+        rows = [self.train_dataset[i] for i in repeated[acc.process_index * n : (acc.process_index + 1) * n]]
         model = acc.unwrap_model(self.model)
         model.eval()
-        config = sampling_config(
-            args.max_completion_length, args.temperature, tok.pad_token_id, self.stop_ids, args.top_p, args.top_k
-        )
+        config = self.sampling_config(args.max_completion_length)
         chunks = list(
             complete(model, [r["input_ids"] for r in rows], config, self.stop_ids, tok.pad_token_id, len(rows), device)
         )
@@ -241,12 +251,13 @@ class GRPOTrainer:
         outputs = self._score(rows, prompts, completions, chunk)
         total = self.rewards.total(outputs, prompts)
 
-        # Advantages over the global batch (all processes), so scale_rewards="batch" uses the batch std; each
-        # process's completions are a contiguous block of whole groups in the gathered order.
+        # Advantages over the whole generation (all processes), so scale_rewards="batch" uses the batch std and a
+        # group spanning processes is one group; each process's completions are a contiguous block in gathered order.
         gathered = acc.gather(total.to(device)).double().cpu()
-        advantages = ops.group_advantages(gathered, G, args.scale_rewards)
-        n = len(rows)
-        advantages = advantages[acc.process_index * n : (acc.process_index + 1) * n].float().to(device)
+        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)
+        advantages = ops.group_advantages(gathered, G, args.scale_rewards)[mine].float().to(device)
+        group_std = gathered.view(-1, G).std(dim=1)
+        zero_std = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)[mine]
 
         loss_mask = resp.mask & resp.terminated[:, None] if args.mask_truncated_completions else resp.mask
         counts = torch.tensor(
@@ -256,11 +267,12 @@ class GRPOTrainer:
 
         width = chunk.query_ids.shape[1]
         old_logprobs = None
-        if args.num_iterations > 1:  # logp_old: the sampling log-probs where exact, else a full forward's
+        if args.gradient_accumulation_steps % self.sizes.micro_steps_per_generation:  # outlives an optimizer step
+            # logp_old: the sampling log-probs where exact, else a full forward's
             exact = self.run.sampling_logprobs_exact(model)
             old_logprobs = chunk.logprobs if exact else self._logprobs(model, ids, mask, width, resp.ids)
         ref_logprobs = self.reference_logprobs(model, ids, mask, width, resp.ids)
-        self.log_generation(outputs, total, resp, prompts, completions)
+        self.log_generation(outputs, total, zero_std, resp, prompts, completions)
         return GenerationBatch(
             prompts=prompts,
             completions=completions,
@@ -273,7 +285,11 @@ class GRPOTrainer:
             rewards=torch.stack([o.values for o in outputs]),
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
-            num_items=loss_tokens / acc.num_processes,
+            # TRL's normaliser: the generation's loss tokens per process, over the optimizer steps it spans.
+            num_items=loss_tokens
+            / acc.num_processes
+            * args.gradient_accumulation_steps
+            / self.sizes.steps_per_generation,
             global_tokens=int(prompt_tokens + completion_tokens),
         )
 
@@ -303,9 +319,33 @@ class GRPOTrainer:
             policy = self.accelerator.unwrap_model(self.model)
             write_merged(policy, self.tokenizer, os.path.join(self.args.output_dir, "merged"))
 
-    def log_generation(self, outputs: list[RewardOutput], total, resp, prompts, completions) -> None:
-        """Completion lengths, rewards and true success of one generation, pooled when reduced."""
-        m, G = self.run.metrics, self.args.num_generations
+    def sampling_config(self, max_new_tokens: int):
+        """The training sampler: temperature, top_k / top_p / min_p, repetition_penalty and generation_kwargs."""
+        args, tok = self.args, self.tokenizer
+        return sampling_config(
+            max_new_tokens,
+            args.temperature,
+            tok.pad_token_id,
+            self.stop_ids,
+            args.top_p,
+            args.top_k,
+            min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty,
+            generation_kwargs=args.generation_kwargs,
+        )
+
+    @torch.no_grad()
+    def sync_reference(self) -> None:
+        """sync_ref_model (TR-DPO, Gorbatovski et al. 2024): ref <- alpha x policy + (1 - alpha) x ref."""
+        alpha = self.args.ref_model_mixup_alpha
+        policy = self.accelerator.unwrap_model(self.model)
+        for ref, own in zip(self.ref_model.parameters(), policy.parameters(), strict=True):
+            ref.mul_(1 - alpha).add_(own.detach().to(ref.dtype), alpha=alpha)
+
+    def log_generation(self, outputs: list[RewardOutput], total, zero_std, resp, prompts, completions) -> None:
+        """Completion lengths, rewards and true success of one generation, pooled when reduced. zero_std: (N,)
+        whether each completion's group (which may span processes) had identical rewards."""
+        m = self.run.metrics
         lengths = resp.mask.sum(1).double()
         m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
         m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
@@ -320,56 +360,77 @@ class GRPOTrainer:
         self.rewards.log(m, outputs)
         m.add_tensor(M.REWARD, total)
         m.add_tensor(M.REWARD_STD, total)
-        group_std = total.view(-1, G).std(dim=1)
-        zero_std = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)
         m.add_tensor(M.FRAC_REWARD_ZERO_STD, zero_std.double())
         if self.task is not None:
             correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
             m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
 
-    def optimize(self, batch: GenerationBatch) -> None:
-        """One optimizer step: gradient_accumulation_steps micro-batches of per_device_train_batch_size."""
-        args, acc = self.args, self.accelerator
-        micro, steps = args.per_device_train_batch_size, args.gradient_accumulation_steps
+    def optimize(self, micro_batches: list[tuple[GenerationBatch, int]]) -> None:
+        """One optimizer step over micro-batches given as (generation, index of the micro-batch in it)."""
+        acc, size = self.accelerator, self.args.per_device_train_batch_size
         step_loss = 0.0
-        for k in range(steps):
-            with contextlib.nullcontext() if k == steps - 1 else acc.no_sync(self.model):
-                step_loss += self.micro_step(batch, slice(k * micro, (k + 1) * micro))
+        for k, (batch, index) in enumerate(micro_batches):
+            with contextlib.nullcontext() if k == len(micro_batches) - 1 else acc.no_sync(self.model):
+                step_loss += self.micro_step(batch, slice(index * size, (index + 1) * size))
         self.run.optimizer_step(self.model, self.optimizer)
         self.run.metrics.add(M.LOSS, step_loss, 1)
 
     def micro_step(self, batch: GenerationBatch, idx: slice) -> float:
         """Forward, backward and statistics of one micro-batch; returns its (scaled) loss. A method of its own so
         that its activations are released when it returns, before the next micro-batch's forward."""
-        args, m = self.args, self.run.metrics
+        args = self.args
         mask = batch.loss_mask[idx]
         logits = policy_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx])
         response_logits = logits[:, batch.query_width - 1 : -1]
         logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
         old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
         ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
+        with torch.no_grad():
+            entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
+        token_mask = None
+        if args.top_entropy_quantile < 1.0:  # the policy loss only on the micro-batch's highest-entropy tokens
+            token_mask = ops.high_entropy_mask(entropy, mask, 1.0 - args.top_entropy_quantile)
         out = ops.grpo_per_token_loss(
-            logprobs, old, batch.advantages[idx], mask, args.epsilon, args.epsilon_high, ref, args.beta
-        )
+            logprobs, old, batch.advantages[idx], mask, args.epsilon, args.epsilon_high, ref, args.beta,
+            loss_type=args.loss_type, importance_sampling_level=args.importance_sampling_level, delta=args.delta,
+            use_bias_correction_kl=args.use_bias_correction_kl, token_mask=token_mask,
+            sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
+            vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
+            vespo_lambda_neg=args.vespo_lambda_neg,
+        )  # fmt: skip
         loss = ops.aggregate_token_loss(
             out.per_token_loss, mask, args.loss_type, args.max_completion_length, batch.num_items
         )
-        if args.loss_type != "dapo":  # dapo's normaliser already spans the whole step
+        if args.loss_type not in STEP_NORMALISED_LOSS_TYPES:  # those already divide by the step's tokens
             loss = loss / args.gradient_accumulation_steps
         self.accelerator.backward(loss)
         with torch.no_grad():
-            tokens = mask.sum()
-            entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
-            m.add(M.ENTROPY, (entropy * mask).sum(), tokens)
-            if args.beta != 0.0:
-                m.add(M.KL, out.kl.sum(), tokens)
-            m.add(M.CLIP_RATIO_LOW_MEAN, out.low_clipped.sum(), tokens)
-            m.add(M.CLIP_RATIO_HIGH_MEAN, out.high_clipped.sum(), tokens)
-            m.add(M.CLIP_RATIO_REGION_MEAN, (out.low_clipped | out.high_clipped).sum(), tokens)
-            if tokens > 0:
-                m.add_extreme(M.CLIP_RATIO_LOW_MIN, out.low_clipped.sum() / tokens)
-                m.add_extreme(M.CLIP_RATIO_HIGH_MAX, out.high_clipped.sum() / tokens)
+            self.log_micro_step(out, entropy, mask)
         return loss.item()
+
+    def log_micro_step(self, out: GRPOLossOutput, entropy, mask) -> None:
+        """Entropy, KL and the clip statistics of one micro-batch (per token; per completion for a sequence-level
+        ratio, as TRL counts them)."""
+        args, m = self.args, self.run.metrics
+        tokens = mask.sum()
+        m.add(M.ENTROPY, (entropy * mask).sum(), tokens)
+        if args.beta != 0.0:
+            m.add(M.KL, out.kl.sum(), tokens)
+        if args.loss_type == "cispo":
+            m.add(M.CISPO_CLIP_RATIO, out.cispo_clipped.sum(), tokens)
+        if args.loss_type == "vespo":
+            m.add_tensor(M.VESPO_PHI_SEQ_MEAN, out.phi.double())
+        if args.loss_type not in CLIPPED_LOSS_TYPES:
+            return
+        low, high = out.low_clipped, out.high_clipped
+        if args.importance_sampling_level == "sequence":  # one ratio per completion: count completions
+            low, high, tokens = low.any(-1), high.any(-1), mask.any(-1).sum()
+        m.add(M.CLIP_RATIO_LOW_MEAN, low.sum(), tokens)
+        m.add(M.CLIP_RATIO_HIGH_MEAN, high.sum(), tokens)
+        m.add(M.CLIP_RATIO_REGION_MEAN, (low | high).sum(), tokens)
+        if tokens > 0:
+            m.add_extreme(M.CLIP_RATIO_LOW_MIN, low.sum() / tokens)
+            m.add_extreme(M.CLIP_RATIO_HIGH_MAX, high.sum() / tokens)
 
     # ------------------------------------------------------------------------------------------------
     def log_completions(self, batch: GenerationBatch, step: int) -> None:
@@ -386,15 +447,22 @@ class GRPOTrainer:
 
     @torch.inference_mode()
     def evaluate(self, step: int) -> None:
-        """Greedy completions of the eval prompts: mean total reward and, with a task, true success."""
+        """Completions of the eval prompts (one greedy each, or num_generations_eval sampled as in training): mean
+        total reward and, with a task, true success."""
         args, acc, tok = self.args, self.accelerator, self.tokenizer
         model = acc.unwrap_model(self.model).eval()
         metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
         size = args.per_device_eval_batch_size
         rows = self.run.local_rows(self.eval_dataset)
-        for part, chunk in greedy_completions(
-            model, rows, tok, self.stop_ids, args.max_completion_length, size, acc.device
-        ):
+        if args.num_generations_eval:
+            rows = [row for row in rows for _ in range(args.num_generations_eval)]
+            config = self.sampling_config(args.max_completion_length)
+            ids = [r["input_ids"] for r in rows]
+            chunks = complete(model, ids, config, self.stop_ids, tok.pad_token_id, size, acc.device)
+            batches = ((rows[i * size : (i + 1) * size], chunk) for i, chunk in enumerate(chunks))
+        else:
+            batches = greedy_completions(model, rows, tok, self.stop_ids, args.max_completion_length, size, acc.device)
+        for part, chunk in batches:
             prompts = [r[args.dataset_text_field] for r in part]
             resp = chunk.responses
             completions = decode(tok, resp.ids, resp.mask)

@@ -84,7 +84,8 @@ def test_logs_exactly_the_registry_set(run):
     trainer, rows, _, _ = run
     logged = set().union(*(r.keys() for r in rows)) - {"step"}
     expected = registry.expand_templates(registry.metrics_for("grpo"), ["correctness", "recorded_length"])
-    assert logged == {m.name for m in expected}
+    other_losses = {"cispo_clip_ratio", "vespo/phi_seq_mean"}  # logged by loss_type cispo / vespo only
+    assert logged == {m.name for m in expected} - other_losses
 
 
 def test_length_and_reward_metrics_match_the_raw_calls(run):
@@ -192,11 +193,6 @@ def test_bad_reward_functions_are_named(tiny_assets, tmp_path, name, message):
     with pytest.raises(RewardFunctionError) as info:
         trainer.train()
     assert message in str(info.value)
-
-
-def test_batch_size_must_hold_whole_groups():
-    with pytest.raises(ValueError, match=r"per_device_train_batch_size \(6\).*num_generations \(4\)"):
-        GRPOConfig(per_device_train_batch_size=6, num_generations=4)
 
 
 def test_two_processes_pool_metrics(tiny_assets, tmp_path):

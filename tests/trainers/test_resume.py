@@ -37,7 +37,8 @@ def resume_from(run_dir, checkpoint_step, tmp_path, make_config, build):
     shutil.copytree(run_dir, copy)
     for name in os.listdir(copy):  # the final model and later checkpoints did not exist yet
         later = name.startswith("checkpoint-") and name != f"checkpoint-{checkpoint_step}"
-        if later or name in ("model.safetensors", "value_model", "adapter_model.safetensors", "adapter_config.json"):
+        final = ("model.safetensors", "value_model", "ref_model", "adapter_model.safetensors", "adapter_config.json")
+        if later or name in final:
             path = copy / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     args = make_config(copy, resume_from_checkpoint="latest")
@@ -85,6 +86,22 @@ def test_grpo_resumes_exactly_mid_batch_and_mid_window(tiny_assets, tmp_path):
     resumed = resume_from(original, 3, tmp_path, make_config, build_grpo_trainer)
     assert [r["step"] for r in rows_of(resumed) if "loss" in r] == [2, 4, 6]
     assert_same_run(original, resumed, ["model.safetensors"])
+
+
+def test_grpo_resumes_exactly_mid_generation_with_a_synced_reference(tiny_assets, tmp_path):
+    def make_config(out, **extra):
+        # A generation serves 4 steps (steps_per_generation 4, one micro-batch per step): the checkpoint after step 3
+        # holds a generation with one micro-batch left; the reference, synced after step 2, is saved with it.
+        return grpo_config(
+            tiny_assets, tmp_path, output_dir=str(out), max_steps=6, per_device_train_batch_size=2, num_generations=4,
+            gradient_accumulation_steps=1, steps_per_generation=4, save_steps=3, beta=0.04, sync_ref_model=True,
+            ref_model_sync_steps=2, **extra,
+        )  # fmt: skip
+
+    original = tmp_path / "original"
+    build_grpo_trainer(make_config(original), set()).train()
+    resumed = resume_from(original, 3, tmp_path, make_config, build_grpo_trainer)
+    assert_same_run(original, resumed, ["model.safetensors", "ref_model/model.safetensors"])
 
 
 def test_ppo_with_lora_resumes_exactly(tiny_assets, tmp_path):
