@@ -67,6 +67,7 @@ GRPO_SHARED = {
     # GRPO objective
     "learning_rate": 3e-5,
     "beta": 0.04,  # k3 KL to a reference model
+    "use_bias_correction_kl": True,  # both defaults (TRL 1.16, rlhfkit): the k3 term times the importance ratio
     "epsilon": 0.2,
     "epsilon_high": 0.2,
     "loss_type": "dapo",
@@ -89,7 +90,6 @@ GRPO_RLHFKIT = {
 GRPO_TRL = {
     "gradient_checkpointing": False,  # TRL's default is True
     "use_vllm": False,
-    "use_bias_correction_kl": False,  # TRL 1.16 default True multiplies the KL term by the ratio; rlhfkit has plain k3
     "disable_dropout": True,  # rlhfkit always disables dropout (the Llama here has none anyway)
     "save_strategy": "no",
     "lr_scheduler_type": "linear",  # TrainingArguments' default, as rlhfkit's linear decay to 0

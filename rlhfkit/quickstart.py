@@ -1,13 +1,15 @@
 """`rlhfkit quickstart`: the whole small pipeline on the built-in task, offline, in a few minutes on a laptop CPU.
 
 1. build (first use) or reuse the built-in task: tokenizer, SFT model, reward model, prompts;
-2. train PPO from the SFT model against the reward model (the built-in task's PPO settings);
+2. train PPO from the SFT model against the reward model (the built-in task's PPO settings), or with
+   ``--algorithm grpo`` GRPO against the task's rule-based rewards (its GRPO settings);
 3. judge the trained policy against the SFT model on held-out prompts, with the task's own checker and with the
    reward model (the reference PPO page validates training the same way, by a judge's win rate);
 4. write the HTML report of the run.
 
-It ends with the win rates, the report's path and the command that opens the Trackio dashboard. PPO flags given on
-the command line (``rlhfkit quickstart --total_episodes 2048``) override the built-in settings.
+It ends with the win rates, the report's path and the command that opens the Trackio dashboard. The algorithm's flags
+given on the command line (``rlhfkit quickstart --total_episodes 2048``, ``rlhfkit quickstart --algorithm grpo
+--max_steps 50``) override the built-in settings.
 """
 
 from __future__ import annotations
@@ -16,17 +18,41 @@ import os
 import time
 from collections.abc import Sequence
 
+ALGORITHMS = ("ppo", "grpo")
+
+
+def split_algorithm(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """`--algorithm NAME` (or `--algorithm=NAME`) out of the command line: (name, the other arguments)."""
+    from rlhfkit.args import UsageError
+
+    rest, algorithm, args = [], "ppo", list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg == "--algorithm":
+            if not args:
+                raise UsageError(f"--algorithm needs a value: one of {', '.join(ALGORITHMS)}.")
+            algorithm = args.pop(0)
+        elif arg.startswith("--algorithm="):
+            algorithm = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if algorithm not in ALGORITHMS:
+        raise UsageError(f"--algorithm {algorithm!r}: must be one of {', '.join(ALGORITHMS)}.")
+    return algorithm, rest
+
 
 def cmd_quickstart(argv: Sequence[str]) -> int:
     from rlhfkit.args import UsageError, parse_config
-    from rlhfkit.builders import MODEL_FLAGS, build_ppo_trainer
-    from rlhfkit.config import PPOConfig
+    from rlhfkit.builders import MODEL_FLAGS, build_grpo_trainer, build_ppo_trainer
+    from rlhfkit.config import GRPOConfig, PPOConfig
     from rlhfkit.evaluation import RewardModelJudge, TaskJudge, compare_judges, format_report, load_eval_prompts
     from rlhfkit.report import build_report
     from rlhfkit.tasks import builtin_assets, load_task
 
     start = time.time()
-    args, explicit = parse_config(PPOConfig, argv, "rlhfkit quickstart")
+    algorithm, argv = split_algorithm(argv)
+    config_cls, build = (PPOConfig, build_ppo_trainer) if algorithm == "ppo" else (GRPOConfig, build_grpo_trainer)
+    args, explicit = parse_config(config_cls, argv, "rlhfkit quickstart")
     given = [flag for flag in MODEL_FLAGS if getattr(args, flag, None)]
     if given:
         raise UsageError(
@@ -35,8 +61,8 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
     if "exp_name" not in explicit:
         args.exp_name = "quickstart"
 
-    # 1-2. Built-in task (built on first use) and PPO with its settings.
-    trainer = build_ppo_trainer(args, explicit)
+    # 1-2. Built-in task (built on first use) and the algorithm with its settings.
+    trainer = build(args, explicit)
     trainer.train()
     if not trainer.accelerator.is_main_process:
         return 0
@@ -55,7 +81,7 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
     report = build_report([run_dir], os.path.join(run_dir, "report"))
 
     print()
-    print(f"PPO policy vs the SFT model on {len(prompts)} held-out prompts (greedy):")
+    print(f"{algorithm.upper()} policy vs the SFT model on {len(prompts)} held-out prompts (greedy):")
     for win_rate in comparison.win_rates:
         print(format_report(win_rate))
         print()

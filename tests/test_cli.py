@@ -304,3 +304,22 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     assert f"Report: {tmp_path / 'qs' / 'report' / 'report.html'}" in out
     assert "Dashboard: trackio show --project huggingface" in out
     assert (tmp_path / "qs" / "report" / "report.html").stat().st_size > 10_000
+
+
+def test_grpo_quickstart_runs_the_whole_pipeline(tmp_path):
+    """`rlhfkit quickstart --algorithm grpo`: GRPO on the task's rule-based rewards, then the same judging and report."""
+    result = rlhfkit(
+        "quickstart", "--algorithm", "grpo", "--output_dir", str(tmp_path / "qs"), "--max_steps", "2",
+        "--report_to", "none", timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "GRPO policy vs the SFT model" in out and out.count("Model win rate:") == 2
+    config = json.loads((tmp_path / "qs" / "run_config.json").read_text())
+    assert config["reward_funcs"] == ["correctness", "partial_credit"] and config["max_steps"] == 2
+    assert (tmp_path / "qs" / "report" / "report.html").is_file()
+
+
+def test_quickstart_refuses_an_unknown_algorithm():
+    result = rlhfkit("quickstart", "--algorithm", "dpo")
+    assert result.returncode == 2 and "--algorithm 'dpo': must be one of ppo, grpo" in result.stderr

@@ -58,7 +58,7 @@ class HealthMonitor:
         names = [rule.name for rule in self.rules]
         if len(names) != len(set(names)):
             raise ValueError(f"health rule names must be unique, got {names}")
-        self.history = History(self.thresholds.history_length(), self.thresholds.smooth_window)
+        self.history = History(self.thresholds.history_length(), self.thresholds.start_length())
         self._states = {rule.name: _RuleState() for rule in self.rules}
 
     def observe(self, step: int, scalars: Mapping[str, Any]) -> list[Finding]:

@@ -43,6 +43,9 @@ PPO_REWARD, GRPO_REWARD = M.OBJECTIVE_RLHF_REWARD.name, M.REWARD.name
 REWARD_KL_PAIRS = ((PPO_REWARD, PPO_KL), (GRPO_REWARD, GRPO_KL))
 CLIPPED, ZERO_STD = M.COMPLETIONS_CLIPPED_RATIO.name, M.FRAC_REWARD_ZERO_STD.name
 CLIP_REGION = M.CLIP_RATIO_REGION_MEAN.name
+# Over-optimisation: the score the policy is trained on (PPO: the reward model's / functions' score; GRPO: the total
+# reward) against the task's true success (its checker), on sampled (rollout/) or greedy eval (eval/) completions.
+PPO_SCORES, TRUE_SUCCESS = M.OBJECTIVE_SCORES.name, (M.ROLLOUT_TASK_SUCCESS.name, M.EVAL_TASK_SUCCESS.name)
 
 
 def _knob(default: float | int, help: str) -> Any:
@@ -89,6 +92,17 @@ class Thresholds:
     # Reward against KL.
     reward_window: int = _knob(50, "Observations compared half against half for the reward-versus-KL trend.")
     reward_kl_growth_factor: float = _knob(1.5, "KL growth (second half median / first half) that counts as growing.")
+    # Reward against true success (over-optimisation).
+    overopt_window: int = _knob(
+        20, "Observations of the score and of rollout task success averaged for their start and current levels."
+    )
+    overopt_eval_window: int = _knob(3, "Latest evaluations of eval/task_success averaged for its current level.")
+    overopt_score_rise: float = _knob(
+        0.3, "Rise of the score over its start level (reward units) from which over-optimisation is checked."
+    )
+    overopt_success_gain: float = _knob(
+        0.02, "True success at most this much above its start level (a fraction) counts as flat or falling."
+    )
     # GRPO.
     clipped_ratio_warning: float = _knob(0.5, f"`{CLIPPED}` level that is a warning.")
     clipped_ratio_critical: float = _knob(0.9, f"`{CLIPPED}` level that is critical.")
@@ -111,7 +125,11 @@ class Thresholds:
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
         windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
-        return max(*windows, self.reward_window)
+        return max(*windows, self.reward_window, self.overopt_window)
+
+    def start_length(self) -> int:
+        """How many first observations of each metric the rules can look at (their start levels)."""
+        return max(self.smooth_window, self.overopt_window)
 
 
 def parse_thresholds(spec: Thresholds | Mapping[str, Any] | str | None) -> Thresholds:
@@ -352,7 +370,7 @@ def check_entropy(h: History, t: Thresholds) -> Hit | None:
     n = t.smooth_window
     collapsed, parts = {}, []
     for name in ENTROPIES:
-        values, first = h.values(name), h.first(name)
+        values, first = h.values(name), h.first(name)[:n]
         # The start level and the current level must not share observations.
         if name not in h.row or len(first) < n or len(values) < n or h.count(name) < 2 * n:
             continue
@@ -381,6 +399,32 @@ def check_reward_vs_kl(h: History, t: Thresholds) -> Hit | None:
                 {reward_name: rewards[-1], kl_name: kl_now},
                 f"over the last {w} observations {reward_name} changed by {gain:+.3g} (mean of the second half minus "
                 f"the first) while the {kl_name} median grew {kl_now / kl_before:.1f}x ({_g(kl_before)} -> {_g(kl_now)}).",
+            )
+    return None
+
+
+def check_overoptimisation(h: History, t: Thresholds) -> Hit | None:
+    """The trained-on score has risen well above its start while the task's true success has not: the policy
+    exploits the reward. Levels are means: the first and the last overopt_window observations of the score and of
+    rollout success; for eval success the first evaluation (before training) and the last overopt_eval_window."""
+    n = t.overopt_window
+    score_name = PPO_SCORES if h.count(PPO_SCORES) else GRPO_REWARD
+    if h.count(score_name) < 2 * n:
+        return None  # the start and current levels must not share observations
+    score_start, score_now = statistics.fmean(h.first(score_name)[:n]), statistics.fmean(h.values(score_name)[-n:])
+    if score_now - score_start < t.overopt_score_rise:
+        return None
+    rollout, evaluation = TRUE_SUCCESS
+    for name, start_n, now_n in ((rollout, n, n), (evaluation, 1, t.overopt_eval_window)):
+        if name not in h.row or h.count(name) < start_n + now_n:
+            continue
+        start, now = statistics.fmean(h.first(name)[:start_n]), statistics.fmean(h.values(name)[-now_n:])
+        if now - start <= t.overopt_success_gain:
+            return Hit(
+                WARNING,
+                {score_name: score_now, name: now},
+                f"{score_name} rose from {_g(score_start)} to {_g(score_now)} (means of its first and last {n} "
+                f"observations) while {name} went from {_g(start)} to {_g(now)}.",
             )
     return None
 
@@ -530,6 +574,21 @@ RULES: tuple[Rule, ...] = (
         "exploits something the score does not pay for. Raise kl_coef or beta, lower learning_rate, and check the "
         "reward on recent samples; with a learned reward model, compare against the task's true success metric.",
         check_reward_vs_kl,
+    ),
+    Rule(
+        "reward_overoptimised",
+        (PPO_SCORES, GRPO_REWARD, *TRUE_SUCCESS),
+        (WARNING,),
+        f"`{PPO_SCORES}` (PPO) or `{GRPO_REWARD}` (GRPO) has risen by >= $overopt_score_rise (mean of its last "
+        "$overopt_window observations against its first $overopt_window) while the task's true success is at most "
+        f"$overopt_success_gain above its start: `{TRUE_SUCCESS[0]}` (last $overopt_window observations against the "
+        f"first $overopt_window) or `{TRUE_SUCCESS[1]}` (mean of the last $overopt_eval_window evaluations against "
+        "the one before training); only for tasks with a checker",
+        "The policy earns more of the score it is trained on without getting better at the task: it exploits what "
+        "the reward model (or function) overpays, the over-optimisation of Gao et al. 2022. Lower learning_rate, "
+        "raise kl_coef or beta to hold the policy near the reference, and improve the reward model where the "
+        "latest samples show it being fooled (more pairs of the mistakes the policy now makes).",
+        check_overoptimisation,
     ),
     Rule(
         "completions_clipped",

@@ -192,6 +192,36 @@ def test_clip_ratio_high():
     assert replay(series("clip_ratio/region_mean", [0.15] * 20)) == []
 
 
+def test_reward_overoptimised_score_up_true_success_not():
+    """PPO: objective/scores at 0 for 20 updates, then at 0.4 (start and current levels 20 updates each) while sampled
+    success stays at 0.45: a warning at the 40th update. With success rising as well, or the score rising less,
+    nothing."""
+    scores = [0.0] * 20 + [0.4] * 20
+    flat = [{"objective/scores": s, "rollout/task_success": 0.45} for s in scores]
+    assert replay(flat) == [(40, "reward_overoptimised", WARNING)]
+    (f,) = findings(flat)
+    assert (
+        "objective/scores rose from 0 to 0.4" in f.message
+        and "rollout/task_success went from 0.45 to 0.45" in f.message
+    )
+    learning = [{"objective/scores": s, "rollout/task_success": 0.45 + s / 4} for s in scores]  # +0.1
+    assert replay(learning) == []
+    assert replay([{"objective/scores": s / 2, "rollout/task_success": 0.45} for s in scores]) == []  # +0.2 only
+
+
+def test_reward_overoptimised_on_eval_success_for_grpo():
+    """GRPO: reward at 0, then 0.5; greedy success before training 0.45, then every 10 steps 0.45, 0.44, 0.40, 0.38
+    (last three 0.407 on average): a warning at the last evaluation."""
+    rows = [{"eval/task_success": 0.45}]
+    for i in range(40):
+        rows.append({"reward": 0.0 if i < 20 else 0.5, "entropy": 0.5})
+        if i % 10 == 9:
+            rows.append({"eval/task_success": [0.45, 0.44, 0.40, 0.38][i // 10]})
+    assert replay(rows) == [(len(rows), "reward_overoptimised", WARNING)]
+    rows[-1] = {"eval/task_success": 0.9}  # the last evaluation recovers: 0.58 on average, rising
+    assert replay(rows) == []
+
+
 def test_every_rule_is_exercised_by_this_file():
     source = Path(__file__).read_text()
     assert [r.name for r in RULES if f'"{r.name}"' not in source] == []
