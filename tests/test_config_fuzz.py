@@ -93,6 +93,11 @@ COMPANIONS = {
     (PPOConfig, "num_mini_batches"): lambda v: ["--gradient_accumulation_steps", str(v)],
     (GRPOConfig, "num_generations"): lambda v: ["--per_device_train_batch_size", str(v)],
     (GRPOConfig, "per_device_train_batch_size"): lambda v: ["--num_generations", str(v)] if v >= 2 else None,
+    # A generation of v completions holds whole groups of v and whole micro-batches of 1.
+    (GRPOConfig, "generation_batch_size"): lambda v: (
+        ["--per_device_train_batch_size", "1", "--num_generations", str(v)] if v >= 2 else None
+    ),
+    (GRPOConfig, "delta"): lambda v: ["--epsilon_high", repr((v - 1) / 2)],  # delta must exceed 1 + epsilon_high
 }
 
 
