@@ -5,7 +5,7 @@
    ``--algorithm grpo`` GRPO against the task's rule-based rewards (its GRPO settings);
 3. judge the trained policy against the SFT model on held-out prompts, with the task's own checker and with the
    reward model (the reference PPO page validates training the same way, by a judge's win rate);
-4. write the HTML report of the run.
+4. write the HTML report of the run, opening with the before/after comparison (before_after.json).
 
 It ends with the win rates, the report's path and the command that opens the Trackio dashboard. The algorithm's flags
 given on the command line (``rlhfkit quickstart --total_episodes 2048``, ``rlhfkit quickstart --algorithm grpo
@@ -14,6 +14,7 @@ given on the command line (``rlhfkit quickstart --total_episodes 2048``, ``rlhfk
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -41,6 +42,33 @@ def split_algorithm(argv: Sequence[str]) -> tuple[str, list[str]]:
     return algorithm, rest
 
 
+def before_after(comparison, baseline: str, examples: int = 6) -> dict:
+    """What the report opens with: every judge's win rate of the trained policy (A) against `baseline`, and a few
+    prompts with both completions, chosen by the first judge's verdicts: wins first, then losses, then ties."""
+    from rlhfkit.evaluation.judges import Outcome
+
+    verdicts = comparison.verdicts[0]
+    order = [
+        i for outcome in (Outcome.A, Outcome.B, Outcome.TIE) for i, v in enumerate(verdicts) if v.outcome is outcome
+    ]
+    label = {Outcome.A: "after wins", Outcome.B: "before wins", Outcome.TIE: "tie", Outcome.MALFORMED: "unreadable"}
+    chosen = order[:examples]
+    return {
+        "baseline": baseline,
+        "prompts": len(comparison.prompts),
+        "win_rates": [w.to_dict() for w in comparison.win_rates],
+        "examples": [
+            {
+                "prompt": comparison.prompts[i],
+                "before": comparison.baseline.texts[i],
+                "after": comparison.model.texts[i],
+                "verdict": label[verdicts[i].outcome],
+            }
+            for i in chosen
+        ],
+    }
+
+
 def cmd_quickstart(argv: Sequence[str]) -> int:
     from rlhfkit.args import UsageError, parse_config
     from rlhfkit.builders import MODEL_FLAGS, build_grpo_trainer, build_ppo_trainer
@@ -48,6 +76,7 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
     from rlhfkit.evaluation import RewardModelJudge, TaskJudge, compare_judges, format_report, load_eval_prompts
     from rlhfkit.report import build_report
     from rlhfkit.tasks import builtin_assets, load_task
+    from rlhfkit.tracking.rundir import BEFORE_AFTER_FILE
 
     start = time.time()
     algorithm, argv = split_algorithm(argv)
@@ -77,7 +106,9 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
         run_dir, os.path.join(assets, "sft"), judges, prompts, max_new_tokens=task.max_new_tokens
     )
 
-    # 4. The report.
+    # 4. The report, opening with the before/after comparison.
+    with open(os.path.join(run_dir, BEFORE_AFTER_FILE), "w", encoding="utf-8") as f:
+        json.dump(before_after(comparison, "the SFT model"), f, indent=1)
     report = build_report([run_dir], os.path.join(run_dir, "report"))
 
     print()

@@ -304,6 +304,12 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     assert f"Report: {tmp_path / 'qs' / 'report' / 'report.html'}" in out
     assert "Dashboard: trackio show --project huggingface" in out
     assert (tmp_path / "qs" / "report" / "report.html").stat().st_size > 10_000
+    before_after = json.loads((tmp_path / "qs" / "before_after.json").read_text())
+    assert [w["judge"].split(":")[0] for w in before_after["win_rates"]] == ["task", "reward-model"]
+    assert before_after["prompts"] == 256 and 1 <= len(before_after["examples"]) <= 6
+    html = (tmp_path / "qs" / "report" / "report.html").read_text()
+    assert html.index("Before and after") < html.index("Crucial values")  # the report opens with it
+    assert before_after["examples"][0]["prompt"] in html
 
 
 def test_grpo_quickstart_runs_the_whole_pipeline(tmp_path):

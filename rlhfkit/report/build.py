@@ -154,6 +154,7 @@ def build_report(
     smoothing = f"EMA smoothing {smooth:g} (raw curves faint behind)" if smooth > 0 else "raw values (no smoothing)"
     body = [
         page.notes_block(loaded),
+        page.before_after_section(loaded),
         page.summary_section(summaries, headline, sparklines),
         page.charts_section(chart_sections_out, f"x-axis: {key}; {smoothing}; one line per run."),
         page.health_section(loaded, timeline),

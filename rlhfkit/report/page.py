@@ -315,6 +315,47 @@ def samples_table(rows: Sequence[dict[str, Any]]) -> str:
     return f'<table class="samples"><tr>{head}</tr>{body}</table>{more}'
 
 
+def before_after_section(runs: Sequence[Run]) -> str:
+    """What training changed, for runs with a before_after.json (rlhfkit quickstart): each judge's win rate of the
+    trained policy against the model it started from, and a few held-out prompts with both completions."""
+    parts = []
+    for run in runs:
+        data = run.before_after
+        if not data:
+            continue
+        title = "Before and after" + (f": {escape(run.name)}" if len(runs) > 1 else "")
+        parts.append(f'<section id="before-after"><h2>{title}</h2>')
+        parts.append(
+            f'<p class="sub">The trained policy against {escape(str(data.get("baseline", "the starting model")))} '
+            f"on {escape(str(data.get('prompts', '?')))} held-out prompts, greedy; a tie counts half.</p><ul>"
+        )
+        for w in data.get("win_rates", []):
+            rate, low, high = (fmt_percent(w.get(k)) for k in ("win_rate", "ci_low", "ci_high"))
+            counts = f"{w.get('wins', '?')} wins, {w.get('ties', '?')} ties, {w.get('losses', '?')} losses"
+            parts.append(
+                f"<li><b>{rate}</b> win rate by {escape(str(w.get('judge', '?')))} ({counts}; "
+                f"95% interval {low} to {high})</li>"
+            )
+        parts.append("</ul>")
+        examples = data.get("examples", [])
+        if examples:
+            head = "<tr><th>prompt</th><th>before</th><th>after</th><th>task judge</th></tr>"
+            rows = "".join(
+                f"<tr><td><code>{escape(str(e.get('prompt', '')))}</code></td>"
+                f"<td><code>{escape(str(e.get('before', '')))}</code></td>"
+                f"<td><code>{escape(str(e.get('after', '')))}</code></td>"
+                f"<td>{escape(str(e.get('verdict', '')))}</td></tr>"
+                for e in examples
+            )
+            parts.append(f'<table class="samples">{head}{rows}</table>')
+        parts.append("</section>")
+    return "".join(parts)
+
+
+def fmt_percent(value: Any) -> str:
+    return f"{value:.1%}" if isinstance(value, (int, float)) and math.isfinite(value) else "?"
+
+
 def samples_section(runs: Sequence[Run]) -> str:
     parts = ['<section id="samples"><h2>Completion samples</h2>']
     parts.append('<p class="sub">The first, middle and last logged sample steps of each run.</p>')

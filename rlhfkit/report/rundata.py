@@ -8,13 +8,22 @@ there is nothing to report.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlhfkit.health.rules import SEVERITIES
-from rlhfkit.tracking.rundir import CONFIG_FILE, HEALTH_FILE, METRICS_FILE, SAMPLES_FILE, read_config, read_jsonl
+from rlhfkit.tracking.rundir import (
+    BEFORE_AFTER_FILE,
+    CONFIG_FILE,
+    HEALTH_FILE,
+    METRICS_FILE,
+    SAMPLES_FILE,
+    read_config,
+    read_jsonl,
+)
 
 
 class ReportError(ValueError):
@@ -39,6 +48,7 @@ class Run:
     samples: list[dict[str, Any]]
     findings: list[dict[str, Any]] | None
     notes: list[str] = field(default_factory=list)
+    before_after: dict[str, Any] | None = None  # before_after.json: win rates and completions against the start
 
 
 def _is_number(value: Any) -> bool:
@@ -110,6 +120,15 @@ def load_run(path: str | os.PathLike) -> Run:
         if not findings and config.get("health") == "off":
             findings = None  # every run directory has the file; empty with checks off means "not checked"
 
+    before_after = None
+    if (path / BEFORE_AFTER_FILE).is_file():
+        try:
+            before_after = json.loads((path / BEFORE_AFTER_FILE).read_text(encoding="utf-8"))
+        except ValueError:
+            notes.append(f"{BEFORE_AFTER_FILE} is not readable JSON")
+        if not isinstance(before_after, dict):
+            before_after = None
+
     name = config.get("run_name") if isinstance(config.get("run_name"), str) else ""
     return Run(
         name=name or path.resolve().name,
@@ -119,6 +138,7 @@ def load_run(path: str | os.PathLike) -> Run:
         samples=samples,
         findings=findings,
         notes=notes,
+        before_after=before_after,
     )
 
 

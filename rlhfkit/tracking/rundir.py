@@ -25,6 +25,7 @@ CONFIG_FILE = "run_config.json"  # not config.json: the final model saved in the
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 HEALTH_FILE = "health.jsonl"
+BEFORE_AFTER_FILE = "before_after.json"  # rlhfkit quickstart: the trained policy against its starting model
 
 
 def read_jsonl(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:

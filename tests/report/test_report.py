@@ -308,3 +308,34 @@ def test_missing_browser_skips_unless_ci_requires_it(monkeypatch):
     monkeypatch.setenv(browser.REQUIRE_ENV, "1")
     with pytest.raises(pytest.fail.Exception, match="RLHFKIT_REQUIRE_BROWSER=1"):
         browser.require_browser()
+
+
+def test_before_after_opens_the_report_and_escapes_model_output(synthetic_runs, tmp_path):
+    """A run with before_after.json (written by rlhfkit quickstart) gets a first section with each judge's win rate
+    and the example completions; runs without one get no such section."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(synthetic_runs[0], run)
+    data = {
+        "baseline": "the SFT model",
+        "prompts": 256,
+        "win_rates": [
+            {
+                "judge": "task:sort",
+                "win_rate": 0.6,
+                "ci_low": 0.55,
+                "ci_high": 0.65,
+                "wins": 40,
+                "ties": 200,
+                "losses": 16,
+            }
+        ],  # fmt: skip
+        "examples": [{"prompt": "sort 31=", "before": "31<b>", "after": "13", "verdict": "after wins"}],
+    }
+    (run / "before_after.json").write_text(json.dumps(data))
+    html = build_report([run], tmp_path / "out").read_text()
+    assert html.index("Before and after") < html.index("Crucial values")
+    assert "<b>60.0%</b> win rate by task:sort (40 wins, 200 ties, 16 losses; 95% interval 55.0% to 65.0%)" in html
+    assert "31&lt;b&gt;" in html and "31<b>" not in html  # model output is escaped
+    assert "Before and after" not in build_report([synthetic_runs[0]], tmp_path / "plain").read_text()
