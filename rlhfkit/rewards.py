@@ -301,8 +301,7 @@ def reward_sources(
             raise ConfigError(f"reward_funcs entry {source!r} is neither callable, a model, nor a model path.")
         names.append(reward_name(source))
         funcs.append(source)
-    check_unique_names(names)
-    return names, funcs
+    return names, funcs  # RewardSources checks that the names are unique
 
 
 def check_unique_names(names: list[str]) -> None:

@@ -232,11 +232,13 @@ class GRPOTrainer:
         them, compute advantages over the whole generation and the no-gradient log-probs."""
         args, acc, tok = self.args, self.accelerator, self.tokenizer
         G, device, n = args.num_generations, acc.device, self.sizes.local_completions
-        repeated = [i for i in prompt_indices for _ in range(G)]  # groups are contiguous; one may span processes
-        rows = [self.train_dataset[i] for i in repeated[acc.process_index * n : (acc.process_index + 1) * n]]
+        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)  # this process's completions
+        repeated = [i for i in prompt_indices for _ in range(G)][mine]  # groups are contiguous; one may span processes
+        fetched = {i: self.train_dataset[i] for i in dict.fromkeys(repeated)}  # each prompt's row read once
+        rows = [fetched[i] for i in repeated]
         model = acc.unwrap_model(self.model)
         model.eval()
-        config = self.sampling_config(args.max_completion_length)
+        config = self.sampler(args.max_completion_length)
         chunks = list(
             complete(model, [r["input_ids"] for r in rows], config, self.stop_ids, tok.pad_token_id, len(rows), device)
         )
@@ -254,7 +256,6 @@ class GRPOTrainer:
         # Advantages over the whole generation (all processes), so scale_rewards="batch" uses the batch std and a
         # group spanning processes is one group; each process's completions are a contiguous block in gathered order.
         gathered = acc.gather(total.to(device)).double().cpu()
-        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)
         advantages = ops.group_advantages(gathered, G, args.scale_rewards)[mine].float().to(device)
         group_std = gathered.view(-1, G).std(dim=1)
         zero_std = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)[mine]
@@ -285,12 +286,19 @@ class GRPOTrainer:
             rewards=torch.stack([o.values for o in outputs]),
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
-            # TRL's normaliser: the generation's loss tokens per process, over the optimizer steps it spans.
-            num_items=loss_tokens
-            / acc.num_processes
-            * args.gradient_accumulation_steps
-            / self.sizes.steps_per_generation,
+            num_items=self.step_tokens(loss_tokens),
             global_tokens=int(prompt_tokens + completion_tokens),
+        )
+
+    def step_tokens(self, generation_tokens: float) -> float:
+        """TRL's normaliser of dapo, cispo and vespo: a generation's loss tokens (all processes) per process, spread
+        over the optimizer steps it spans (steps_per_generation / gradient_accumulation_steps of them)."""
+        args = self.args
+        return (
+            generation_tokens
+            / self.accelerator.num_processes
+            * args.gradient_accumulation_steps
+            / self.sizes.steps_per_generation
         )
 
     def _logprobs(self, model, ids, mask, width, response_ids) -> torch.Tensor:
@@ -319,7 +327,7 @@ class GRPOTrainer:
             policy = self.accelerator.unwrap_model(self.model)
             write_merged(policy, self.tokenizer, os.path.join(self.args.output_dir, "merged"))
 
-    def sampling_config(self, max_new_tokens: int):
+    def sampler(self, max_new_tokens: int):
         """The training sampler: temperature, top_k / top_p / min_p, repetition_penalty and generation_kwargs."""
         args, tok = self.args, self.tokenizer
         return sampling_config(
@@ -456,7 +464,7 @@ class GRPOTrainer:
         rows = self.run.local_rows(self.eval_dataset)
         if args.num_generations_eval:
             rows = [row for row in rows for _ in range(args.num_generations_eval)]
-            config = self.sampling_config(args.max_completion_length)
+            config = self.sampler(args.max_completion_length)
             ids = [r["input_ids"] for r in rows]
             chunks = complete(model, ids, config, self.stop_ids, tok.pad_token_id, size, acc.device)
             batches = ((rows[i * size : (i + 1) * size], chunk) for i, chunk in enumerate(chunks))

@@ -85,7 +85,7 @@ def test_accumulated_gradient_equals_the_one_batch_gradient(tiny_assets, tmp_pat
             assert not any(differ), loss_type
 
 
-def test_sync_ref_model_moves_the_reference_and_resumes(tiny_assets, tmp_path):
+def test_sync_ref_model_moves_the_reference_and_saves_it(tiny_assets, tmp_path):
     args = grpo_config(
         tiny_assets, tmp_path, beta=0.04, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5,
         max_steps=2, learning_rate=1e-2,
