@@ -25,7 +25,7 @@ MODEL_FLAGS = ("model_name_or_path", "sft_model_path", "reward_model_path", "val
 # Settings that make PPO on the built-in task learn within ~2 minutes on 2 CPU cores. They apply only to
 # flags the user did not set, and only when no model flag is given (see docs/builtin_task.md).
 BUILTIN_PPO_DEFAULTS = {
-    "learning_rate": 6e-5,
+    "learning_rate": 1e-4,
     "per_device_train_batch_size": 64,
     "gradient_accumulation_steps": 1,
     "num_mini_batches": 1,
@@ -34,7 +34,11 @@ BUILTIN_PPO_DEFAULTS = {
     "local_rollout_forward_batch_size": 64,
     "per_device_eval_batch_size": 128,
     "stop_token": "eos",
-    "kl_coef": 0.05,
+    # A 3x stronger KL penalty keeps the policy where the reward model ranks well (at 0.05 it found the reward model's
+    # blind spots: greedy success 61.2% mean of 3 seeds, against 74.0% here); lam 1 takes returns straight from the
+    # score while the value model is still poor (docs/builtin_task.md, "What moves PPO on it").
+    "kl_coef": 0.15,
+    "lam": 1.0,
     "temperature": 0.7,
     "num_sample_generations": 10,
     "save_steps": 0,
@@ -49,7 +53,7 @@ BUILTIN_GRPO_DEFAULTS = {
     "num_generations": 8,
     "per_device_train_batch_size": 64,
     "gradient_accumulation_steps": 4,
-    "max_steps": 100,
+    "max_steps": 250,  # 100 steps reached 55.9% greedy success, 250 reach 80-82% (docs/builtin_task.md)
     "per_device_eval_batch_size": 128,
     "temperature": 0.7,
     "logging_steps": 1,

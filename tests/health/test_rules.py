@@ -318,7 +318,7 @@ HEALTHY_GRPO = Path(__file__).with_name("healthy_grpo_metrics.jsonl")
 
 
 def test_healthy_grpo_run_gives_no_finding():
-    """The default built-in GRPO run (100 steps, greedy success 0.449 -> 0.559): no finding at any step."""
+    """A built-in GRPO run (100 steps, greedy success 0.449 -> 0.559): no finding at any step."""
     monitor = HealthMonitor()
     rows = [json.loads(line) for line in HEALTHY_GRPO.read_text().splitlines()]
     assert sum("reward" in row for row in rows) == 100 and "entropy" in rows[1]
