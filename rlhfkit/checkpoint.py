@@ -7,6 +7,9 @@ A checkpoint directory ``checkpoint-N`` (N = the step it was taken after) holds:
                                                       the LoRA adapter, which peft loads onto the base model)
     value_model/                                      PPO's value model (safetensors; --use_peft: its adapter)
     optimizer.pt                                      optimizer state (tensors and numbers only)
+    engine/                                           instead of optimizer.pt under DeepSpeed or FSDP: the engine's
+                                                      own sharded model and optimizer state (accelerate.save_state;
+                                                      DeepSpeed's files are its own format, pickles included)
     extra_state.pt                                    the trainer's own tensors (PPO's KL controller, a GRPO batch still
                                                       in use) and the metric sums of an unfinished logging window
     rng_state_<rank>.pt                               every library's RNG state, one file per process
@@ -34,6 +37,7 @@ import torch
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 EXTRA_FILE = "extra_state.pt"
+ENGINE_DIR = "engine"
 # 2: extra_state.pt holds {"trainer": the trainer's own state, "window": the unfinished logging window} and
 # trainer_state.json the skipped-step counters ("nonfinite"), the same for PPO and GRPO.
 FORMAT_VERSION = 2
@@ -125,15 +129,18 @@ def save_checkpoint(
     accelerator,
     path: str | os.PathLike,
     write_models: Callable[[str], None],
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     extra: dict[str, Any] | None = None,
     save_total_limit: int | None = None,
+    save_engine: Callable[[str], None] | None = None,
 ) -> None:
     """Write a checkpoint to `path` atomically (a collective: every process must call it), then keep only the
     newest `save_total_limit` checkpoints beside it (all when None or 0).
 
     write_models(dir): saves the models (main process). state: JSON-able counters. extra: tensors / plain data.
+    save_engine(dir): under DeepSpeed or FSDP, writes the engine's sharded state into dir (every process), in place
+    of optimizer.pt (optimizer None).
     """
     path = str(path).rstrip("/")
     tmp = path + ".tmp"
@@ -143,9 +150,12 @@ def save_checkpoint(
         os.makedirs(tmp)
     accelerator.wait_for_everyone()
     torch.save(rng_state(), os.path.join(tmp, f"rng_state_{accelerator.process_index}.pt"))
+    if save_engine is not None:
+        save_engine(os.path.join(tmp, ENGINE_DIR))
     if accelerator.is_main_process:
         write_models(tmp)
-        torch.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER_FILE))
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER_FILE))
         torch.save(extra or {}, os.path.join(tmp, EXTRA_FILE))
         record = {"format_version": FORMAT_VERSION, "num_processes": accelerator.num_processes, **state}
         Path(tmp, STATE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -221,16 +231,26 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
-def load_process_state(path: str | os.PathLike, state: dict, process_index: int, num_processes: int) -> tuple:
-    """(extra, rng) of a checkpoint for this process; a clear CheckpointError when anything is missing."""
+def load_process_state(
+    path: str | os.PathLike, state: dict, process_index: int, num_processes: int, engine: str = "DDP"
+) -> tuple:
+    """(extra, rng) of a checkpoint for this process; a clear CheckpointError when anything is missing or the run
+    is launched under another engine (`engine`, as engines.Engine prints it) than the one that wrote it."""
     path = Path(path)
     if state["num_processes"] != num_processes:
         raise CheckpointError(
             f"{path} was written by {state['num_processes']} processes, this run has {num_processes}: resume with "
             f"the same number of processes (each process's data position and random state are in it)."
         )
-    for name in (OPTIMIZER_FILE, EXTRA_FILE, f"rng_state_{process_index}.pt"):
-        if not (path / name).is_file():
+    written_by = state.get("engine", "DDP")
+    if written_by != engine:
+        raise CheckpointError(
+            f"{path} was written under {written_by}, this run is launched under {engine}: the optimizer state is "
+            "kept as the engine sharded it. Resume with the same accelerate config as the checkpointed run."
+        )
+    state_file = ENGINE_DIR if engine != "DDP" else OPTIMIZER_FILE
+    for name in (state_file, EXTRA_FILE, f"rng_state_{process_index}.pt"):
+        if not (path / name).exists():
             raise CheckpointError(f"{path} is incomplete: {name} is missing. Resume from an earlier checkpoint.")
     try:
         extra = torch.load(path / EXTRA_FILE, weights_only=True)

@@ -810,6 +810,15 @@ class TrainConfig:
             OrNone(JSON_OBJECT),
         ),
     )
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata=_help(
+            "Under DeepSpeed ZeRO-3 or FSDP (accelerate launch --config_file): gather the policy's full weights on "
+            "every process while it samples, as TRL does, so decoding runs without a collective per token. rlhfkit "
+            "always gathers (sampling sharded is not supported): false is refused.",
+            FLAG,
+        ),
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):  # JSON text of a dict field (from the command line) becomes the dict

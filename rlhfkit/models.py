@@ -324,6 +324,14 @@ def policy_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def no_split_modules(model: nn.Module) -> list[str]:
+    """The class names of `model`'s transformer layers (transformers' _no_split_modules, through a peft wrapper):
+    the units FSDP shards and a device map keeps whole."""
+    if is_peft_model(model):
+        model = model.get_base_model()
+    return list(getattr(model, "_no_split_modules", None) or [])
+
+
 def is_peft_model(model: nn.Module) -> bool:
     """Whether `model` is a peft PeftModel (peft is not imported for it: a model can only be one once it was)."""
     import sys

@@ -391,6 +391,13 @@ class RewardSources:
         """(N,) float64 weighted sum of the sources that apply to each completion (weighted_total)."""
         return weighted_total(outputs, self.weights, prompts)
 
+    def prepare_models(self, prepare: Callable[[nn.Module], nn.Module]) -> None:
+        """Pass each reward model's module through `prepare` (e.g. TrainingRun.prepare_frozen: sharded for ZeRO-3 or
+        FSDP like the policy)."""
+        for func in self.funcs:
+            if isinstance(func, RewardModelFunction):
+                func.model = prepare(func.model)
+
     def log(self, metrics: MetricAccumulator, outputs: list[RewardOutput]) -> None:
         """rewards/<name>/mean and /std of each source's raw values, over the completions it scored."""
         for (mean, std), out in zip(self.metrics, outputs):

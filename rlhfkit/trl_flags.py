@@ -89,11 +89,11 @@ _VLLM = tuple(name for name in TRL_GRPO_FLAGS if name.startswith("vllm_"))
 GROUPS: tuple[Group, ...] = (
     # --- planned ---------------------------------------------------------------------------------------------------
     Group(
-        NOT_YET,
-        "DeepSpeed ZeRO and FSDP are not supported yet: a run launched under either stops at once and says so; "
-        "several processes train with DDP (examples/accelerate_configs/multi_gpu.yaml), and --bf16, "
-        "--gradient_checkpointing and --use_peft fit larger models",
-        ("deepspeed", "fsdp", "fsdp_config", "ds3_gather_for_generation"),
+        SUPPORTED_NOT,
+        "DeepSpeed ZeRO and FSDP2 come from the accelerate config, not from trainer flags: accelerate launch "
+        "--config_file examples/accelerate_configs/deepspeed_zero3.yaml (or deepspeed_zero1/2, fsdp2) -m rlhfkit ...; "
+        "a DeepSpeed JSON goes into the accelerate config as deepspeed_config_file (docs/distributed.md)",
+        ("deepspeed", "fsdp", "fsdp_config"),
     ),
     Group(
         NOT_YET,

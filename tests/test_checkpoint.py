@@ -91,6 +91,12 @@ def test_errors_name_the_checkpoint_and_the_fix(tmp_path):
     state = read_state(tmp_path / "checkpoint-3")
     with pytest.raises(CheckpointError, match="2 processes|same number of processes"):
         load_process_state(tmp_path / "checkpoint-3", state, 0, 2)
+    with pytest.raises(CheckpointError, match="written under DDP, this run is launched under DeepSpeed ZeRO stage 3"):
+        load_process_state(tmp_path / "checkpoint-3", state, 0, 1, "DeepSpeed ZeRO stage 3")
+    with pytest.raises(CheckpointError, match="engine is missing"):  # an engine checkpoint without its engine state
+        load_process_state(
+            tmp_path / "checkpoint-3", {**state, "engine": "FSDP (version 2)"}, 0, 1, "FSDP (version 2)"
+        )
     (tmp_path / "checkpoint-3" / "rng_state_0.pt").write_bytes(b"truncated")
     with pytest.raises(CheckpointError, match="cannot read"):
         load_process_state(tmp_path / "checkpoint-3", state, 0, 1)

@@ -352,4 +352,7 @@ class RunLogger:
             for tracker in list(self.accelerator.trackers):
                 self._guarded(tracker.name, tracker.finish)
         self.accelerator.trackers = []  # finished above: end_training must not finish them again
+        # Every process arrives before any tears the process group down: a process that left early would destroy
+        # it under the others' last collectives (seen as an abort at exit under DeepSpeed ZeRO-3 on gloo).
+        self.accelerator.wait_for_everyone()
         self.accelerator.end_training()

@@ -181,6 +181,16 @@ class StepGuard:
         optimizer.zero_grad(set_to_none=True)
         return norm
 
+    def record(self, norm: float, applied: bool, loss_scale: float | None = None) -> float:
+        """Count a step an engine took itself (DeepSpeed, inside accelerator.backward): skipped when it did not
+        change the weights (its overflow check). As with a GradScaler, under fp16 loss scaling (`loss_scale`) only a
+        skip at a scale already below 1 moves the streak that stops training. Returns `norm`."""
+        skipped = not applied
+        broken = skipped and (loss_scale is None or loss_scale < 1)
+        self.skipped += skipped
+        self.streak = self.streak + 1 if broken else 0
+        return norm
+
     @property
     def exhausted(self) -> bool:
         return self.streak >= self.max_streak

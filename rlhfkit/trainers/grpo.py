@@ -28,7 +28,6 @@ a copy (reference_logprobs).
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -129,6 +128,7 @@ class GRPOTrainer:
         model.generation_config.pad_token_id = tok.pad_token_id
         names, funcs = reward_sources(reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub)
         self.rewards = RewardSources(names, funcs, args.reward_weights)
+        self.rewards.prepare_models(run.prepare_frozen)  # sharded for ZeRO-3 / FSDP as the policy is
 
         text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
         procs = args.dataset_num_proc
@@ -144,7 +144,7 @@ class GRPOTrainer:
             disable_dropout(model)
         self.ref_model = None
         if args.beta != 0.0 and not args.use_peft:
-            self.ref_model = frozen_copy(model).to(acc.device)
+            self.ref_model = run.prepare_frozen(frozen_copy(model))
         if args.gradient_checkpointing:
             enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
         optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], args, acc.device)
@@ -159,15 +159,18 @@ class GRPOTrainer:
         )  # restores a checkpoint; opens the run dir
 
     # What the run lifecycle needs from its trainer: models, own state, evaluation.
-    def write_models(self, directory: str) -> None:
-        """The policy and its tokenizer; with sync_ref_model also the reference, which then changes (ref_model/)."""
-        self.accelerator.unwrap_model(self.model).save_pretrained(directory)
+    def write_models(self, directory: str, state_dict: dict | None = None) -> None:
+        """The policy and its tokenizer; with sync_ref_model also the reference, which then changes (ref_model/).
+        state_dict: the policy's full weights gathered from a sharding engine (TrainingRun), else None."""
+        self.accelerator.unwrap_model(self.model).save_pretrained(directory, state_dict=state_dict)
         self.tokenizer.save_pretrained(directory)
         if self.args.sync_ref_model:
             self.ref_model.save_pretrained(os.path.join(directory, "ref_model"))
 
-    def load_models(self, directory) -> None:
-        load_weights(self.accelerator.unwrap_model(self.model), directory)
+    def load_models(self, directory, trained: bool = True) -> None:
+        """The policy (unless `trained` is False: the engine restored it) and a synced reference of a checkpoint."""
+        if trained:
+            load_weights(self.accelerator.unwrap_model(self.model), directory)
         if self.args.sync_ref_model:
             load_weights(self.ref_model, os.path.join(directory, "ref_model"))
 
@@ -230,13 +233,19 @@ class GRPOTrainer:
     def generate_and_score(self, prompt_indices: list[int]) -> GenerationBatch:
         """Sample G completions per prompt of the generation (all processes'), keep this process's slice, score
         them, compute advantages over the whole generation and the no-gradient log-probs."""
-        args, acc, tok = self.args, self.accelerator, self.tokenizer
-        G, device, n = args.num_generations, acc.device, self.sizes.local_completions
-        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)  # this process's completions
+        G, n = self.args.num_generations, self.sizes.local_completions
+        mine = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)  # this process's
         repeated = [i for i in prompt_indices for _ in range(G)][mine]  # groups are contiguous; one may span processes
         fetched = {i: self.train_dataset[i] for i in dict.fromkeys(repeated)}  # each prompt's row read once
         rows = [fetched[i] for i in repeated]
-        model = acc.unwrap_model(self.model)
+        with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
+            return self.sample_and_score(model, rows, mine)
+
+    def sample_and_score(self, model: nn.Module, rows: list[dict], mine: slice) -> GenerationBatch:
+        """generate_and_score's work on this process's `rows` (its slice `mine` of the generation), with `model` the
+        unwrapped policy holding its whole weights."""
+        args, acc, tok = self.args, self.accelerator, self.tokenizer
+        G, device = args.num_generations, acc.device
         model.eval()
         config = self.sampler(args.max_completion_length)
         chunks = list(
@@ -375,10 +384,10 @@ class GRPOTrainer:
 
     def optimize(self, micro_batches: list[tuple[GenerationBatch, int]]) -> None:
         """One optimizer step over micro-batches given as (generation, index of the micro-batch in it)."""
-        acc, size = self.accelerator, self.args.per_device_train_batch_size
+        run, size = self.run, self.args.per_device_train_batch_size
         step_loss = 0.0
         for k, (batch, index) in enumerate(micro_batches):
-            with contextlib.nullcontext() if k == len(micro_batches) - 1 else acc.no_sync(self.model):
+            with run.accumulating(self.model, last=k == len(micro_batches) - 1):
                 step_loss += self.micro_step(batch, slice(index * size, (index + 1) * size))
         self.run.optimizer_step(self.model, self.optimizer)
         self.run.metrics.add(M.LOSS, step_loss, 1)
@@ -458,26 +467,32 @@ class GRPOTrainer:
         """Completions of the eval prompts (one greedy each, or num_generations_eval sampled as in training): mean
         total reward and, with a task, true success."""
         args, acc, tok = self.args, self.accelerator, self.tokenizer
-        model = acc.unwrap_model(self.model).eval()
         metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
         size = args.per_device_eval_batch_size
-        rows = self.run.local_rows(self.eval_dataset)
-        if args.num_generations_eval:
-            rows = [row for row in rows for _ in range(args.num_generations_eval)]
-            config = self.sampler(args.max_completion_length)
-            ids = [r["input_ids"] for r in rows]
-            chunks = complete(model, ids, config, self.stop_ids, tok.pad_token_id, size, acc.device)
-            batches = ((rows[i * size : (i + 1) * size], chunk) for i, chunk in enumerate(chunks))
-        else:
-            batches = greedy_completions(model, rows, tok, self.stop_ids, args.max_completion_length, size, acc.device)
-        for part, chunk in batches:
+        rows, own = self.run.local_rows(self.eval_dataset)  # rows[own:]: lockstep padding, left out below
+        with self.run.gathered(self.model) as model:
+            model.eval()
+            if args.num_generations_eval:
+                rows = [row for row in rows for _ in range(args.num_generations_eval)]
+                own *= args.num_generations_eval
+                config = self.sampler(args.max_completion_length)
+                ids = [r["input_ids"] for r in rows]
+                chunks = complete(model, ids, config, self.stop_ids, tok.pad_token_id, size, acc.device)
+                batches = [(rows[i * size : (i + 1) * size], chunk) for i, chunk in enumerate(chunks)]
+            else:
+                max_new = args.max_completion_length
+                batches = list(greedy_completions(model, rows, tok, self.stop_ids, max_new, size, acc.device))
+            model.train()
+        for start, (part, chunk) in zip(range(0, len(rows), size), batches):
             prompts = [r[args.dataset_text_field] for r in part]
             resp = chunk.responses
             completions = decode(tok, resp.ids, resp.mask)
             outputs = self._score(part, prompts, completions, chunk)
-            metrics.add_tensor(M.EVAL_REWARD, self.rewards.total(outputs, prompts))
+            total = self.rewards.total(outputs, prompts)
+            keep = max(0, min(len(part), own - start))  # this chunk's own rows
+            prompts, completions = prompts[:keep], completions[:keep]
+            metrics.add_tensor(M.EVAL_REWARD, total[:keep])
             if self.task is not None:
                 correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
                 metrics.add(M.EVAL_TASK_SUCCESS, float(sum(correct)), len(correct))
-        model.train()
         self.run.logger.log(metrics.reduce(acc).scalars, step=step)

@@ -26,7 +26,6 @@ reference is the policy with its adapter disabled, not a copy (add_adapters, ref
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from rlhfkit import ops
 from rlhfkit.checkpoint import load_weights
 from rlhfkit.config import ConfigError, PPOConfig, ppo_batch_sizes
 from rlhfkit.data import endless_batches, tokenize_prompts
+from rlhfkit.engines import substate
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
@@ -48,6 +48,7 @@ from rlhfkit.models import (
     disable_dropout,
     enable_gradient_checkpointing,
     frozen_copy,
+    no_split_modules,
     policy_logits,
     token_values,
     value_model_from_policy,
@@ -77,12 +78,15 @@ from rlhfkit.trainers.run import TrainingRun
 
 
 class PolicyAndValue(nn.Module):
-    """Policy and value model behind one forward, so one DDP wrapper synchronises both gradients."""
+    """Policy and value model behind one forward, so one DDP wrapper synchronises both gradients (and one DeepSpeed
+    or FSDP engine shards both: its layers are the two models' transformer layers)."""
 
     def __init__(self, policy: nn.Module, value_model: nn.Module):
         super().__init__()
         self.policy = policy
         self.value_model = value_model
+        self._no_split_modules = no_split_modules(policy) + no_split_modules(value_model)
+        self.config = policy.config  # what DeepSpeed's "auto" bucket sizes read (hidden_size)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return policy_logits(self.policy, input_ids, attention_mask), token_values(
@@ -180,9 +184,10 @@ class PPOTrainer:
             for m in (model, ref_model, reward_model, value_model):
                 if m is not None:
                     disable_dropout(m)
-        self.ref_model = ref_model.eval().requires_grad_(False).to(acc.device) if ref_model is not None else None
-        self.reward_model = reward_model
+        self.ref_model = run.prepare_frozen(ref_model)  # sharded for ZeRO-3 / FSDP as the policy is
+        self.reward_model = reward_model = run.prepare_frozen(reward_model)
         self.rewards = self.reward_sources(reward_funcs, reward_processing_classes, reward_model)
+        self.rewards.prepare_models(run.prepare_frozen)
         model.generation_config.pad_token_id = processing_class.pad_token_id
         if args.gradient_checkpointing:
             for m in (model, value_model):
@@ -204,17 +209,21 @@ class PPOTrainer:
         run.start(self, num_updates, extra_metrics, unit="update", epoch_ends=epoch_ends)  # restores a checkpoint
 
     # What the run lifecycle needs from its trainer: models, own state, evaluation.
-    def write_models(self, directory: str) -> None:
+    def write_models(self, directory: str, state_dict: dict | None = None) -> None:
         """Policy (loadable on its own), value model in value_model/, and the tokenizer. With --use_peft, peft's
-        save_pretrained writes the adapters (adapter_config.json, adapter_model.safetensors), not the base weights."""
+        save_pretrained writes the adapters (adapter_config.json, adapter_model.safetensors), not the base weights.
+        state_dict: the full weights gathered from a sharding engine (TrainingRun), else None (the models' own)."""
         model = self.unwrapped
-        model.policy.save_pretrained(directory)
-        model.value_model.save_pretrained(os.path.join(directory, "value_model"))
+        model.policy.save_pretrained(directory, state_dict=substate(state_dict, "policy."))
+        value_dir = os.path.join(directory, "value_model")
+        model.value_model.save_pretrained(value_dir, state_dict=substate(state_dict, "value_model."))
         self.tokenizer.save_pretrained(directory)
 
-    def load_models(self, directory) -> None:
-        load_weights(self.unwrapped.policy, directory)
-        load_weights(self.unwrapped.value_model, os.path.join(directory, "value_model"))
+    def load_models(self, directory, trained: bool = True) -> None:
+        """The policy and value model of a checkpoint (trained: False when the engine restored them itself)."""
+        if trained:
+            load_weights(self.unwrapped.policy, directory)
+            load_weights(self.unwrapped.value_model, os.path.join(directory, "value_model"))
 
     def reward_sources(self, reward_funcs, processing_classes, reward_model: nn.Module | None) -> RewardSources:
         """The reward functions (and reward models with their own tokenizer) given in reward_funcs, then the reward
@@ -226,7 +235,6 @@ class PPOTrainer:
             dtype, hub = weight_dtype(args.dtype), Hub.from_args(args)
             names, funcs = reward_sources(reward_funcs, processing_classes, self.tokenizer, dtype, acc.device, hub)
         if reward_model is not None:
-            reward_model.eval().requires_grad_(False).to(acc.device)
             name, size = reward_name(reward_model), args.local_rollout_forward_batch_size
             names.append(name)
             funcs.append(RewardModelFunction(reward_model, self.tokenizer, name, True, size, policy_tokens=True))
@@ -247,11 +255,12 @@ class PPOTrainer:
             )
         return with_lora(model, self.args), with_lora(value_model, self.args, task_type="SEQ_CLS")
 
-    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """(B, L, V) logits of the reference: the frozen copy, or with LoRA the policy with its adapter disabled."""
+    def reference_logits(self, model: PolicyAndValue, input_ids, attention_mask) -> torch.Tensor:
+        """(B, L, V) logits of the reference: the frozen copy, or with LoRA the policy (of `model`, the unwrapped
+        policy and value model) with its adapter disabled."""
         if self.ref_model is not None:
             return policy_logits(self.ref_model, input_ids, attention_mask)
-        with adapter_disabled(self.unwrapped.policy) as base:
+        with adapter_disabled(model.policy) as base:
             return policy_logits(base, input_ids, attention_mask)
 
     def save_merged(self) -> None:
@@ -330,34 +339,35 @@ class PPOTrainer:
         rows: the dataset rows (their prompts are what the task checker and the reward functions read; queries are
         what the model saw)."""
         args, tok, device = self.args, self.tokenizer, self.accelerator.device
-        model = self.unwrapped
-        model.eval()
         gen_config = sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
         parts: dict[str, list] = {k: [] for k in ("q", "qm", "r", "rm", "term", "logp", "ref", "val")}
         step = args.local_rollout_forward_batch_size
         prompt_ids = [r["input_ids"] for r in rows]
-        for chunk in complete(model.policy, prompt_ids, gen_config, self.stop_ids, tok.pad_token_id, step, device):
-            query_ids, query_mask, resp, logprobs = chunk
-            ids, attn = chunk.input_ids, chunk.attention_mask
-            width = query_ids.shape[1]
-            if self.reuse_sampling_logprobs:
-                values = token_values(model.value_model, ids, attn)
-            else:
-                logits, values = model(ids, attn)
-                logprobs = response_logprobs(logits, width, resp.ids, args.temperature)
-            parts["logp"].append(logprobs)
-            ref_logits = self.reference_logits(ids, attn)
-            parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
-            parts["val"].append(values[:, width - 1 : -1])
-            for key, value in (
-                ("q", query_ids),
-                ("qm", query_mask),
-                ("r", resp.ids),
-                ("rm", resp.mask),
-                ("term", resp.terminated),
-            ):
-                parts[key].append(value)
-        model.train()
+        with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
+            model.eval()
+            chunks = complete(model.policy, prompt_ids, gen_config, self.stop_ids, tok.pad_token_id, step, device)
+            for chunk in chunks:
+                query_ids, query_mask, resp, logprobs = chunk
+                ids, attn = chunk.input_ids, chunk.attention_mask
+                width = query_ids.shape[1]
+                if self.reuse_sampling_logprobs:
+                    values = token_values(model.value_model, ids, attn)
+                else:
+                    logits, values = model(ids, attn)
+                    logprobs = response_logprobs(logits, width, resp.ids, args.temperature)
+                parts["logp"].append(logprobs)
+                ref_logits = self.reference_logits(model, ids, attn)
+                parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
+                parts["val"].append(values[:, width - 1 : -1])
+                for key, value in (
+                    ("q", query_ids),
+                    ("qm", query_mask),
+                    ("r", resp.ids),
+                    ("rm", resp.mask),
+                    ("term", resp.terminated),
+                ):
+                    parts[key].append(value)
+            model.train()
         # Chunks can differ in width: queries are re-padded on the left, responses on the right.
         q_width = max(q.shape[1] for q in parts["q"])
         query_ids = torch.cat(
@@ -439,7 +449,7 @@ class PPOTrainer:
     def optimize(self, batch: RolloutBatch, advantages: torch.Tensor, returns: torch.Tensor) -> None:
         """num_ppo_epochs passes of shuffled mini-batches; each mini-batch accumulates its micro-batches, then one
         optimizer step."""
-        args, sizes, acc = self.args, self.sizes, self.accelerator
+        args, sizes, run = self.args, self.sizes, self.run
         micro = args.per_device_train_batch_size
         self.run.metrics.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.response_mask])
         for _ in range(args.num_ppo_epochs):
@@ -447,10 +457,9 @@ class PPOTrainer:
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
                 mini = order[start : start + sizes.local_mini_batch_size]
                 for k, micro_start in enumerate(range(0, len(mini), micro)):
-                    last_micro = k == sizes.micro_batches_per_mini_batch - 1
-                    with contextlib.nullcontext() if last_micro else acc.no_sync(self.model):
+                    with run.accumulating(self.model, last=k == sizes.micro_batches_per_mini_batch - 1):
                         self.micro_step(batch, advantages, returns, mini[micro_start : micro_start + micro])
-                self.run.optimizer_step(self.model, self.optimizer)
+                run.optimizer_step(self.model, self.optimizer)
 
     def micro_step(self, batch: RolloutBatch, advantages, returns, idx: torch.Tensor) -> None:
         """Forward, backward and statistics of one micro-batch (rows `idx`). A method of its own so that its
@@ -490,18 +499,23 @@ class PPOTrainer:
     def evaluate(self, step: int) -> None:
         """Greedy completions on the eval prompts: a samples table and, with a task, true success."""
         args, acc, tok = self.args, self.accelerator, self.tokenizer
-        model = self.unwrapped.eval()
         metrics, table = MetricAccumulator(), []  # its own: the training window's metrics keep accumulating
         size = args.per_device_eval_batch_size
-        rows = self.run.local_rows(self.eval_dataset)
-        for part, chunk in greedy_completions(
-            model.policy, rows, tok, self.stop_ids, args.response_length, size, acc.device
-        ):
+        rows, own = self.run.local_rows(self.eval_dataset)  # rows[own:]: lockstep padding, left out below
+        with self.run.gathered(self.model) as model:
+            model.eval()
+            chunks = list(
+                greedy_completions(model.policy, rows, tok, self.stop_ids, args.response_length, size, acc.device)
+            )
+            model.train()
+        for start, (part, chunk) in zip(range(0, len(rows), size), chunks):
             resp = chunk.responses
             queries, responses = decode(tok, chunk.query_ids, chunk.query_mask), decode(tok, resp.ids, resp.mask)
             prompts = [r[args.dataset_text_field] for r in part]
             sequence = (chunk.input_ids, chunk.attention_mask)
             outputs, score = self.score(part, prompts, responses, sequence, (resp.ids, resp.mask), resp.terminated)
+            keep = max(0, min(len(part), own - start))  # this chunk's own rows
+            score, prompts, queries, responses = score[:keep], prompts[:keep], queries[:keep], responses[:keep]
             metrics.add_tensor(M.EVAL_SCORES, score)
             shown = decode(tok, resp.ids, resp.mask, skip_special_tokens=False)  # a missing EOS stays visible
             sources = torch.stack([o.values for o in outputs], 1).tolist() if self.log_sources else [[]] * len(part)
@@ -512,7 +526,6 @@ class PPOTrainer:
                     metrics.add(M.EVAL_TASK_SUCCESS, float(correct), 1)
                     row.append(correct)
                 table.append(row)
-        model.train()
         logger = self.run.logger
         logger.log(metrics.reduce(acc).scalars, step=step)
         columns = ["query", "model response", "score", *(self.rewards.names if self.log_sources else [])]

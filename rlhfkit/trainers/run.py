@@ -36,6 +36,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import set_seed
 
 from rlhfkit.checkpoint import (
+    ENGINE_DIR,
     Interrupted,
     NonFiniteStop,
     checkpoint_path,
@@ -47,6 +48,16 @@ from rlhfkit.checkpoint import (
     set_rng_state,
 )
 from rlhfkit.config import ConfigError, TrainConfig
+from rlhfkit.engines import (
+    Engine,
+    check_supported,
+    deepspeed_step,
+    full_state_dict,
+    gathered,
+    make_accelerator,
+    prepare_frozen,
+    process_share,
+)
 from rlhfkit.health.watch import HealthStop, HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
@@ -85,26 +96,6 @@ def resolve_output_dir(args: TrainConfig) -> str:
             "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
         )
     return args.output_dir
-
-
-def _refuse_sharding_engines() -> None:
-    """Exit 2 for a run that `accelerate launch` started under DeepSpeed or FSDP, before either engine starts.
-
-    rlhfkit's trainers step, clip and skip (non-finite) optimizer steps themselves, checkpoint the optimizer whole
-    and sample from the unsharded policy; ZeRO and FSDP take each of those over. Until that is built and measured on
-    GPUs, such a run would fail later or, on CPUs (where accelerate starts each FSDP process alone), train copies.
-    """
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        engine = f"DeepSpeed ZeRO stage {os.environ.get('ACCELERATE_DEEPSPEED_ZERO_STAGE', '?')}"
-    elif os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true":
-        engine = f"FSDP (version {os.environ.get('FSDP_VERSION', '1')})"
-    else:
-        return
-    raise ConfigError(
-        f"this run was launched under {engine}, which rlhfkit does not support yet. Launch with "
-        "examples/accelerate_configs/multi_gpu.yaml (DDP on GPUs) or cpu_2proc.yaml (CPUs); to fit a larger model, "
-        "add --bf16, --gradient_checkpointing and --use_peft (LoRA)."
-    )
 
 
 class Trainee(Protocol):
@@ -160,7 +151,9 @@ class TrainingRun:
         if args.resume_from_checkpoint:
             path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
             self.resume = Resume(path, read_state(path))
+        self.engine = Engine.from_env()
         self.accelerator = self._make_accelerator()
+        self._frozen: list = []  # what keeps the frozen models' engines alive (engines.prepare_frozen)
         self.progress = Progress()
         self.guard = StepGuard(args.max_nonfinite_steps)
         self.interrupt = InterruptGuard()
@@ -184,28 +177,25 @@ class TrainingRun:
             resume=self.resume is not None,
             wandb_id=tracker_ids.get("wandb"),
         )
-        _refuse_sharding_engines()
-        # Without CUDA, accelerate only forms a process group (gloo) for torchrun-launched processes when told
-        # cpu=True; a single process keeps its default device (e.g. MPS).
-        multi_cpu = not torch.cuda.is_available() and int(os.environ.get("WORLD_SIZE", "1")) > 1
         precision = mixed_precision(args.bf16, args.fp16)
         if precision == "fp16" and not torch.cuda.is_available():
             raise ConfigError(
                 "--fp16 is float16 mixed precision with loss scaling, which needs a CUDA GPU; this machine has none. "
                 "Use --bf16 (bfloat16 autocast works on CPUs, though slower than fp32 without bf16 units) or no flag."
             )
+        check_supported(self.engine, args)
         # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with another precision;
         # a run is a fresh start (a notebook's second trainer, a test), so forget it. The process group (PartialState)
         # stays.
         AcceleratorState._reset_state()
-        accelerator = Accelerator(log_with=trackers or None, cpu=multi_cpu, mixed_precision=precision)
+        accelerator = make_accelerator(self.engine, args, precision, trackers)
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if accelerator.num_processes != launched:  # each process would train alone: N copies of one run
             raise ConfigError(
                 f"{launched} processes were launched but accelerate joined {accelerator.num_processes} of them "
                 f"(distributed type {accelerator.distributed_type.value}): they would train independent copies of the "
-                "run. Launch with a DDP config: examples/accelerate_configs/multi_gpu.yaml on GPUs, cpu_2proc.yaml "
-                "on CPUs."
+                "run. Launch with a config of examples/accelerate_configs/ (multi_gpu.yaml, deepspeed_zero*.yaml, "
+                "fsdp2.yaml; cpu_2proc.yaml on CPUs)."
             )
         set_seed(args.seed, device_specific=True)  # each process samples different responses
         return accelerator
@@ -259,10 +249,16 @@ class TrainingRun:
     def _restore(self, resume: Resume) -> None:
         """Weights, optimizer, the trainer's own state, the unfinished logging window, counters and RNG states
         (applied when training starts) of a checkpoint."""
-        acc = self.accelerator
-        self.trainer.load_models(resume.path)
-        load_optimizer(self.trainer.optimizer, resume.path)
-        extra, self._rng = load_process_state(resume.path, resume.state, acc.process_index, acc.num_processes)
+        acc, engine = self.accelerator, self.engine
+        extra, self._rng = load_process_state(
+            resume.path, resume.state, acc.process_index, acc.num_processes, str(engine)
+        )
+        if engine.sharded:  # the trained model and optimizer as the engine sharded them; the trainer's other models
+            acc.load_state(str(resume.path / ENGINE_DIR))
+            self.trainer.load_models(resume.path, trained=False)
+        else:
+            self.trainer.load_models(resume.path, trained=True)
+            load_optimizer(self.trainer.optimizer, resume.path)
         self.trainer.load_state_dict(extra["trainer"])
         self.metrics.load_state_dict(extra["window"])
         self.guard.load_state_dict(resume.state["nonfinite"])
@@ -276,10 +272,47 @@ class TrainingRun:
             "progress": asdict(self.progress),
             "nonfinite": self.guard.state_dict(),
             "tracker_ids": self.logger.tracker_ids(),
+            "engine": str(self.engine),
         }
         limit = self.args.save_total_limit
-        save_checkpoint(self.accelerator, path, self.trainer.write_models, self.trainer.optimizer, state, extra, limit)
+        sharded = self.engine.sharded
+        optimizer = None if sharded else self.trainer.optimizer
+        save_engine = self.accelerator.save_state if sharded else None
+        write = self._model_writer()
+        save_checkpoint(self.accelerator, path, write, optimizer, state, extra, limit, save_engine)
         return path
+
+    def _model_writer(self):
+        """The trainer's write_models(dir, state_dict), given the full weights gathered from the engine (a
+        collective under ZeRO-3 and FSDP; None elsewhere: the models' own weights are whole)."""
+        state_dict = full_state_dict(self.accelerator, self.engine, self.trainer.model)
+        return lambda directory: self.trainer.write_models(directory, state_dict)
+
+    # What a trainer calls where the engine matters (engines.py).
+    def gathered(self, model: torch.nn.Module):
+        """A context giving the unwrapped `model` (prepared) with whole weights, for sampling (engines.gathered)."""
+        return gathered(self.accelerator, self.engine, model)
+
+    def prepare_frozen(self, model: torch.nn.Module | None) -> torch.nn.Module | None:
+        """A frozen model (reference, reward model) prepared for the engine (engines.prepare_frozen)."""
+        if model is None:
+            return None
+        return prepare_frozen(self.accelerator, self.engine, model, self._frozen)
+
+    @contextmanager
+    def accumulating(self, model: torch.nn.Module, last: bool) -> Iterator[None]:
+        """Around one micro-batch's forward and backward: gradients are synchronised (and, under DeepSpeed, the
+        optimizer step taken) only after the `last` micro-batch of an optimizer step."""
+        acc = self.accelerator
+        acc.sync_gradients = last  # DeepSpeed steps at the end of the accumulation accelerate reports
+        try:
+            if last:
+                yield
+            else:
+                with acc.no_sync(model):
+                    yield
+        finally:
+            acc.sync_gradients = True
 
     # ------------------------------------------------------------------------------------------------
     def steps(self) -> Iterator[int]:
@@ -308,7 +341,7 @@ class TrainingRun:
                 self._step_start = time.perf_counter()
                 yield step
         self.save_checkpoint(self.num_steps)
-        save_into(self.accelerator, self.args.output_dir, self.trainer.write_models)
+        save_into(self.accelerator, self.args.output_dir, self._model_writer())
         self.logger.finish()
 
     def sampling_logprobs_exact(self, model: torch.nn.Module) -> bool:
@@ -331,8 +364,12 @@ class TrainingRun:
 
     def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Clip the gradients to max_grad_norm and apply them, unless they are NaN/inf (then the step is skipped
-        and counted in nonfinite_steps); the norm before clipping goes into grad_norm."""
-        norm = self.guard.step(self.accelerator, model, optimizer, self.args.max_grad_norm)
+        and counted in nonfinite_steps); the norm before clipping goes into grad_norm. Under DeepSpeed the engine
+        took the step at the end of the accumulation (accumulating); this records its norm and whether it skipped."""
+        if self.engine.kind == "deepspeed":
+            norm = self.guard.record(*deepspeed_step(model))
+        else:
+            norm = self.guard.step(self.accelerator, model, optimizer, self.args.max_grad_norm)
         if math.isfinite(norm):
             self.metrics.add(M.GRAD_NORM, norm, 1)
 
@@ -342,10 +379,13 @@ class TrainingRun:
         total, count = self.accelerator.reduce(pair.to(self.accelerator.device), "sum").tolist()
         return total / count if count else 0.0
 
-    def local_rows(self, dataset) -> list[dict]:
-        """This process's share of a dataset (every num_processes-th row), e.g. the eval prompts."""
+    def local_rows(self, dataset) -> tuple[list[dict], int]:
+        """This process's share of a dataset (every num_processes-th row), e.g. the eval prompts, and how many of
+        them are its own: where forwards run in lockstep (ZeRO-3, FSDP) the shares are padded to one length
+        (engines.process_share), and the rows past `own` are left out of what the caller reports."""
         acc = self.accelerator
-        return [dataset[i] for i in range(acc.process_index, len(dataset), acc.num_processes)]
+        indices, own = process_share(len(dataset), acc.process_index, acc.num_processes, self.engine.lockstep)
+        return [dataset[i] for i in indices], own
 
     def is_log_step(self, step: int) -> bool:
         """Whether `step` ends a logging window (--logging_strategy, --logging_first_step)."""

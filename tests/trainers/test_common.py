@@ -6,7 +6,14 @@ from transformers import get_scheduler
 from transformers.optimization import Adafactor
 
 from rlhfkit.config import LR_SCHEDULER_TYPES, OPTIMIZERS, GRPOConfig, PPOConfig, warmup_steps
-from rlhfkit.trainers.common import epoch_end_steps, is_sample_step, lr_schedule, make_optimizer, sample_every
+from rlhfkit.trainers.common import (
+    StepGuard,
+    epoch_end_steps,
+    is_sample_step,
+    lr_schedule,
+    make_optimizer,
+    sample_every,
+)
 
 SCHEDULE_KWARGS = {"cosine_with_min_lr": {"min_lr_rate": 0.1}, "cosine": {"num_cycles": 0.4}}
 
@@ -122,3 +129,19 @@ def test_sample_schedule():
     every = sample_every(25, 10)
     assert every == 2 and [s for s in range(1, 26) if is_sample_step(s, 25, every)][-2:] == [24, 25]
     assert sample_every(25, 0) == 0 and not is_sample_step(5, 25, 0)
+
+
+def test_a_step_an_engine_took_itself_is_counted_as_the_run_counts_its_own():
+    """StepGuard.record (DeepSpeed steps inside accelerator.backward): a step that did not change the weights is a
+    skipped step; it moves the streak that stops training unless fp16 loss scaling is still settling (scale >= 1)."""
+    guard = StepGuard(max_streak=2)
+    assert guard.record(1.5, applied=True) == 1.5 and guard.streak == 0
+    guard.record(float("nan"), applied=False)
+    assert guard.streak == 1
+    guard.record(float("inf"), applied=False, loss_scale=65536.0)  # an fp16 overflow while the scale settles
+    assert (guard.take_skipped(), guard.streak) == (2, 0)
+    guard.record(float("nan"), applied=False, loss_scale=0.5)
+    guard.record(float("nan"), applied=False, loss_scale=0.5)
+    assert guard.streak == 2 and guard.exhausted
+    guard.record(0.3, applied=True)
+    assert guard.streak == 0 and guard.take_skipped() == 2
