@@ -29,8 +29,12 @@ BUILTIN_PPO_DEFAULTS = {
     "per_device_train_batch_size": 64,
     "gradient_accumulation_steps": 1,
     "num_mini_batches": 1,
-    "num_ppo_epochs": 4,
-    "total_episodes": 10240,
+    # 2 PPO epochs over 20,480 episodes instead of 4 over 10,240: the same 640 optimizer steps, on twice the fresh
+    # rollouts, for about 17% more time (updates cost ~85% of a step, rollouts ~15%). Greedy success 74.0% -> 83.1% mean
+    # of seeds 0-2 (worst seed 71.9% -> 82.8%; seeds 3 and 42: 81.2%, 79.3%). Gentler per-batch updates win here:
+    # learning rate 2e-4 or a constant schedule at 4 epochs fell to ~60% (seed 1).
+    "num_ppo_epochs": 2,
+    "total_episodes": 20480,
     "local_rollout_forward_batch_size": 64,
     "per_device_eval_batch_size": 128,
     "stop_token": "eos",

@@ -241,7 +241,8 @@ def test_ppo_without_model_flags_uses_the_builtin_task(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
     config = json.loads((tmp_path / "run" / "run_config.json").read_text())
-    builtin = {"learning_rate": 1e-4, "kl_coef": 0.15, "lam": 1.0, "stop_token": "eos"}  # the built-in task's defaults
+    # the built-in task's defaults
+    builtin = {"learning_rate": 1e-4, "kl_coef": 0.15, "lam": 1.0, "num_ppo_epochs": 2, "stop_token": "eos"}
     assert {name: config[name] for name in builtin} == builtin
     assert rows[0]["step"] == 0 and 0.2 <= rows[0]["eval/task_success"] <= 0.6  # the SFT start is imperfect
     assert [r["episode"] for r in rows if "episode" in r] == [64]
