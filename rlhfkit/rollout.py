@@ -138,8 +138,36 @@ class Generated(NamedTuple):
 
 
 # What the lean loop passes to the forward besides input_ids and attention_mask. A forward that rejects one of them
-# (custom remote code, older architectures) sends the model to the `model.generate` fallback.
+# (custom remote code, older architectures) sends the model to the `model.generate` fallback. The KV cache goes by
+# either name (_cache_arg).
 LEAN_LOOP_ARGS = ("position_ids", "past_key_values", "use_cache", "logits_to_keep")
+CACHE_ARGS = ("cache", "past_key_values")
+
+
+def _transformers_names_it_cache() -> bool:
+    """Whether this transformers calls the KV cache `cache` (5.24 on; `past_key_values` before, an alias until 5.40)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" in getattr(CausalLMOutputWithPast, "__dataclass_fields__", {})
+
+
+def _cache_arg(model: nn.Module) -> str:
+    """The name `model`'s forward takes the KV cache by: the one its signature lists, else transformers' own."""
+    try:
+        names = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        names = {}
+    for name in CACHE_ARGS:
+        if name in names:
+            return name
+    return "cache" if _transformers_names_it_cache() else "past_key_values"
+
+
+def _cache_of(out):
+    """The KV cache a forward returned, under either name."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
 
 # Model classes known not to take the lean loop, with the reason (filled on first contact; the notice is said once).
 _NO_LEAN_LOOP: dict[type, str] = {}
@@ -232,7 +260,10 @@ def _lean_loop_refusal(model: nn.Module) -> str | None:
         return None
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None  # **kwargs: the signature cannot tell; the first forward call decides
-    missing = [name for name in LEAN_LOOP_ARGS if name not in {p.name for p in params}]
+    names = {p.name for p in params}
+    if any(name in names for name in CACHE_ARGS):
+        names.add("past_key_values")  # the cache by its newer name counts
+    missing = [name for name in LEAN_LOOP_ARGS if name not in names]
     if not missing:
         return None
     return _remember_refusal(model, f"its forward takes no {', '.join(missing)}")
@@ -300,7 +331,7 @@ def _probe(model: nn.Module, **kwargs):
     try:
         return model(**kwargs)
     except TypeError as e:
-        named = [name for name in LEAN_LOOP_ARGS if name in kwargs and name in str(e)]
+        named = [name for name in (*LEAN_LOOP_ARGS, *CACHE_ARGS) if name in kwargs and name in str(e)]
         if not named:
             raise
         raise _LoopArgumentsRejected(f"its forward raised TypeError: {e}") from e
@@ -310,6 +341,7 @@ def _lean_generate(
     model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
 ) -> Generated:
     B = query_ids.shape[0]
+    cache_arg = _cache_arg(model)
     stop_ids = torch.tensor(_as_list(config.eos_token_id), device=query_ids.device, dtype=torch.long)
     attention = query_mask.long()
     position = position_ids_from_mask(query_mask)
@@ -341,8 +373,8 @@ def _lean_generate(
             input_ids=token[:, None],
             attention_mask=attention,
             position_ids=next_position,
-            past_key_values=out.past_key_values,
             use_cache=True,
+            **{cache_arg: _cache_of(out)},
         )
         next_position = next_position + 1
     if not tokens:

@@ -91,16 +91,10 @@ def test_sampling_logprobs_match_a_full_forward(sft):
 class RaisesOnLogitsToKeep(LlamaForCausalLM):
     """Like remote code that passes **kwargs on to a layer which does not know logits_to_keep."""
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, **kwargs):
         if "logits_to_keep" in kwargs:
             raise TypeError("LlamaModel.forward() got an unexpected keyword argument 'logits_to_keep'")
-        return super().forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            **kwargs,
-        )
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
 
 
 class NoLogitsToKeepInSignature(LlamaForCausalLM):
@@ -112,16 +106,18 @@ class NoLogitsToKeepInSignature(LlamaForCausalLM):
         attention_mask=None,
         position_ids=None,
         past_key_values=None,
+        cache=None,  # the KV cache's name since transformers 5.24, which its generate passes
         use_cache=None,
         return_dict=None,
     ):
+        cache = cache if cache is not None else past_key_values
         return super().forward(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             use_cache=use_cache,
             return_dict=return_dict,
+            **({"cache": cache} if rollout._transformers_names_it_cache() else {"past_key_values": cache}),
         )
 
 
