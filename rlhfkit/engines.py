@@ -119,26 +119,36 @@ def _torch_older(major: int, minor: int) -> bool:
     return version < (major, minor)
 
 
-def make_accelerator(engine: Engine, args: TrainConfig, precision: str, trackers) -> Accelerator:
-    """The run's Accelerator for `engine`, with every process joined to one process group.
+def make_accelerator(args: TrainConfig, precision: str, trackers) -> tuple[Accelerator, Engine]:
+    """The run's Accelerator for the engine `accelerate launch` asked for, with every process joined to one process
+    group, and that engine; what rlhfkit does not do under it is refused first (check_supported).
 
     DeepSpeed and FSDP get their plugins from the launch config's environment, with zero3_init_flag and
-    cpu_ram_efficient_loading off (models load whole, then are sharded when prepared). Without CUDA, DDP joins through
-    accelerate's cpu mode (gloo); DeepSpeed and FSDP through a gloo group formed here, FSDP2 then switched on by
-    :func:`_shard_on_cpu`. DeepSpeed's batch settings are filled from the run's flags (:func:`_configure_deepspeed`).
+    cpu_ram_efficient_loading off (models load whole, then are sharded when prepared); a DeepSpeed JSON names its ZeRO
+    stage itself. Without CUDA, DDP joins through accelerate's cpu mode (gloo); DeepSpeed and FSDP through a gloo
+    group formed here, FSDP2 then switched on by :func:`_shard_on_cpu`. DeepSpeed's batch settings are filled from the
+    run's flags (:func:`_configure_deepspeed`).
     """
     from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin, InitProcessGroupKwargs
 
+    engine = Engine.from_env()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     multi_cpu = not torch.cuda.is_available() and world_size > 1
     kwargs: dict = {}
-    if engine.kind == "deepspeed":
-        kwargs["deepspeed_plugin"] = DeepSpeedPlugin(zero3_init_flag=False)
-    elif engine.kind == "fsdp":
+    if engine.kind == "deepspeed":  # its plugin reads a DeepSpeed JSON, which may name the stage
+        kwargs["deepspeed_plugin"] = plugin = DeepSpeedPlugin(zero3_init_flag=False)
+        engine = Engine("deepspeed", zero_stage=int(plugin.zero_stage))
+    check_supported(engine, args)
+    if engine.kind == "fsdp":
         # sync_module_states broadcasts rank 0's weights, which every process loaded anyway; accelerate cannot do it
         # without an accelerator device.
         sync = {} if torch.cuda.is_available() else {"sync_module_states": False}
-        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(cpu_ram_efficient_loading=False, **sync)
+        # The engine's checkpoint (accelerate.save_state, for resuming) is each process's shard, written by torch's
+        # distributed checkpoint: a full state dict would gather the whole optimizer state on one process. The full
+        # weights are saved apart (full_state_dict), whatever the config's fsdp_state_dict_type.
+        kwargs["fsdp_plugin"] = FullyShardedDataParallelPlugin(
+            cpu_ram_efficient_loading=False, state_dict_type="SHARDED_STATE_DICT", **sync
+        )
     if multi_cpu and engine.sharded:
         kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
     cpu = multi_cpu and not engine.sharded
@@ -147,7 +157,7 @@ def make_accelerator(engine: Engine, args: TrainConfig, precision: str, trackers
         _shard_on_cpu(accelerator, kwargs["fsdp_plugin"])
     if engine.kind == "deepspeed":
         _configure_deepspeed(accelerator, args)
-    return accelerator
+    return accelerator, engine
 
 
 def _shard_on_cpu(accelerator: Accelerator, plugin) -> None:

@@ -50,7 +50,6 @@ from rlhfkit.checkpoint import (
 from rlhfkit.config import ConfigError, TrainConfig
 from rlhfkit.engines import (
     Engine,
-    check_supported,
     deepspeed_step,
     full_state_dict,
     gathered,
@@ -151,7 +150,7 @@ class TrainingRun:
         if args.resume_from_checkpoint:
             path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
             self.resume = Resume(path, read_state(path))
-        self.engine = Engine.from_env()
+        self.engine = Engine()  # the launch's, once the accelerator exists
         self.accelerator = self._make_accelerator()
         self._frozen: list = []  # what keeps the frozen models' engines alive (engines.prepare_frozen)
         self.progress = Progress()
@@ -183,12 +182,11 @@ class TrainingRun:
                 "--fp16 is float16 mixed precision with loss scaling, which needs a CUDA GPU; this machine has none. "
                 "Use --bf16 (bfloat16 autocast works on CPUs, though slower than fp32 without bf16 units) or no flag."
             )
-        check_supported(self.engine, args)
         # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with another precision;
         # a run is a fresh start (a notebook's second trainer, a test), so forget it. The process group (PartialState)
         # stays.
         AcceleratorState._reset_state()
-        accelerator = make_accelerator(self.engine, args, precision, trackers)
+        accelerator, self.engine = make_accelerator(args, precision, trackers)
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if accelerator.num_processes != launched:  # each process would train alone: N copies of one run
             raise ConfigError(

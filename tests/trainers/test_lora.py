@@ -102,7 +102,7 @@ def test_ppo_reference_is_the_base_model_without_a_second_copy(ppo_run, tiny_ass
     # After three updates the reference log-probs are the base checkpoint's, exactly; the policy has moved away.
     ids, mask = prompts_batch(trainer)
     with torch.no_grad():
-        reference = trainer.reference_logits(ids, mask)
+        reference = trainer.reference_logits(trainer.unwrapped, ids, mask)
         expected = policy_logits(base, ids, mask)
         policy = policy_logits(trainer.unwrapped.policy.eval(), ids, mask)
     assert torch.equal(reference, expected)
