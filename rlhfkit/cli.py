@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -114,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rlhfkit: unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
         return 2
     try:
-        return COMMANDS[command](rest)
+        status = COMMANDS[command](rest)
     except Exception as e:
         from rlhfkit.args import UsageError
         from rlhfkit.checkpoint import CheckpointError, TrainingStopped
@@ -131,6 +132,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"rlhfkit {command}: error: {e}", file=sys.stderr)
         return 2
+    if command in TRAINING_COMMANDS and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _leave_launched_process(status)
+    return status
+
+
+TRAINING_COMMANDS = ("ppo", "grpo", "quickstart")
+
+
+def _leave_launched_process(status: int) -> None:
+    """End a process that `accelerate launch` started, once its run is over (run directory written, trackers closed,
+    process group destroyed by every process together): exit without the interpreter's teardown. There, on CPUs
+    (gloo), a native thread occasionally aborted the process (std::terminate, about 1 launch in 50 under load),
+    which the launcher then reports as a crash of a run that had finished."""
+    import logging
+
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 if __name__ == "__main__":
