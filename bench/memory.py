@@ -15,6 +15,12 @@ assets are built once under ``bench/.cache/memory-*/``.
     .venv/bin/python bench/memory.py                        # PPO and GRPO, modes full and lora, 3 runs each
     .venv/bin/python bench/memory.py --trainers ppo --modes lora --runs 1
     .venv/bin/python bench/memory.py --modes full lora --mode "lora+bf16=--use_peft --bf16"
+    .venv/bin/python bench/memory.py --engines multi_gpu deepspeed_zero2 deepspeed_zero3 fsdp2   # 2 processes each
+
+``--engines`` launches each run with ``accelerate launch --config_file examples/accelerate_configs/ENGINE.yaml
+--num_processes 2`` (fp32: ``--bf16 false``, DeepSpeed on its CPU accelerator without GPUs) instead of the modes;
+the peak is then the largest process's (``ru_maxrss`` of the launcher covers its waited-for children), i.e. the
+memory one device would need.
 
 Results: a table on stdout and ``bench/results/memory-<time>.json``.
 """
@@ -123,10 +129,20 @@ def command(trainer: str, paths: dict, flags: list[str], output_dir: str) -> lis
     return [sys.executable, "-m", "rlhfkit.cli", trainer, *models, *data, *settings, *flags]
 
 
+def launched(argv: list[str], engine: str, processes: int = 2) -> list[str]:
+    """`argv` (python -m rlhfkit.cli ...) started by accelerate launch with examples/accelerate_configs/ENGINE.yaml,
+    in fp32 so that every engine trains the same arithmetic."""
+    config = ROOT / "examples" / "accelerate_configs" / f"{engine}.yaml"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    return [*launcher, "--num_processes", str(processes), *argv[1:], "--bf16", "false"]
+
+
 def measure(argv: list[str], threads: int, timeout: float) -> dict:
-    """Run `argv` in a fresh process; its peak RSS (MB, from ru_maxrss) and wall time."""
+    """Run `argv` in a fresh process; its peak RSS (MB, from ru_maxrss: the largest of it and its waited-for child
+    processes) and wall time."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="", PYTHONHASHSEED="0")  # fmt: skip
+               TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="", PYTHONHASHSEED="0", DS_ACCELERATOR="cpu",
+               PYTHONPATH=str(ROOT))  # fmt: skip
     start = time.time()
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -151,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trainers", nargs="+", default=["ppo", "grpo"], choices=["ppo", "grpo"])
     p.add_argument("--modes", nargs="+", default=["full", "lora"], help=f"built-in modes: {', '.join(MODES)}")
     p.add_argument("--mode", action="append", default=[], metavar="NAME=FLAGS", help="a mode of your own")
+    p.add_argument(
+        "--engines", nargs="+", default=[], metavar="CONFIG",
+        help="instead of the modes: accelerate configs (examples/accelerate_configs/CONFIG.yaml), 2 processes each",
+    )  # fmt: skip
     p.add_argument("--runs", type=int, default=3, help="runs per trainer and mode (the table shows the median)")
     p.add_argument("--threads", type=int, default=1, help="OMP/MKL threads per run (speed only, not memory)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
@@ -159,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     for spec in args.mode:
         name, _, flags = spec.partition("=")
         modes[name] = shlex.split(flags)
+    if args.engines:
+        modes = {engine: [] for engine in args.engines}
 
     sys.path.insert(0, str(ROOT))
     key = "-".join(f"{v}" for v in MODEL.values())
@@ -172,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, flags in modes.items():
                 with tempfile.TemporaryDirectory() as tmp:
                     argv_ = command(trainer, paths, flags, os.path.join(tmp, "run"))
+                    if args.engines:
+                        argv_ = launched(argv_, name)
                     result = measure(argv_, args.threads, args.timeout)
                 result.update(trainer=trainer, mode=name, flags=flags, run=run)
                 results.append(result)
@@ -181,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"Peak RSS (MB), median of {args.runs} run(s) each; model {params / 1e6:.1f}M parameters, fp32.")
     print()
-    print("| trainer | mode | flags | peak RSS (MB) | runs (MB) | vs full | wall time (s) |")
+    print(f"| trainer | mode | flags | peak RSS (MB) | runs (MB) | vs {next(iter(modes))} | wall time (s) |")
     print("|---|---|---|---|---|---|---|")
     for trainer in args.trainers:
         medians = {}
@@ -189,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
             rows = [r for r in results if r["trainer"] == trainer and r["mode"] == name]
             medians[name] = statistics.median(r["peak_rss_mb"] for r in rows)
             each = ", ".join(f"{r['peak_rss_mb']:.0f}" for r in rows)
-            ratio = f"{medians[name] / medians['full']:.2f}x" if "full" in medians else ""
+            first = next(iter(medians))  # full fine-tuning, or the first engine
+            ratio = f"{medians[name] / medians[first]:.2f}x"
             seconds = statistics.median(r["seconds"] for r in rows)
             shown = " ".join(flags) or "(none)"
             print(f"| {trainer} | {name} | `{shown}` | {medians[name]:.0f} | {each} | {ratio} | {seconds:.0f} |")
@@ -197,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     out = BENCH_DIR / "results"
     out.mkdir(exist_ok=True)
     path = out / f"memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    meta = {"model": MODEL, "parameters": params, "settings": SETTINGS, "common": COMMON, "threads": args.threads}
+    meta = {"model": MODEL, "parameters": params, "settings": SETTINGS, "common": COMMON, "threads": args.threads,
+            "engines": args.engines}  # fmt: skip
     path.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
     print(f"\n[memory] results: {path}")
     return 0
