@@ -9,6 +9,7 @@ A name that cannot be loaded is a ModelLoadError naming the flag and what to do.
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import warnings
 from typing import NamedTuple
@@ -290,10 +291,16 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def enable_gradient_checkpointing(model: nn.Module, kwargs: dict | None = None) -> None:
-    """Recompute activations in the backward pass (transformers' gradient_checkpointing_enable). use_reentrant is off
-    unless `kwargs` say otherwise, as TRL sets it: the non-reentrant variant needs no gradient on the inputs, so
-    frozen embeddings and adapters work, and it gives the same gradients (tested)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False, **(kwargs or {})})
+    """Recompute activations in the backward pass (transformers' activation_checkpointing_enable, named
+    gradient_checkpointing_enable before 5.24). use_reentrant is off unless `kwargs` say otherwise, as TRL sets it:
+    the non-reentrant variant needs no gradient on the inputs, so frozen embeddings and adapters work, and it gives
+    the same gradients (tested)."""
+    kwargs = {"use_reentrant": False, **(kwargs or {})}
+    enable = getattr(model, "activation_checkpointing_enable", None)  # its name from transformers 5.24 on
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def token_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -311,12 +318,53 @@ def token_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
 
 
 def policy_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L, V) logits at every position."""
     return model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=position_ids_from_mask(attention_mask),
         use_cache=False,
     ).logits
+
+
+def response_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, query_width: int
+) -> torch.Tensor:
+    """(B, T, V) logits at the T = L - query_width positions that predict the response tokens (query_width - 1 to
+    L - 2), the only ones the losses read.
+
+    The LM head runs on those positions only (transformers' ``logits_to_keep``, as TRL's GRPO does) where the
+    model's forward takes it, else on every position and the rest is cut. With a large vocabulary the prompt's
+    logits are a large share of a forward's memory (Qwen2's 152k: 0.6 MB per position in fp32) and of its LM-head
+    arithmetic."""
+    keep = input_ids.shape[1] - query_width + 1
+    if not takes_logits_to_keep(model):
+        return policy_logits(model, input_ids, attention_mask)[:, query_width - 1 : -1]
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        use_cache=False,
+        logits_to_keep=keep,
+    ).logits[:, :-1]
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the forward of `model` (inside DDP, DeepSpeed, peft or torch.compile wrappers) lists transformers'
+    ``logits_to_keep``; remote code and older architectures may not."""
+    inner = model
+    while True:
+        if is_peft_model(inner):
+            inner = inner.get_base_model()
+            continue
+        wrapped = getattr(inner, "module", None) or getattr(inner, "_orig_mod", None)
+        if not isinstance(wrapped, nn.Module):
+            break
+        inner = wrapped
+    try:
+        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------------

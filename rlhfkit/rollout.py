@@ -210,7 +210,12 @@ _ANNOUNCED_OPTIONS: set[str] = set()
 
 @torch.inference_mode()
 def generate(
-    model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
+    model: nn.Module,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    config: GenerationConfig,
+    *,
+    share_prefixes: bool = True,
 ) -> Generated:
     """Sample up to max_new_tokens per row (generation stops when every row has ended).
 
@@ -225,6 +230,9 @@ def generate(
     a policy forward: they are those of the full softmax(logits / temperature), WITHOUT the repetition penalty or
     any truncation (the distribution the losses use).
 
+    share_prefixes: consecutive rows with the same prompt (GRPO's groups) are encoded once and their KV cache is
+    copied to each row (`_prefill`); False encodes every row (the reference the tests compare against).
+
     A model whose forward does not take the loop's arguments (``LEAN_LOOP_ARGS``), or a config with an active
     option the loop does not implement (anything beyond ``LEAN_LOOP_OPTIONS``: beams, n-gram bans, bad words...),
     is generated with ``model.generate`` instead, with the same kind of outputs; the switch is announced once per
@@ -237,7 +245,7 @@ def generate(
         reason = _lean_loop_refusal(model)
         if reason is None:
             try:
-                return _lean_generate(model, query_ids, query_mask, config)
+                return _lean_generate(model, query_ids, query_mask, config, share_prefixes)
             except _LoopArgumentsRejected as e:
                 reason = _remember_refusal(model, str(e))
     if not callable(getattr(model, "generate", None)):
@@ -337,28 +345,74 @@ def _probe(model: nn.Module, **kwargs):
         raise _LoopArgumentsRejected(f"its forward raised TypeError: {e}") from e
 
 
+def _prefill(
+    model: nn.Module,
+    query_ids: torch.Tensor,
+    attention: torch.Tensor,
+    position: torch.Tensor,
+    share_prefixes: bool,
+) -> tuple[torch.Tensor, Any]:
+    """The prompts' forward: (B, V) logits of each row's last position and the KV cache of all B rows.
+
+    Consecutive identical prompts (GRPO's groups of num_generations completions) are encoded once: the forward runs
+    on the distinct prompts, and the cache is expanded to every row with the cache's own ``reorder_cache`` (the
+    method beam search uses, which every transformers cache layer implements). Rows are independent in a forward, so
+    each row's cache and logits are those of the unshared forward (up to the last bit of a matrix product's
+    blocking, which may depend on the batch size). A cache without ``reorder_cache`` (custom code returning tuples)
+    is encoded again in full. The prefill is one of the calls that reveal a forward refusing the loop's arguments.
+    """
+    first = _first_of_each_run(query_ids, attention) if share_prefixes else None
+    rows = slice(None) if first is None else first
+    out = _probe(
+        model,
+        input_ids=query_ids[rows],
+        attention_mask=attention[rows],
+        position_ids=position[rows],
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    logits, cache = out.logits[:, -1, :], _cache_of(out)
+    if first is None:
+        return logits, cache
+    if not callable(getattr(cache, "reorder_cache", None)):
+        return _prefill(model, query_ids, attention, position, share_prefixes=False)
+    copy_of = first.long().cumsum(0) - 1  # each row's index among the distinct prompts
+    cache.reorder_cache(copy_of)
+    return logits.index_select(0, copy_of), cache
+
+
+def _first_of_each_run(query_ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor | None:
+    """(B,) bool, True where a row's prompt differs from the row before it; None when no two consecutive rows
+    share a prompt (nothing to share)."""
+    same = (query_ids[1:] == query_ids[:-1]).all(dim=1) & (attention[1:] == attention[:-1]).all(dim=1)
+    if not bool(same.any()):
+        return None
+    return torch.cat([same.new_ones(1), ~same])
+
+
 def _lean_generate(
-    model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, config: GenerationConfig
+    model: nn.Module,
+    query_ids: torch.Tensor,
+    query_mask: torch.Tensor,
+    config: GenerationConfig,
+    share_prefixes: bool = True,
 ) -> Generated:
     B = query_ids.shape[0]
     cache_arg = _cache_arg(model)
     stop_ids = torch.tensor(_as_list(config.eos_token_id), device=query_ids.device, dtype=torch.long)
     attention = query_mask.long()
     position = position_ids_from_mask(query_mask)
-    # The first prefill and the first cached step are the calls that reveal a forward refusing the loop's arguments.
-    out = _probe(
-        model, input_ids=query_ids, attention_mask=attention, position_ids=position, use_cache=True, logits_to_keep=1
-    )
+    logits, cache = _prefill(model, query_ids, attention, position, share_prefixes)
     # The tokens a repetition penalty applies to, kept as a (B, V) mask updated in place; None (no cost) without one.
     seen = penalised = None
     if _has_repetition_penalty(config):
-        seen = _tokens_seen(query_ids, query_mask, out.logits.shape[-1])
+        seen = _tokens_seen(query_ids, query_mask, logits.shape[-1])
         penalised = seen[:, :-1]  # a view: it follows the updates
     next_position = position[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=query_ids.device)
     tokens, logprobs = [], []
     for step in range(config.max_new_tokens):
-        token, logprob = _pick(out.logits[:, -1, :], config, penalised)
+        token, logprob = _pick(logits, config, penalised)
         token = torch.where(done, torch.full_like(token, config.pad_token_id), token)
         tokens.append(token)
         logprobs.append(logprob)
@@ -374,8 +428,9 @@ def _lean_generate(
             attention_mask=attention,
             position_ids=next_position,
             use_cache=True,
-            **{cache_arg: _cache_of(out)},
+            **{cache_arg: cache},
         )
+        logits, cache = out.logits[:, -1, :], _cache_of(out)
         next_position = next_position + 1
     if not tokens:
         return Generated(query_ids.new_zeros(B, 0), None)
@@ -411,12 +466,12 @@ def _hf_generate(
     # Beam search keeps num_beams rows per prompt and reorders them, so its logits do not line up with the returned
     # sequences: score the returned tokens with one forward instead (as TRL computes all its log-probs). Causal
     # attention: the tokens after a stop token change nothing before it.
-    from rlhfkit.models import policy_logits
+    from rlhfkit.models import response_logits
 
     input_ids = torch.cat([query_ids, raw], dim=1)
     attention_mask = torch.cat([query_mask.bool(), torch.ones_like(raw, dtype=torch.bool)], dim=1)
-    logits = policy_logits(model, input_ids, attention_mask)
-    return Generated(tokens, response_logprobs(logits.float(), query_ids.shape[1], raw, temperature))
+    logits = response_logits(model, input_ids, attention_mask, query_ids.shape[1])
+    return Generated(tokens, ops.logprobs_from_logits(logits.float(), raw, temperature))
 
 
 @contextlib.contextmanager

@@ -405,3 +405,63 @@ def test_generate_fallback_for_options_samples_with_full_distribution_logprobs(s
     assert (chunk.logprobs[~m] == 0).all() and (chunk.responses.ids[~m] == tokenizer.pad_token_id).all()
     if "bad_words_ids" in generation_kwargs:
         assert banned not in chunk.responses.ids[m].tolist()
+
+
+# ------------------------------------------------------------------------------------------------
+# Shared prompt prefixes: consecutive identical prompts are encoded once
+# ------------------------------------------------------------------------------------------------
+
+
+def prefill_batch_sizes(model) -> tuple[list[int], object]:
+    """Record the batch size of every forward that encodes more than one token per row (the prefills)."""
+    sizes: list[int] = []
+
+    def hook(module, args, kwargs):
+        ids = kwargs["input_ids"]
+        if ids.shape[1] > 1:
+            sizes.append(ids.shape[0])
+
+    return sizes, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+@pytest.mark.parametrize(
+    "temperature, penalty", [(0.7, 1.0), (None, 1.0), (1.0, 1.3)], ids=["sampled", "greedy", "penalty"]
+)
+def test_shared_prefixes_give_the_unshared_tokens_and_logprobs(sft, temperature, penalty):
+    """GRPO's layout (each prompt repeated in a run of rows, one run cut short as where a group spans processes):
+    the prompts are encoded once each and the tokens and log-probs are those of encoding every row."""
+    tokenizer, model, ids, mask = sft
+    runs = [4, 4, 1, 3]
+    index = torch.arange(4).repeat_interleave(torch.tensor(runs))
+    query_ids, query_mask = ids[index], mask[index]
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(10, temperature, tokenizer.pad_token_id, stop, repetition_penalty=penalty)
+    results, prefills = [], []
+    for share in (True, False):
+        sizes, handle = prefill_batch_sizes(model)
+        torch.manual_seed(3)
+        results.append(generate(model, query_ids, query_mask, config, share_prefixes=share))
+        handle.remove()
+        prefills.append(sizes)
+    assert prefills == [[4], [12]]
+    shared, unshared = results
+    assert torch.equal(shared.tokens, unshared.tokens)
+    assert len(set(map(tuple, shared.tokens.tolist()))) > 4 or temperature is None  # the copies sampled apart
+    if temperature is not None:
+        torch.testing.assert_close(shared.logprobs, unshared.logprobs, atol=1e-6, rtol=0)
+
+
+def test_a_cache_without_reorder_cache_is_encoded_in_full(sft, monkeypatch):
+    """A cache that cannot be expanded (custom code): the prompts are encoded again, one row each, same result."""
+    import transformers
+
+    tokenizer, model, ids, mask = sft
+    query_ids, query_mask = ids.repeat_interleave(2, dim=0), mask.repeat_interleave(2, dim=0)
+    config = sampling_config(8, None, tokenizer.pad_token_id, terminator_ids(tokenizer, model))
+    expected = generate(model, query_ids, query_mask, config, share_prefixes=False).tokens
+    monkeypatch.setattr(transformers.cache_utils.Cache, "reorder_cache", None)
+    sizes, handle = prefill_batch_sizes(model)
+    tokens = generate(model, query_ids, query_mask, config).tokens
+    handle.remove()
+    assert sizes == [4, 8]
+    assert torch.equal(tokens, expected)

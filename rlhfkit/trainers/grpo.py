@@ -52,7 +52,7 @@ from rlhfkit.models import (
     frozen_copy,
     load_policy_and_tokenizer,
     load_quantized_policy,
-    policy_logits,
+    response_logits,
     weight_dtype,
     with_lora,
     write_merged,
@@ -63,7 +63,6 @@ from rlhfkit.rollout import (
     complete,
     decode,
     greedy_completions,
-    response_logprobs,
     sampling_config,
     terminator_ids,
 )
@@ -315,8 +314,8 @@ class GRPOTrainer:
         step = self.args.per_device_train_batch_size
         parts = []
         for i in range(0, len(ids), step):
-            logits = policy_logits(model, ids[i : i + step], mask[i : i + step])
-            parts.append(response_logprobs(logits, width, response_ids[i : i + step], self.args.temperature))
+            logits = response_logits(model, ids[i : i + step], mask[i : i + step], width)
+            parts.append(ops.logprobs_from_logits(logits, response_ids[i : i + step], self.args.temperature))
         return torch.cat(parts)
 
     def reference_logprobs(self, model, ids, mask, width, response_ids) -> torch.Tensor | None:
@@ -397,13 +396,12 @@ class GRPOTrainer:
         that its activations are released when it returns, before the next micro-batch's forward."""
         args = self.args
         mask = batch.loss_mask[idx]
-        logits = policy_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx])
-        response_logits = logits[:, batch.query_width - 1 : -1]
-        logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
+        logits = response_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.query_width)
+        logprobs = ops.logprobs_from_logits(logits, batch.response_ids[idx], args.temperature)
         old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
         ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
         with torch.no_grad():
-            entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
+            entropy = ops.entropy_from_logits(logits.detach(), args.temperature)
         token_mask = None
         if args.top_entropy_quantile < 1.0:  # the policy loss only on the micro-batch's highest-entropy tokens
             token_mask = ops.high_entropy_mask(entropy, mask, 1.0 - args.top_entropy_quantile)

@@ -49,7 +49,7 @@ from rlhfkit.models import (
     enable_gradient_checkpointing,
     frozen_copy,
     no_split_modules,
-    policy_logits,
+    response_logits,
     token_values,
     value_model_from_policy,
     weight_dtype,
@@ -69,7 +69,6 @@ from rlhfkit.rollout import (
     decode,
     greedy_completions,
     pad_right,
-    response_logprobs,
     sampling_config,
     terminator_ids,
 )
@@ -88,10 +87,12 @@ class PolicyAndValue(nn.Module):
         self._no_split_modules = no_split_modules(policy) + no_split_modules(value_model)
         self.config = policy.config  # what DeepSpeed's "auto" bucket sizes read (hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return policy_logits(self.policy, input_ids, attention_mask), token_values(
-            self.value_model, input_ids, attention_mask
-        )
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, query_width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, V) logits predicting the response tokens and (B, L) values at every position."""
+        logits = response_logits(self.policy, input_ids, attention_mask, query_width)
+        return logits, token_values(self.value_model, input_ids, attention_mask)
 
 
 @dataclass
@@ -255,13 +256,13 @@ class PPOTrainer:
             )
         return with_lora(model, self.args), with_lora(value_model, self.args, task_type="SEQ_CLS")
 
-    def reference_logits(self, model: PolicyAndValue, input_ids, attention_mask) -> torch.Tensor:
-        """(B, L, V) logits of the reference: the frozen copy, or with LoRA the policy (of `model`, the unwrapped
-        policy and value model) with its adapter disabled."""
+    def reference_logits(self, model: PolicyAndValue, input_ids, attention_mask, query_width: int) -> torch.Tensor:
+        """(B, T, V) logits of the reference predicting the response tokens: the frozen copy, or with LoRA the policy
+        (of `model`, the unwrapped policy and value model) with its adapter disabled."""
         if self.ref_model is not None:
-            return policy_logits(self.ref_model, input_ids, attention_mask)
+            return response_logits(self.ref_model, input_ids, attention_mask, query_width)
         with adapter_disabled(model.policy) as base:
-            return policy_logits(base, input_ids, attention_mask)
+            return response_logits(base, input_ids, attention_mask, query_width)
 
     def save_merged(self) -> None:
         """--merge_adapter: output_dir/merged/, the policy with its adapter merged (a plain transformers model).
@@ -353,11 +354,11 @@ class PPOTrainer:
                 if self.reuse_sampling_logprobs:
                     values = token_values(model.value_model, ids, attn)
                 else:
-                    logits, values = model(ids, attn)
-                    logprobs = response_logprobs(logits, width, resp.ids, args.temperature)
+                    logits, values = model(ids, attn, width)
+                    logprobs = ops.logprobs_from_logits(logits, resp.ids, args.temperature)
                 parts["logp"].append(logprobs)
-                ref_logits = self.reference_logits(model, ids, attn)
-                parts["ref"].append(response_logprobs(ref_logits, width, resp.ids, args.temperature))
+                ref_logits = self.reference_logits(model, ids, attn, width)
+                parts["ref"].append(ops.logprobs_from_logits(ref_logits, resp.ids, args.temperature))
                 parts["val"].append(values[:, width - 1 : -1])
                 for key, value in (
                     ("q", query_ids),
@@ -467,16 +468,15 @@ class PPOTrainer:
         args, m = self.args, self.run.metrics
         width = batch.query_ids.shape[1]
         mask = batch.response_mask[idx]
-        logits, values = self.model(batch.input_ids[idx], batch.attention_mask[idx])
-        response_logits = logits[:, width - 1 : -1]
-        new_logprobs = ops.logprobs_from_logits(response_logits, batch.response_ids[idx], args.temperature)
+        logits, values = self.model(batch.input_ids[idx], batch.attention_mask[idx], width)
+        new_logprobs = ops.logprobs_from_logits(logits, batch.response_ids[idx], args.temperature)
         vpred = values[:, width - 1 : -1]
         pg = ops.clipped_policy_loss(new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange)
         vf = ops.clipped_value_loss(vpred, batch.values[idx], returns[idx], mask, args.cliprange_value)
         loss = (pg.loss + args.vf_coef * vf.loss) / self.sizes.micro_batches_per_mini_batch
         self.accelerator.backward(loss)
         with torch.no_grad():
-            entropy = ops.entropy_from_logits(response_logits.detach(), args.temperature)
+            entropy = ops.entropy_from_logits(logits.detach(), args.temperature)
             tokens = mask.sum()
             ratio = pg.ratio.detach()
             m.add(M.POLICY_APPROXKL_AVG, (pg.approx_kl * mask).sum(), tokens)

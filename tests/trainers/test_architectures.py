@@ -76,6 +76,23 @@ def test_lean_loop_matches_generate(checkpoints):
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
 
 
+def test_shared_prompt_prefixes_change_nothing(checkpoints):
+    """GRPO's layout (each prompt in a run of 4 rows): encoding each prompt once and expanding the KV cache with the
+    architecture's own cache (sliding windows, hybrid layers included) samples the same tokens with the same
+    log-probs as encoding every row."""
+    tokenizer = AutoTokenizer.from_pretrained(checkpoints.causal, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(checkpoints.causal).eval()
+    prompts = [tokenizer(p)["input_ids"] for p in ("sort 4312=", "sort 999901=", "sort 12=")]
+    ids, mask = left_pad([p for p in prompts for _ in range(4)], tokenizer.pad_token_id)
+    config = sampling_config(12, 0.7, tokenizer.pad_token_id, terminator_ids(tokenizer, model))
+    results = []
+    for share in (True, False):
+        torch.manual_seed(0)
+        results.append(generate(model, ids, mask, config, share_prefixes=share))
+    assert torch.equal(results[0].tokens, results[1].tokens)
+    torch.testing.assert_close(results[0].logprobs, results[1].logprobs, atol=1e-5, rtol=0)
+
+
 def test_ppo_first_minibatch_ratio_is_one(checkpoints, tiny_assets, tmp_path):
     """One epoch, one mini-batch (two micro-batches): every ratio is taken before the update's only optimizer step,
     so val/ratio is 1 and approxkl 0. Value and reward models come from the sequence-classification checkpoint."""

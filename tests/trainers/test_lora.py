@@ -18,7 +18,7 @@ from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.cli import main
 from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig
 from rlhfkit.metrics import registry
-from rlhfkit.models import is_peft_model, load_scalar_model, policy_logits, with_lora
+from rlhfkit.models import is_peft_model, load_scalar_model, policy_logits, response_logits, with_lora
 from tests.helpers import asset_flags
 from tests.test_cli import rlhfkit
 from tests.trainers.test_grpo import grpo_config
@@ -102,9 +102,10 @@ def test_ppo_reference_is_the_base_model_without_a_second_copy(ppo_run, tiny_ass
     # After three updates the reference log-probs are the base checkpoint's, exactly; the policy has moved away.
     ids, mask = prompts_batch(trainer)
     with torch.no_grad():
-        reference = trainer.reference_logits(trainer.unwrapped, ids, mask)
-        expected = policy_logits(base, ids, mask)
-        policy = policy_logits(trainer.unwrapped.policy.eval(), ids, mask)
+        width = 2  # the logits that predict tokens 2.. (all but the first two positions are "response")
+        reference = trainer.reference_logits(trainer.unwrapped, ids, mask, width)
+        expected = response_logits(base, ids, mask, width)
+        policy = response_logits(trainer.unwrapped.policy.eval(), ids, mask, width)
     assert torch.equal(reference, expected)
     assert not torch.allclose(policy, expected)
     assert trainer.unwrapped.policy.training is False  # adapter_disabled restored the mode it found

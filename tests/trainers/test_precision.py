@@ -18,6 +18,12 @@ from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
 
 
+def is_checkpointing(model) -> bool:
+    """transformers' is_activation_checkpointing (is_gradient_checkpointing before 5.24, deprecated since)."""
+    on = getattr(model, "is_activation_checkpointing", None)
+    return bool(on if on is not None else model.is_gradient_checkpointing)
+
+
 def update_rows(output_dir):
     with open(os.path.join(output_dir, "metrics.jsonl")) as f:
         return [row for row in map(json.loads, f) if "episode" in row]
@@ -94,7 +100,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_assets, kind):
     model.train(), checkpointed.train()
     plain = gradients(model, lambda m: forward(m, ids, mask))
     recomputed = gradients(checkpointed, lambda m: forward(m, ids, mask))
-    assert checkpointed.is_gradient_checkpointing and plain.keys() == recomputed.keys() and plain
+    assert is_checkpointing(checkpointed) and plain.keys() == recomputed.keys() and plain
     for name in plain:
         torch.testing.assert_close(recomputed[name], plain[name], rtol=0, atol=1e-6)
 
@@ -106,8 +112,8 @@ def test_ppo_and_grpo_with_gradient_checkpointing_train_as_without(tiny_assets, 
         out = tmp_path / f"ppo-{checkpointing}"
         args = small_config(tiny_assets, out, gradient_checkpointing=checkpointing, num_sample_generations=0)
         trainer = build_ppo_trainer(args)
-        assert trainer.unwrapped.policy.is_gradient_checkpointing == checkpointing
-        assert trainer.unwrapped.value_model.is_gradient_checkpointing == checkpointing
+        assert is_checkpointing(trainer.unwrapped.policy) == checkpointing
+        assert is_checkpointing(trainer.unwrapped.value_model) == checkpointing
         trainer.train()
         rows[checkpointing] = update_rows(args.output_dir)
     for a, b in zip(rows[False], rows[True]):
@@ -115,7 +121,7 @@ def test_ppo_and_grpo_with_gradient_checkpointing_train_as_without(tiny_assets, 
             assert b[name] == pytest.approx(a[name], rel=1e-4, abs=1e-7), name
     args = grpo_config(tiny_assets, tmp_path / "grpo", gradient_checkpointing=True, max_steps=2)
     trainer = build_grpo_trainer(args, set())
-    assert trainer.accelerator.unwrap_model(trainer.model).is_gradient_checkpointing
+    assert is_checkpointing(trainer.accelerator.unwrap_model(trainer.model))
     trainer.train()
     assert len([r for r in update_rows(args.output_dir) if "loss" in r]) == 2
 
@@ -169,7 +175,7 @@ def test_lora_with_gradient_checkpointing_under_bf16(tiny_assets, tmp_path):
         tiny_assets, tmp_path, use_peft=True, gradient_checkpointing=True, bf16=True, num_sample_generations=0
     )
     trainer = build_ppo_trainer(args)
-    assert trainer.unwrapped.policy.is_gradient_checkpointing
+    assert is_checkpointing(trainer.unwrapped.policy)
     trainer.train()
     rows = update_rows(args.output_dir)
     assert len(rows) == 3 and all(abs(v) < float("inf") for r in rows for v in r.values() if isinstance(v, float))
