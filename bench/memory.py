@@ -114,7 +114,7 @@ def build_assets(root: Path) -> dict[str, str]:
 def parameter_count(path: str) -> int:
     from safetensors import safe_open
 
-    with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+    with safe_open(os.path.join(path, "model.safetensors"), "numpy") as f:  # no torch in this process
         return sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
 
 
@@ -174,7 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3, help="runs per trainer and mode (the table shows the median)")
     p.add_argument("--threads", type=int, default=1, help="OMP/MKL threads per run (speed only, not memory)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before a run is killed")
+    p.add_argument("--assets-only", type=Path, help=argparse.SUPPRESS)  # build_assets(PATH) in a child process
     args = p.parse_args(argv)
+    if args.assets_only:
+        sys.path.insert(0, str(ROOT))
+        print(json.dumps(build_assets(args.assets_only)))
+        return 0
     modes = {name: MODES[name] for name in args.modes}
     for spec in args.mode:
         name, _, flags = spec.partition("=")
@@ -182,9 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.engines:
         modes = {engine: [] for engine in args.engines}
 
-    sys.path.insert(0, str(ROOT))
+    # The assets are built (or found) by a child process: this one must stay small, since Linux carries a parent's
+    # peak RSS into the ru_maxrss of every process it starts (torch and the models here would floor every reading).
     key = "-".join(f"{v}" for v in MODEL.values())
-    paths = build_assets(BENCH_DIR / ".cache" / f"memory-llama-{key}")
+    root = BENCH_DIR / ".cache" / f"memory-llama-{key}"
+    built = subprocess.run([sys.executable, __file__, "--assets-only", str(root)], capture_output=True, text=True)
+    if built.returncode != 0:
+        raise RuntimeError(f"building the assets failed:\n{built.stderr[-3000:]}")
+    paths = json.loads(built.stdout.splitlines()[-1])
     params = parameter_count(paths["sft"])
     print(f"[memory] model: Llama {MODEL}, {params / 1e6:.1f}M parameters (fp32: {params * 4 / 2**20:.0f} MB)")
 

@@ -157,7 +157,7 @@ def run_one(
         )
         timer = threading.Timer(ns.timeout, proc.kill)
         timer.start()
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage (peak RSS), not all children's
+        _, status, _ = os.wait4(proc.pid, 0)
         timer.cancel()
         wall = time.perf_counter() - t0
     code = os.waitstatus_to_exitcode(status)
@@ -168,7 +168,6 @@ def run_one(
         raise RuntimeError(f"{library} {trainer} run {run} failed (exit {code}); log {run_dir / 'log.txt'}:\n{tail}")
     result = json.loads(result_path.read_text())
     result["process_seconds"] = round(wall, 3)
-    result["process_peak_rss_mb"] = round(usage.ru_maxrss / 1024, 1)
     result["new_tokens"] = cfg["new_tokens"]
     result["run_dir"] = str(run_dir)
     if not ns.keep_models:

@@ -88,6 +88,7 @@ def finish(
         **probe.summary(train_seconds, probe.train_cpu_seconds),
         **success,
         "eval_seconds": round(time.perf_counter() - t0, 3),
+        "process_peak_rss_mb": round(peak_rss_mb(), 1),  # the whole process, the success check included
         "modules": sorted(m for m in ("trl", "rlhfkit") if m in sys.modules),
         **(extra or {}),
     }

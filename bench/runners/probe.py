@@ -176,9 +176,20 @@ class Probe:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
+    """Peak resident set size of this process so far, in MB: VmHWM of /proc/self/status on Linux, else ru_maxrss.
+
+    Not ru_maxrss on Linux: the kernel carries the parent's peak over fork and exec into it, so a runner started by
+    a harness that had grown to 850 MB (building the assets in-process) reported 848 MB whatever it used. VmHWM is
+    the peak of this program's own address space."""
     import resource
     import sys
 
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss / (1024 * 1024) if sys.platform == "darwin" else rss / 1024
