@@ -1210,6 +1210,15 @@ class GRPOConfig(TrainConfig):
             OrNone(JSON_OBJECT),
         ),
     )
+    cache_implementation: str | None = field(
+        default=None,
+        metadata=_help(
+            "KV cache of the sampler (TRL's flag): unset or dynamic, transformers' DynamicCache with eager steps; "
+            "static, a StaticCache and a torch.compile'd one-token step (compiled once per batch shape; pays on long "
+            "runs, see docs/algorithms/grpo.md).",
+            OrNone(OneOf(("dynamic", "static"))),
+        ),
+    )
     num_generations_eval: int | None = field(
         default=None,
         metadata=_help(

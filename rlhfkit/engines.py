@@ -107,6 +107,12 @@ def check_supported(engine: Engine, args: TrainConfig) -> None:
             "merge the saved adapter afterwards: PeftModel.from_pretrained(base_model, OUTPUT_DIR)"
             ".merge_and_unload().save_pretrained(MERGED_DIR)."
         )
+    if getattr(args, "cache_implementation", None) == "static":
+        raise ConfigError(
+            f"--cache_implementation static {name}: the compiled decode step is built over the policy's whole weights "
+            "and is not tested on weights gathered per generation. Leave it unset (the dynamic cache), or use DDP "
+            "or ZeRO-1/2."
+        )
     if args.load_in_4bit or args.load_in_8bit:
         raise ConfigError(
             f"--load_in_4bit / --load_in_8bit {name}: quantised weights are not sharded by rlhfkit. Use DDP "

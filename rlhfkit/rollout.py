@@ -11,6 +11,7 @@ import copy
 import functools
 import inspect
 import warnings
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -398,17 +399,17 @@ def _lean_generate(
     share_prefixes: bool = True,
 ) -> Generated:
     B = query_ids.shape[0]
-    cache_arg = _cache_arg(model)
     stop_ids = torch.tensor(_as_list(config.eos_token_id), device=query_ids.device, dtype=torch.long)
-    attention = query_mask.long()
-    position = position_ids_from_mask(query_mask)
-    logits, cache = _prefill(model, query_ids, attention, position, share_prefixes)
+    if config.cache_implementation == "static" and _static_refusal(model) is None:
+        decoder = _StaticDecoder(model, query_ids, query_mask, config.max_new_tokens)
+    else:
+        decoder = _DynamicDecoder(model, query_ids, query_mask, share_prefixes)
+    logits = decoder.logits
     # The tokens a repetition penalty applies to, kept as a (B, V) mask updated in place; None (no cost) without one.
     seen = penalised = None
     if _has_repetition_penalty(config):
         seen = _tokens_seen(query_ids, query_mask, logits.shape[-1])
         penalised = seen[:, :-1]  # a view: it follows the updates
-    next_position = position[:, -1:] + 1
     done = torch.zeros(B, dtype=torch.bool, device=query_ids.device)
     tokens, logprobs = [], []
     for step in range(config.max_new_tokens):
@@ -421,21 +422,148 @@ def _lean_generate(
             break
         if seen is not None:  # generate's input_ids grow by the same token, padding included for finished rows
             _mark_seen(seen, token)
-        attention = torch.cat([attention, attention.new_ones(B, 1)], dim=1)
-        forward = functools.partial(_probe, model) if step == 0 else model
-        out = forward(
-            input_ids=token[:, None],
-            attention_mask=attention,
-            position_ids=next_position,
-            use_cache=True,
-            **{cache_arg: cache},
-        )
-        logits, cache = out.logits[:, -1, :], _cache_of(out)
-        next_position = next_position + 1
+        logits = decoder.step(token)
     if not tokens:
         return Generated(query_ids.new_zeros(B, 0), None)
     sampled = config.do_sample
     return Generated(torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1) if sampled else None)
+
+
+class _DynamicDecoder:
+    """The default decoder: eager forwards over transformers' DynamicCache, which grows by one position a step.
+
+    `logits`: (B, V) raw logits of the next token; `step(token)` feeds one token per row and returns the next."""
+
+    def __init__(self, model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, share_prefixes: bool):
+        self.model, self.cache_arg, self.steps = model, _cache_arg(model), 0
+        self.attention = query_mask.long()
+        position = position_ids_from_mask(query_mask)
+        self.next_position = position[:, -1:] + 1
+        self.logits, self.cache = _prefill(model, query_ids, self.attention, position, share_prefixes)
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        self.attention = torch.cat([self.attention, self.attention.new_ones(len(token), 1)], dim=1)
+        forward = functools.partial(_probe, self.model) if self.steps == 0 else self.model  # reveals a refusal
+        out = forward(
+            input_ids=token[:, None],
+            attention_mask=self.attention,
+            position_ids=self.next_position,
+            use_cache=True,
+            **{self.cache_arg: self.cache},
+        )
+        self.cache, self.steps = _cache_of(out), self.steps + 1
+        self.next_position = self.next_position + 1
+        return out.logits[:, -1, :]
+
+
+# Prompts are left-padded to a multiple of this many tokens under the static cache, so that the compiled step's
+# shapes (batch, prompt width + max_new_tokens) repeat from one generation to the next instead of recompiling.
+STATIC_WIDTH_MULTIPLE = 64
+
+# Per model, its static caches and compiled steps by (batch, width, device, dtype), kept for the run (a step's
+# closure holds the model, so an entry lasts as long as the process: one per model a run samples from).
+_STATIC_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+# Model classes that cannot use the static cache, with the reason: a forward without cache_position, or a step that
+# failed to compile (said once; they decode over the DynamicCache after).
+_NO_STATIC: dict[type, str] = {}
+
+
+def _static_refusal(model: nn.Module) -> str | None:
+    """Why `model` cannot decode over a static cache with a compiled step (None when it can, as far as known)."""
+    cls = type(model)
+    if cls not in _NO_STATIC:
+        try:
+            params = inspect.signature(model.forward).parameters.values()
+        except (TypeError, ValueError):
+            params = []
+        if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD or p.name == "cache_position" for p in params):
+            _refuse_static(model, "its forward takes no cache_position")
+    return _NO_STATIC.get(cls)
+
+
+def _refuse_static(model: nn.Module, reason: str) -> None:
+    _NO_STATIC[type(model)] = reason
+    warnings.warn(
+        f"rlhfkit: --cache_implementation static cannot be used with {type(model).__name__} ({reason}); decoding "
+        "over the dynamic KV cache instead (same tokens and log-probs). Said once per model class.",
+        stacklevel=3,
+    )
+
+
+class _StaticDecoder:
+    """--cache_implementation static: a StaticCache of the whole width (prompt + max_new_tokens) and a
+    ``torch.compile``d one-token step (inductor; one graph per batch size, width and model, kept for the run).
+
+    The prompts are left-padded to a multiple of STATIC_WIDTH_MULTIPLE tokens (masked, so nothing changes but the
+    width) and encoded row by row (no shared prefixes: the cache's rows are fixed in place). A step that fails to
+    compile finishes its generation eagerly over the same cache, and the model class decodes over the dynamic
+    cache from then on (said once)."""
+
+    def __init__(self, model: nn.Module, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tokens: int):
+        from transformers import StaticCache
+
+        B, width = query_ids.shape
+        prompt_width = -(-width // STATIC_WIDTH_MULTIPLE) * STATIC_WIDTH_MULTIPLE
+        pad = prompt_width - width
+        query_ids = nn.functional.pad(query_ids, (pad, 0), value=0)
+        query_mask = nn.functional.pad(query_mask, (pad, 0), value=False)
+        total = prompt_width + max_new_tokens
+        self.model = model
+        per_model = _STATIC_STEPS.setdefault(model, {})
+        key = (B, total, query_ids.device, next(model.parameters()).dtype)
+        if key not in per_model:
+            cache = StaticCache(config=model.config, max_cache_len=total)
+            per_model[key] = (cache, self._step_function(model, cache))
+        self.cache, self.step_functions = per_model[key]
+        self.cache.reset()
+        self.attention = torch.zeros(B, total, dtype=torch.long, device=query_ids.device)
+        self.attention[:, :prompt_width] = query_mask.long()
+        position = position_ids_from_mask(query_mask)
+        self.next_position = position[:, -1:] + 1
+        self.slot = prompt_width  # where the next token's keys and values go
+        out = _probe(
+            model,
+            input_ids=query_ids,
+            attention_mask=self.attention,
+            position_ids=position,
+            cache_position=torch.arange(prompt_width, device=query_ids.device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{_cache_arg(model): self.cache},
+        )
+        self.logits = out.logits[:, -1, :]
+
+    @staticmethod
+    def _step_function(model: nn.Module, cache):
+        cache_arg = _cache_arg(model)
+
+        def step(token, position, cache_position, attention):
+            out = model(
+                input_ids=token,
+                attention_mask=attention,
+                position_ids=position,
+                cache_position=cache_position,
+                use_cache=True,
+                **{cache_arg: cache},
+            )
+            return out.logits[:, -1, :]
+
+        return step, torch.compile(step, dynamic=False, fullgraph=True)
+
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        self.attention[:, self.slot] = 1
+        eager, compiled = self.step_functions
+        inputs = (token[:, None], self.next_position, torch.tensor([self.slot], device=token.device), self.attention)
+        self.slot, self.next_position = self.slot + 1, self.next_position + 1
+        if type(self.model) in _NO_STATIC:
+            return eager(*inputs)
+        try:
+            return compiled(*inputs).clone()  # the compiled graph may reuse its output buffer on the next call
+        except Exception as e:  # any compiler failure: this generation goes on eagerly, same cache, same numbers
+            first_line = str(e).splitlines()[0] if str(e) else ""
+            _refuse_static(self.model, f"its decode step did not compile: {type(e).__name__}: {first_line}")
+            return eager(*inputs)
 
 
 def _hf_generate(

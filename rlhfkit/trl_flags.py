@@ -277,7 +277,6 @@ GROUPS: tuple[Group, ...] = (
             "use_transformers_continuous_batching",
             "transformers_continuous_batching_config",
             "use_transformers_paged",
-            "cache_implementation",
         ),
     ),  # fmt: skip
     Group(

@@ -36,7 +36,7 @@ def test_the_engine_is_read_from_what_accelerate_launch_sets(monkeypatch, env, e
 def _args(**overrides):
     fields = dict(
         ds3_gather_for_generation=True, sync_ref_model=False, merge_adapter=False, load_in_4bit=False,
-        load_in_8bit=False,
+        load_in_8bit=False, cache_implementation=None,
     )  # fmt: skip
     return SimpleNamespace(**{**fields, **overrides})
 
@@ -53,6 +53,7 @@ ZERO3, FSDP2 = Engine("deepspeed", 3), Engine("fsdp", fsdp_version=2)
         (ZERO3, {"sync_ref_model": True}, "--sync_ref_model under DeepSpeed ZeRO stage 3"),
         (FSDP2, {"merge_adapter": True}, "PeftModel.from_pretrained(base_model, OUTPUT_DIR)"),
         (ZERO3, {"load_in_4bit": True}, "quantised weights are not sharded"),
+        (FSDP2, {"cache_implementation": "static"}, "--cache_implementation static under FSDP (version 2)"),
     ],
 )
 def test_what_rlhfkit_does_not_do_under_an_engine_is_refused_with_the_fix(engine, overrides, message):
@@ -63,7 +64,10 @@ def test_what_rlhfkit_does_not_do_under_an_engine_is_refused_with_the_fix(engine
 
 @pytest.mark.parametrize("engine", [Engine(), Engine("deepspeed", 2)])
 def test_without_sharded_weights_the_same_settings_are_fine(engine):
-    check_supported(engine, _args(ds3_gather_for_generation=False, sync_ref_model=True, merge_adapter=True))
+    check_supported(
+        engine,
+        _args(ds3_gather_for_generation=False, sync_ref_model=True, merge_adapter=True, cache_implementation="static"),
+    )
 
 
 @pytest.mark.parametrize("size, processes", [(31, 2), (32, 2), (7, 3), (1, 2), (2, 4), (0, 2)])

@@ -121,6 +121,24 @@ class NoLogitsToKeepInSignature(LlamaForCausalLM):
         )
 
 
+class NoCachePosition(LlamaForCausalLM):
+    """A forward that lists the lean loop's arguments but not cache_position (what the static cache needs)."""
+
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
+        use_cache=None, logits_to_keep=0,
+    ):  # fmt: skip
+        cache = cache if cache is not None else past_key_values
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            **({"cache": cache} if rollout._transformers_names_it_cache() else {"past_key_values": cache}),
+        )
+
+
 class UnrelatedTypeError(LlamaForCausalLM):
     def forward(self, **kwargs):
         raise TypeError("unsupported operand type(s) for +: 'int' and 'str'")
@@ -464,4 +482,78 @@ def test_a_cache_without_reorder_cache_is_encoded_in_full(sft, monkeypatch):
     tokens = generate(model, query_ids, query_mask, config).tokens
     handle.remove()
     assert sizes == [4, 8]
+    assert torch.equal(tokens, expected)
+
+
+# ------------------------------------------------------------------------------------------------
+# --cache_implementation static: a StaticCache and a compiled one-token step
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_static(monkeypatch):
+    """No model class refused the static cache yet, and no compiled step is kept from another test."""
+    import weakref
+
+    monkeypatch.setattr(rollout, "_NO_STATIC", {})
+    monkeypatch.setattr(rollout, "_STATIC_STEPS", weakref.WeakKeyDictionary())
+
+
+def test_static_cache_with_a_compiled_step_samples_what_the_dynamic_cache_does(sft, fresh_static):
+    """Greedy (with a repetition penalty) and seeded sampling, on left-padded prompts of different lengths: the same
+    tokens and log-probs as the eager DynamicCache loop; the second generation of the same shape reuses the graph."""
+    tokenizer, model, ids, mask = sft
+    stop = terminator_ids(tokenizer, model)
+    for temperature, penalty in ((None, 1.3), (0.7, 1.0)):
+        results = []
+        for implementation in ("dynamic", "static", "static"):
+            config = sampling_config(
+                10, temperature, tokenizer.pad_token_id, stop, repetition_penalty=penalty,
+                generation_kwargs={"cache_implementation": implementation},
+            )  # fmt: skip
+            torch.manual_seed(5)
+            results.append(generate(model, ids, mask, config))
+        dynamic, static, again = results
+        assert torch.equal(static.tokens, dynamic.tokens) and torch.equal(again.tokens, dynamic.tokens)
+        if temperature is not None:
+            torch.testing.assert_close(static.logprobs, dynamic.logprobs, atol=1e-5, rtol=0)
+    assert list(rollout._STATIC_STEPS[model]) == [(4, 64 + 10, ids.device, torch.float32)]  # one cache, one graph
+    assert not rollout._NO_STATIC
+
+
+def test_a_step_that_does_not_compile_is_decoded_eagerly_and_said_once(sft, fresh_static, monkeypatch):
+    tokenizer, model, ids, mask = sft
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(
+        8, None, tokenizer.pad_token_id, stop, generation_kwargs={"cache_implementation": "static"}
+    )
+    expected = generate(model, ids, mask, sampling_config(8, None, tokenizer.pad_token_id, stop)).tokens
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("inductor: no C++ compiler found")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = generate(model, ids, mask, config).tokens  # finishes eagerly over its static cache
+        second = generate(model, ids, mask, config).tokens  # the dynamic cache from then on
+    said = [str(w.message) for w in caught if "cache_implementation static" in str(w.message)]
+    assert len(said) == 1 and "no C++ compiler found" in said[0] and type(model).__name__ in said[0]
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+
+
+def test_a_forward_without_cache_position_uses_the_dynamic_cache(sft, tiny_assets, fresh_static, fresh_notices):
+    """A forward without cache_position: said once, then the lean loop over the dynamic cache."""
+    tokenizer, model, ids, mask = sft
+    legacy = NoCachePosition.from_pretrained(tiny_assets / "sft").eval()
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(
+        8, None, tokenizer.pad_token_id, stop, generation_kwargs={"cache_implementation": "static"}
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens = generate(legacy, ids, mask, config).tokens
+    said = [str(w.message) for w in caught if "cache_implementation static" in str(w.message)]
+    assert len(said) == 1 and "no cache_position" in said[0]
+    expected = generate(model, ids, mask, sampling_config(8, None, tokenizer.pad_token_id, stop)).tokens
     assert torch.equal(tokens, expected)

@@ -347,7 +347,7 @@ class GRPOTrainer:
             args.top_k,
             min_p=args.min_p,
             repetition_penalty=args.repetition_penalty,
-            generation_kwargs=args.generation_kwargs,
+            generation_kwargs={"cache_implementation": args.cache_implementation, **(args.generation_kwargs or {})},
         )
 
     @torch.no_grad()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import load_from_disk
 
-from rlhfkit import GRPOConfig, GRPOTrainer
+from rlhfkit import GRPOConfig, GRPOTrainer, rollout
 from rlhfkit.builders import build_grpo_trainer
 from rlhfkit.metrics import registry
 from rlhfkit.rewards import RewardFunctionError
@@ -158,6 +158,23 @@ def test_reused_batches_get_clipped(tiny_assets, tmp_path):
         assert 0 <= r["clip_ratio/low_min"] <= r["clip_ratio/low_mean"] or r["clip_ratio/low_mean"] == 0
         assert r["clip_ratio/high_max"] >= r["clip_ratio/high_mean"]
     assert [r["episode"] for r in rows] == [16, 16, 16]  # one generation serves three steps
+
+
+def test_static_cache_trains_as_the_dynamic_cache(tiny_assets, tmp_path):
+    """--cache_implementation static (TRL's flag): the compiled decoder samples the same completions, so the run
+    logs the same rewards and lengths, and the same losses up to float rounding."""
+    logged = {}
+    for implementation in ("dynamic", "static"):
+        args = grpo_config(tiny_assets, tmp_path / implementation, cache_implementation=implementation)
+        trainer = build_grpo_trainer(args)
+        trainer.train()
+        logged[implementation] = train_rows(read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")))
+        compiled = trainer.accelerator.unwrap_model(trainer.model) in rollout._STATIC_STEPS
+        assert compiled == (implementation == "static")
+    for dynamic, static in zip(logged["dynamic"], logged["static"], strict=True):
+        for key in ("reward", "completions/mean_length", "num_tokens"):
+            assert static[key] == dynamic[key], key
+        assert static["loss"] == pytest.approx(dynamic["loss"], abs=1e-5)
 
 
 def test_python_api_with_callables_and_none_rewards(tiny_assets, tmp_path):
