@@ -456,8 +456,8 @@ class _DynamicDecoder:
         return out.logits[:, -1, :]
 
 
-# Prompts are left-padded to a multiple of this many tokens under the static cache, so that the compiled step's
-# shapes (batch, prompt width + max_new_tokens) repeat from one generation to the next instead of recompiling.
+# The static cache's width (prompt + max_new_tokens) is rounded up to a multiple of this many tokens, so that the
+# compiled step's shapes repeat from one generation to the next instead of recompiling.
 STATIC_WIDTH_MULTIPLE = 64
 
 # Per model, its static caches and compiled steps by (batch, width, device, dtype), kept for the run (a step's
@@ -495,8 +495,9 @@ class _StaticDecoder:
     """--cache_implementation static: a StaticCache of the whole width (prompt + max_new_tokens) and a
     ``torch.compile``d one-token step (inductor; one graph per batch size, width and model, kept for the run).
 
-    The prompts are left-padded to a multiple of STATIC_WIDTH_MULTIPLE tokens (masked, so nothing changes but the
-    width) and encoded row by row (no shared prefixes: the cache's rows are fixed in place). A step that fails to
+    The cache's width is the prompt width + max_new_tokens rounded up to a multiple of STATIC_WIDTH_MULTIPLE (its
+    unused slots are masked), so one graph serves generations whose prompt widths differ a little. Prompts are
+    encoded row by row (no shared prefixes: the cache's rows are fixed in place). A step that fails to
     compile finishes its generation eagerly over the same cache, and the model class decodes over the dynamic
     cache from then on (said once)."""
 
@@ -504,11 +505,7 @@ class _StaticDecoder:
         from transformers import StaticCache
 
         B, width = query_ids.shape
-        prompt_width = -(-width // STATIC_WIDTH_MULTIPLE) * STATIC_WIDTH_MULTIPLE
-        pad = prompt_width - width
-        query_ids = nn.functional.pad(query_ids, (pad, 0), value=0)
-        query_mask = nn.functional.pad(query_mask, (pad, 0), value=False)
-        total = prompt_width + max_new_tokens
+        total = -(-(width + max_new_tokens) // STATIC_WIDTH_MULTIPLE) * STATIC_WIDTH_MULTIPLE
         self.model = model
         per_model = _STATIC_STEPS.setdefault(model, {})
         key = (B, total, query_ids.device, next(model.parameters()).dtype)
@@ -518,16 +515,16 @@ class _StaticDecoder:
         self.cache, self.step_functions = per_model[key]
         self.cache.reset()
         self.attention = torch.zeros(B, total, dtype=torch.long, device=query_ids.device)
-        self.attention[:, :prompt_width] = query_mask.long()
+        self.attention[:, :width] = query_mask.long()
         position = position_ids_from_mask(query_mask)
         self.next_position = position[:, -1:] + 1
-        self.slot = prompt_width  # where the next token's keys and values go
+        self.slot = width  # where the next token's keys and values go
         out = _probe(
             model,
             input_ids=query_ids,
             attention_mask=self.attention,
             position_ids=position,
-            cache_position=torch.arange(prompt_width, device=query_ids.device),
+            cache_position=torch.arange(width, device=query_ids.device),
             use_cache=True,
             logits_to_keep=1,
             **{_cache_arg(model): self.cache},
