@@ -97,6 +97,14 @@ class RaisesOnLogitsToKeep(LlamaForCausalLM):
         return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
 
 
+def listed_forward(model, cache, past_key_values, **arguments):
+    """LlamaForCausalLM's forward for a subclass that lists its arguments: the KV cache, passed by either name, goes
+    on under the name the installed transformers takes ('cache' from 5.24 on)."""
+    cache = cache if cache is not None else past_key_values
+    name = "cache" if rollout._transformers_names_it_cache() else "past_key_values"
+    return LlamaForCausalLM.forward(model, **arguments, **{name: cache})
+
+
 class NoLogitsToKeepInSignature(LlamaForCausalLM):
     """Like an older architecture whose forward lists its arguments and has no logits_to_keep (nor **kwargs)."""
 
@@ -110,15 +118,10 @@ class NoLogitsToKeepInSignature(LlamaForCausalLM):
         use_cache=None,
         return_dict=None,
     ):
-        cache = cache if cache is not None else past_key_values
-        return super().forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=use_cache,
-            return_dict=return_dict,
-            **({"cache": cache} if rollout._transformers_names_it_cache() else {"past_key_values": cache}),
-        )
+        return listed_forward(
+            self, cache, past_key_values, input_ids=input_ids, attention_mask=attention_mask,
+            position_ids=position_ids, use_cache=use_cache, return_dict=return_dict,
+        )  # fmt: skip
 
 
 class NoCachePosition(LlamaForCausalLM):
@@ -128,15 +131,10 @@ class NoCachePosition(LlamaForCausalLM):
         self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, cache=None,
         use_cache=None, logits_to_keep=0,
     ):  # fmt: skip
-        cache = cache if cache is not None else past_key_values
-        return super().forward(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=use_cache,
-            logits_to_keep=logits_to_keep,
-            **({"cache": cache} if rollout._transformers_names_it_cache() else {"past_key_values": cache}),
-        )
+        return listed_forward(
+            self, cache, past_key_values, input_ids=input_ids, attention_mask=attention_mask,
+            position_ids=position_ids, use_cache=use_cache, logits_to_keep=logits_to_keep,
+        )  # fmt: skip
 
 
 class UnrelatedTypeError(LlamaForCausalLM):
