@@ -73,6 +73,7 @@ def test_a_forward_without_logits_to_keep_gets_every_position_then_the_cut(batch
     torch.testing.assert_close(got, policy_logits(model, ids, attention)[:, width - 1 : -1], atol=0, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")  # peft reads transformers' old name
 def test_a_peft_model_is_looked_into(batch):
     peft = pytest.importorskip("peft")
     model, ids, attention, width = batch
