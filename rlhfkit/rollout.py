@@ -233,6 +233,8 @@ def generate(
 
     share_prefixes: consecutive rows with the same prompt (GRPO's groups) are encoded once and their KV cache is
     copied to each row (`_prefill`); False encodes every row (the reference the tests compare against).
+    ``config.cache_implementation == "static"`` decodes over a StaticCache with a compiled one-token step
+    (`_StaticDecoder`) instead of the DynamicCache's eager steps (`_DynamicDecoder`); same tokens and log-probs.
 
     A model whose forward does not take the loop's arguments (``LEAN_LOOP_ARGS``), or a config with an active
     option the loop does not implement (anything beyond ``LEAN_LOOP_OPTIONS``: beams, n-gram bans, bad words...),
@@ -340,7 +342,9 @@ def _probe(model: nn.Module, **kwargs):
     try:
         return model(**kwargs)
     except TypeError as e:
-        named = [name for name in (*LEAN_LOOP_ARGS, *CACHE_ARGS) if name in kwargs and name in str(e)]
+        named = [
+            name for name in (*LEAN_LOOP_ARGS, *CACHE_ARGS, "cache_position") if name in kwargs and name in str(e)
+        ]
         if not named:
             raise
         raise _LoopArgumentsRejected(f"its forward raised TypeError: {e}") from e
