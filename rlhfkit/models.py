@@ -9,6 +9,7 @@ A name that cannot be loaded is a ModelLoadError naming the flag and what to do.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import os
 import warnings
@@ -361,8 +362,14 @@ def takes_logits_to_keep(model: nn.Module) -> bool:
         if not isinstance(wrapped, nn.Module):
             break
         inner = wrapped
+    return _forward_lists_logits_to_keep(type(inner))
+
+
+@functools.cache
+def _forward_lists_logits_to_keep(cls: type) -> bool:
+    """Read once per model class: response_logits asks on every micro-batch."""
     try:
-        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+        return "logits_to_keep" in inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):
         return False
 

@@ -800,14 +800,6 @@ def pad_right(tensors: list[torch.Tensor], value: int | bool | float) -> torch.T
     return torch.cat([nn.functional.pad(t, (0, width - t.shape[1]), value=value) for t in tensors])
 
 
-def response_logprobs(
-    logits: torch.Tensor, query_width: int, response_ids: torch.Tensor, temperature: float
-) -> torch.Tensor:
-    """Log-probs (B, T) of the response tokens under temperature-scaled logits of the full sequence (B, Lq+T, V)."""
-    response_logits = logits[:, query_width - 1 : -1]
-    return ops.logprobs_from_logits(response_logits, response_ids, temperature)
-
-
 def decode(
     tokenizer: PreTrainedTokenizerBase, ids: torch.Tensor, mask: torch.Tensor, skip_special_tokens: bool = True
 ) -> list[str]:

@@ -1,5 +1,8 @@
 """Small helpers shared by the tests."""
 
+from rlhfkit import ops
+from rlhfkit.models import policy_logits
+
 
 def asset_flags(assets, task: bool = True) -> list[str]:
     """CLI flags pointing `rlhfkit ppo` at the built-in task's assets in `assets` (a path)."""
@@ -10,3 +13,11 @@ def asset_flags(assets, task: bool = True) -> list[str]:
         "--dataset_name", str(assets / "prompts"),
     ]  # fmt: skip
     return flags + (["--task", str(assets)] if task else [])
+
+
+def full_forward_logprobs(model, chunk, temperature: float):
+    """(B, T) log-probs of a generated Chunk's response tokens from one full forward (the logits of every position,
+    cut to the response's): the independent reference that sampling log-probs are checked against."""
+    width = chunk.query_ids.shape[1]
+    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)[:, width - 1 : -1]
+    return ops.logprobs_from_logits(logits, chunk.responses.ids, temperature)

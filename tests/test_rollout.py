@@ -10,6 +10,7 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 from rlhfkit import rollout
 from rlhfkit.data import left_pad
 from rlhfkit.rollout import _pick, generate, sampling_config, terminator_ids, truncate_responses
+from tests.helpers import full_forward_logprobs
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +68,7 @@ def test_sampling_distribution_matches_transformers_warpers(top_k, top_p):
 def test_sampling_logprobs_match_a_full_forward(sft):
     """The log-probs returned with the samples are those a training forward computes (full distribution at the
     sampling temperature), up to float rounding between cached decoding and one full pass."""
-    from rlhfkit.models import policy_logits
-    from rlhfkit.rollout import complete, response_logprobs
+    from rlhfkit.rollout import complete
 
     tokenizer, model, ids, mask = sft
     torch.manual_seed(1)
@@ -76,8 +76,7 @@ def test_sampling_logprobs_match_a_full_forward(sft):
     config = sampling_config(10, 0.7, tokenizer.pad_token_id, stop, top_k=5)
     prompts = [row[m].tolist() for row, m in zip(ids, mask)]
     (chunk,) = complete(model, prompts, config, stop, tokenizer.pad_token_id, batch_size=8)
-    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
-    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, 0.7)
+    expected = full_forward_logprobs(model, chunk, 0.7)
     m = chunk.responses.mask
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
     assert (chunk.logprobs[~m] == 0).all()
@@ -181,8 +180,7 @@ def test_fallback_greedy_tokens_equal_the_lean_loop_and_generate(sft, tiny_asset
 @pytest.mark.parametrize("cls", [RaisesOnLogitsToKeep, NoLogitsToKeepInSignature], ids=["raises", "signature"])
 def test_fallback_sampling_logprobs_match_a_full_forward(sft, tiny_assets, fresh_notices, cls):
     """The fallback's sampled log-probs are the full temperature-scaled distribution's, as the lean loop's are."""
-    from rlhfkit.models import policy_logits
-    from rlhfkit.rollout import complete, response_logprobs
+    from rlhfkit.rollout import complete
 
     tokenizer, _, ids, mask = sft
     model = cls.from_pretrained(tiny_assets / "sft").eval()
@@ -194,8 +192,7 @@ def test_fallback_sampling_logprobs_match_a_full_forward(sft, tiny_assets, fresh
         warnings.simplefilter("always")
         (chunk,) = complete(model, prompts, config, stop, tokenizer.pad_token_id, batch_size=16)
     assert len(fallback_notices(caught, cls)) == 1
-    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
-    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, 0.7)
+    expected = full_forward_logprobs(model, chunk, 0.7)
     m = chunk.responses.mask
     assert m.sum() > 16 and chunk.responses.terminated.any()  # several real tokens, some rows stopped early
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
@@ -346,8 +343,7 @@ def test_greedy_with_repetition_penalty_lean_loop_equals_generate(
 def test_sampled_logprobs_with_penalty_and_min_p_are_the_plain_tempered_ones(sft):
     """Sampling with repetition_penalty and min_p returns the log-probs of the unpenalised softmax(logits / T), as a
     separate training forward computes them (TRL's log-probs), not those of the distribution sampled from."""
-    from rlhfkit.models import policy_logits
-    from rlhfkit.rollout import complete, response_logprobs
+    from rlhfkit.rollout import complete
 
     tokenizer, model, ids, mask = sft
     torch.manual_seed(2)
@@ -355,8 +351,7 @@ def test_sampled_logprobs_with_penalty_and_min_p_are_the_plain_tempered_ones(sft
     config = sampling_config(10, 0.7, tokenizer.pad_token_id, stop, top_k=8, min_p=0.05, repetition_penalty=1.5)
     prompts = [row[m].tolist() for row, m in zip(ids.repeat(2, 1), mask.repeat(2, 1))]
     (chunk,) = complete(model, prompts, config, stop, tokenizer.pad_token_id, batch_size=8)
-    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
-    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, 0.7)
+    expected = full_forward_logprobs(model, chunk, 0.7)
     m = chunk.responses.mask
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
     # The penalty was in play: some response tokens repeat a real token before them (prompt or response).
@@ -398,8 +393,7 @@ def test_an_option_the_lean_loop_lacks_goes_through_generate_once(sft, fresh_not
 def test_generate_fallback_for_options_samples_with_full_distribution_logprobs(sft, fresh_notices, generation_kwargs):
     """Sampling through model.generate for an option the loop lacks: tokens cut after the stop token, log-probs of
     the full softmax(logits / T) (a separate forward where beam search leaves generate's logits unaligned)."""
-    from rlhfkit.models import policy_logits
-    from rlhfkit.rollout import complete, response_logprobs
+    from rlhfkit.rollout import complete
 
     tokenizer, model, ids, mask = sft
     stop = terminator_ids(tokenizer, model)
@@ -413,8 +407,7 @@ def test_generate_fallback_for_options_samples_with_full_distribution_logprobs(s
         warnings.simplefilter("always")
         (chunk,) = complete(model, prompts, config, stop, tokenizer.pad_token_id, batch_size=8)
     assert len(option_notices(caught, next(iter(generation_kwargs)))) == 1
-    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
-    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, 0.7)
+    expected = full_forward_logprobs(model, chunk, 0.7)
     m = chunk.responses.mask
     assert m.sum() > 8 and chunk.responses.terminated.any()
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)

@@ -22,8 +22,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlhfkit import rollout
 from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.data import left_pad
-from rlhfkit.models import policy_logits
-from rlhfkit.rollout import complete, generate, response_logprobs, sampling_config, terminator_ids
+from rlhfkit.rollout import complete, generate, sampling_config, terminator_ids
+from tests.helpers import full_forward_logprobs
 from tests.tiny_models import ARCHITECTURES, Arch, save_tiny_models
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
@@ -70,8 +70,7 @@ def test_lean_loop_matches_generate(checkpoints):
     assert torch.equal(ours, theirs)
     assert type(model) not in rollout._NO_LEAN_LOOP
     assert not [w for w in caught if "lean KV-cache decoding loop" in str(w.message)]
-    logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)
-    expected = response_logprobs(logits, chunk.query_ids.shape[1], chunk.responses.ids, temperature)
+    expected = full_forward_logprobs(model, chunk, temperature)
     m = chunk.responses.mask
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
 
