@@ -73,30 +73,46 @@ def public(version: str) -> str:
     return version.split("+")[0]
 
 
-def ensure_trl_venv(trainer: str, shared: dict[str, str]) -> Path:
-    """bench/.venvs/trl-X: TRL pinned for this trainer, the shared libraries pinned to rlhfkit's versions.
+def ensure_venv(name: str, requirement: str, wanted: dict[str, str], shared: dict[str, str]) -> Path:
+    """bench/.venvs/NAME: `requirement` and its own dependencies, the shared libraries pinned to rlhfkit's versions.
 
-    Reused when its versions already match. torch goes in first and alone: a bare torch requirement pulls a
-    multi-GB CUDA build on machines without a GPU.
+    Reused when the versions in `wanted` (and the shared pins) already match. torch goes in first and alone: a bare
+    torch requirement pulls a multi-GB CUDA build on machines without a GPU.
     """
-    pin = S.TRL_PINS[trainer]
-    version = pin.split("==")[1]
-    path = VENVS / f"trl-{version}"
+    path = VENVS / name
     python = path / "bin" / "python"
-    wanted = {"trl": version, **{k: v for k, v in shared.items() if v}}
+    wanted = {**wanted, **{k: v for k, v in shared.items() if v}}
     if python.exists():
         have = package_versions(python, tuple(wanted))
         if all(have.get(k) and public(have[k]) == public(v) for k, v in wanted.items()):
             return python
         log(f"[bench] {path.name}: versions differ from the pins, rebuilding ({have})")
-    log(f"[bench] creating {path} ({pin}, torch {shared['torch']})")
+    log(f"[bench] creating {path} ({requirement}, torch {shared['torch']})")
     VENVS.mkdir(parents=True, exist_ok=True)
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(path)], check=True)
     pip = [str(python), "-m", "pip", "install", "-q"]
     subprocess.run(pip + [f"torch=={public(shared['torch'])}"], check=True)
     others = [f"{k}=={public(v)}" for k, v in shared.items() if v and k != "torch"]
-    subprocess.run(pip + [pin, *others], check=True)
+    subprocess.run(pip + [*requirement.split(), *others], check=True)
     return python
+
+
+def ensure_trl_venv(trainer: str, shared: dict[str, str]) -> Path:
+    """bench/.venvs/trl-X: TRL pinned for this trainer."""
+    pin = S.TRL_PINS[trainer]
+    version = pin.split("==")[1]
+    return ensure_venv(f"trl-{version}", pin, {"trl": version}, shared)
+
+
+def ensure_rlhfkit_venv(version: str, shared: dict[str, str]) -> Path:
+    """bench/.venvs/rlhfkit: this checkout installed editable (so every run measures the current source) with its
+    required dependencies only, as `pip install rlhfkit` gives a user; the same recipe as TRL's environments.
+
+    Not the development environment: transformers and accelerate import optional packages whenever they are
+    installed (peft through transformers.trainer_utils, trio through httpcore2), so the dev extras (peft, selenium,
+    deepspeed, ...) would cost rlhfkit's runs memory and start-up time that TRL's runs, in environments of TRL's own
+    requirements, do not pay."""
+    return ensure_venv("rlhfkit", f"-e {REPO_DIR}", {"rlhfkit": version}, shared)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -478,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     if not shared.get("rlhfkit"):
         p.error(f"{sys.executable} has no rlhfkit: run this with rlhfkit's interpreter (.venv/bin/python)")
     shared_pins = {k: v for k, v in shared.items() if k in SHARED_PACKAGES}
-    pythons = {t: {"rlhfkit": rlhfkit_python, "trl": ensure_trl_venv(t, shared_pins)} for t in trainers}
+    rlhfkit_venv = ensure_rlhfkit_venv(shared["rlhfkit"], shared_pins)
+    pythons = {t: {"rlhfkit": rlhfkit_venv, "trl": ensure_trl_venv(t, shared_pins)} for t in trainers}
 
     assets = ensure_assets("quick" if ns.quick else "bench")
     paths = {k: assets[k] for k in ("tokenizer", "sft", "reward", "prompts", "eval_tokenizer")}

@@ -63,7 +63,13 @@ def parse_config(cls: type, argv: Sequence[str], prog: str):
 def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
     """Raise a UsageError naming each TRL/transformers flag in `argv` that rlhfkit does not take, with the reason;
     return `argv` without the flags rlhfkit accepts and ignores (and their values)."""
-    refused = trl_flags.not_taken(trl_flags.command_of(cls), set(config_field_names(cls)))
+    fields = set(config_field_names(cls))
+    written = {_flag_name(arg) for arg in argv if arg.startswith("--")}
+    if all(name in fields or name.removeprefix("no_") in fields for name in written):
+        return list(
+            argv
+        )  # only rlhfkit's own flags: TRL's list (it imports transformers' TrainingArguments) not needed
+    refused = trl_flags.not_taken(trl_flags.command_of(cls), fields)
     kept, errors, value_of = [], [], ""
     for arg in argv:
         if value_of:  # the previous argument was an ignored flag: drop its value too

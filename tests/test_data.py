@@ -6,7 +6,7 @@ import json
 import pytest
 from datasets import Dataset, DatasetDict
 
-from rlhfkit.data import DataError, as_completions, load_prompt_splits, prompt_text, tokenize_prompts
+from rlhfkit.data import DataError, _token_ids, as_completions, load_prompt_splits, prompt_text, tokenize_prompts
 from rlhfkit.models import load_tokenizer
 from rlhfkit.rewards import RewardModelFunction
 from tests.hub_cache import CHAT_TEMPLATE
@@ -83,3 +83,11 @@ def test_a_reward_model_scores_a_conversation_rendered_with_its_own_template(tin
     chat_tokenizer.chat_template = None
     with pytest.raises(ValueError, match="has no chat template"):
         score(prompts, completions)
+
+
+def test_prompts_tokenized_in_chunks_get_the_ids_of_one_call(chat_tokenizer):
+    texts = [f"sort {i}{i * 7 % 10}{i % 3}=" for i in range(7)]
+    one_call = chat_tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert _token_ids(chat_tokenizer, texts, chunk=3).to_pylist() == one_call  # chunks of 3, 3 and 1
+    dataset = tokenize_prompts(Dataset.from_dict({"prompt": texts}), chat_tokenizer, "prompt", None)
+    assert dataset["input_ids"] == one_call and dataset.features["input_ids"].feature.dtype == "int64"

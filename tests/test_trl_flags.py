@@ -87,6 +87,17 @@ def test_every_refused_flag_is_named_at_once():
     assert str(info.value).count("is a TRL/transformers flag") == 2
 
 
+def test_trl_flags_are_looked_up_only_when_a_flag_is_not_rlhfkit_s(monkeypatch):
+    def not_taken(*args):
+        raise AssertionError("TRL's flags were looked up")
+
+    monkeypatch.setattr(trl_flags, "not_taken", not_taken)  # it imports transformers' TrainingArguments (+11 MB)
+    args, _ = parse_config(GRPOConfig, ["--beta", "0.1", "--no_use_bias_correction_kl", "--report-to=none"], "x")
+    assert args.beta == 0.1 and args.use_bias_correction_kl is False
+    with pytest.raises(AssertionError, match="looked up"):
+        parse_config(GRPOConfig, ["--beta", "0.1", "--push_to_hub"], "x")
+
+
 def test_ignored_flags_are_dropped_with_their_values():
     args, explicit = parse_config(
         PPOConfig, ["--do_train", "--local-rank=0", "--do_eval", "true", "--local_rank", "1", "--kl_coef", "0.2"], "x"
