@@ -160,11 +160,11 @@ def tokenize_prompts(
 def _token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], chunk: int = 256):
     """The token ids of each text as an Arrow list column, tokenized `chunk` texts at a time.
 
-    Both choices keep the process's peak memory down, measured on 4,000 short prompts (bench/README, "Memory"): a
-    fast tokenizer's batch call holds a Rust Encoding per text (ids, offsets, masks, token strings) until it returns
-    and the allocator keeps that memory (+12 MB in one call, +3 MB in chunks); and the column is built with the
-    system allocator, because Arrow's default pool (mimalloc) reserves arenas of its own on first use (+6 MB,
-    never returned, for a column of 0.4 MB)."""
+    Both choices keep the process's peak memory down (measured on 4,000 short prompts; bench/README, "Where the
+    time goes"): a fast tokenizer's batch call holds a Rust Encoding per text (ids, offsets, masks, token strings)
+    until it returns and the allocator keeps that memory (+12 MB in one call, +3 MB in chunks); and the column is
+    built with the system allocator, because Arrow's default pool (mimalloc) reserves arenas of its own on first
+    use (+6 MB, never returned, for a column of 0.4 MB)."""
     import pyarrow as pa
 
     ids: list[list[int]] = []
