@@ -66,9 +66,8 @@ def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
     fields = set(config_field_names(cls))
     written = {_flag_name(arg) for arg in argv if arg.startswith("--")}
     if all(name in fields or name.removeprefix("no_") in fields for name in written):
-        return list(
-            argv
-        )  # only rlhfkit's own flags: TRL's list (it imports transformers' TrainingArguments) not needed
+        # Only rlhfkit's own flags: TRL's list, which imports transformers' TrainingArguments (+11 MB), is not needed.
+        return list(argv)
     refused = trl_flags.not_taken(trl_flags.command_of(cls), fields)
     kept, errors, value_of = [], [], ""
     for arg in argv:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # datasets and transformers take ~1.5 s to import; rlhfkit.config reads PROMPT_OVERFLOW from here
+    import pyarrow as pa
     from datasets import Dataset, DatasetDict
     from transformers import PreTrainedTokenizerBase
 
@@ -157,7 +158,7 @@ def tokenize_prompts(
     return dataset
 
 
-def _token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], chunk: int = 256):
+def _token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], chunk: int = 256) -> pa.ListArray:
     """The token ids of each text as an Arrow list column, tokenized `chunk` texts at a time.
 
     Both choices keep the process's peak memory down (measured on 4,000 short prompts; bench/README, "Where the
