@@ -510,12 +510,12 @@ class _StaticDecoder:
 
         B, width = query_ids.shape
         total = -(-(width + max_new_tokens) // STATIC_WIDTH_MULTIPLE) * STATIC_WIDTH_MULTIPLE
-        self.model = model
+        self.model, cache_arg = model, _cache_arg(model)
         per_model = _STATIC_STEPS.setdefault(model, {})
         key = (B, total, query_ids.device, next(model.parameters()).dtype)
         if key not in per_model:
             cache = StaticCache(config=model.config, max_cache_len=total)
-            per_model[key] = (cache, self._step_function(model, cache))
+            per_model[key] = (cache, self._step_function(model, cache, cache_arg))
         self.cache, self.step_functions = per_model[key]
         self.cache.reset()
         self.attention = torch.zeros(B, total, dtype=torch.long, device=query_ids.device)
@@ -531,14 +531,12 @@ class _StaticDecoder:
             cache_position=torch.arange(width, device=query_ids.device),
             use_cache=True,
             logits_to_keep=1,
-            **{_cache_arg(model): self.cache},
+            **{cache_arg: self.cache},
         )
         self.logits = out.logits[:, -1, :]
 
     @staticmethod
-    def _step_function(model: nn.Module, cache):
-        cache_arg = _cache_arg(model)
-
+    def _step_function(model: nn.Module, cache, cache_arg: str):
         def step(token, position, cache_position, attention):
             out = model(
                 input_ids=token,

@@ -150,8 +150,7 @@ class TrainingRun:
         if args.resume_from_checkpoint:
             path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
             self.resume = Resume(path, read_state(path))
-        self.engine = Engine()  # the launch's, once the accelerator exists
-        self.accelerator = self._make_accelerator()
+        self.accelerator, self.engine = self._make_accelerator()
         self._frozen: list = []  # what keeps the frozen models' engines alive (engines.prepare_frozen)
         self.progress = Progress()
         self.guard = StepGuard(args.max_nonfinite_steps)
@@ -163,8 +162,9 @@ class TrainingRun:
         self._lr = 0.0
         self._row: dict[str, float] = {}  # the latest logged row: the progress bar shows it until the next one
 
-    def _make_accelerator(self) -> Accelerator:
-        """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process)."""
+    def _make_accelerator(self) -> tuple[Accelerator, Engine]:
+        """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process), and
+        the engine it runs (the launch's)."""
         args = self.args
         tracker_ids = self.resume.state.get("tracker_ids", {}) if self.resume is not None else {}
         trackers = make_trackers(
@@ -186,7 +186,7 @@ class TrainingRun:
         # a run is a fresh start (a notebook's second trainer, a test), so forget it. The process group (PartialState)
         # stays.
         AcceleratorState._reset_state()
-        accelerator, self.engine = make_accelerator(args, precision, trackers)
+        accelerator, engine = make_accelerator(args, precision, trackers)
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if accelerator.num_processes != launched:  # each process would train alone: N copies of one run
             raise ConfigError(
@@ -196,7 +196,7 @@ class TrainingRun:
                 "fsdp2.yaml; cpu_2proc.yaml on CPUs)."
             )
         set_seed(args.seed, device_specific=True)  # each process samples different responses
-        return accelerator
+        return accelerator, engine
 
     def start(
         self,
