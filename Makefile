@@ -1,6 +1,6 @@
 # Two commands on a fresh machine: `make quickstart` (installs, then builds the built-in task, trains PPO, judges it
 # against the SFT model and writes the report) and `make test` (installs, then runs the test suite). Both create
-# .venv on first use.
+# .venv on first use. `make docs` regenerates the generated pages of docs/.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
@@ -23,4 +23,8 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-.PHONY: install quickstart test lint
+# Every generated page of docs/ (metrics, health rules, TRL flags), from the code that knows its facts.
+docs: install
+	$(PY) -m rlhfkit.docs
+
+.PHONY: install quickstart test lint docs

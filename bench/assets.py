@@ -49,10 +49,12 @@ BENCH_EOS = "<unk>"  # the declared EOS of the fixed-length view: never generate
 
 
 def _preset(size: str):
-    from rlhfkit.tasks.build import PRESETS, with_overrides
+    from dataclasses import replace
+
+    from rlhfkit.tasks.build import PRESETS
 
     overrides = SIZES[size]
-    return PRESETS["test"] if overrides is None else with_overrides("default", **overrides)
+    return PRESETS["test"] if overrides is None else replace(PRESETS["default"], **overrides)
 
 
 def cache_key(size: str, seed: int) -> str:

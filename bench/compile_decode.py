@@ -1,6 +1,6 @@
 """Does --cache_implementation static (a StaticCache and a compiled one-token step) pay on this machine?
 
-Times rlhfkit's decoder (rlhfkit.rollout.generate) with the dynamic cache (eager steps, the default) and with the
+Times rlhfkit's decoder (rlhfkit.sampling.generate) with the dynamic cache (eager steps, the default) and with the
 static cache (``torch.compile``d step), on the bench model's shape (Llama, hidden 256, intermediate 1024, 3 layers,
 4 heads, vocabulary 49, random weights: speed does not depend on them), batch 16, 10- to 12-token prompts and 48 new
 tokens, one thread, in two layouts: GRPO's (2 prompts x 8 completions, which the dynamic path encodes once per
@@ -17,8 +17,7 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from rlhfkit.data import left_pad
-from rlhfkit.rollout import generate, sampling_config
+from rlhfkit.sampling import generate, left_pad, sampling_config
 
 B, PROMPT, NEW = 16, 12, 48
 

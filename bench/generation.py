@@ -18,8 +18,7 @@ import time
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache
 
-from rlhfkit.data import left_pad
-from rlhfkit.rollout import generate, sampling_config
+from rlhfkit.sampling import generate, left_pad, sampling_config
 
 REPEATS = 5
 

@@ -6,6 +6,7 @@ A checkpoint directory ``checkpoint-N`` (N = the step it was taken after) holds:
                                                       (--use_peft: adapter_config.json and adapter_model.safetensors,
                                                       the LoRA adapter, which peft loads onto the base model)
     value_model/                                      PPO's value model (safetensors; --use_peft: its adapter)
+    ref_model/                                        GRPO's reference with --sync_ref_model (it changes then)
     optimizer.pt                                      optimizer state (tensors and numbers only)
     engine/                                           instead of optimizer.pt under DeepSpeed or FSDP: the engine's
                                                       own sharded model and optimizer state (accelerate.save_state;
@@ -34,10 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from rlhfkit.errors import CheckpointError
+
 STATE_FILE = "trainer_state.json"
 OPTIMIZER_FILE = "optimizer.pt"
 EXTRA_FILE = "extra_state.pt"
 ENGINE_DIR = "engine"
+VALUE_MODEL_DIR = "value_model"
+REF_MODEL_DIR = "ref_model"
 # 2: extra_state.pt holds {"trainer": the trainer's own state, "window": the unfinished logging window} and
 # trainer_state.json the skipped-step counters ("nonfinite"), the same for PPO and GRPO.
 FORMAT_VERSION = 2
@@ -47,52 +52,6 @@ _CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
 def checkpoint_path(output_dir: str | os.PathLike, step: int) -> str:
     """Where the checkpoint taken after `step` lives."""
     return os.path.join(output_dir, f"checkpoint-{step}")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be resumed from; the message names the path and what to do."""
-
-
-class TrainingStopped(RuntimeError):
-    """Training ended early but cleanly: a checkpoint holds the state; str() says why and how to go on.
-
-    The CLI prints the message and exits with `exit_status` (distinct per cause, never 0).
-    """
-
-    exit_status = 1
-
-    def __init__(self, message: str, checkpoint: str | None = None):
-        super().__init__(message)
-        self.checkpoint = checkpoint
-
-
-class Interrupted(TrainingStopped):
-    """SIGINT / SIGTERM: the current step finished, a checkpoint was saved, trackers closed."""
-
-    def __init__(self, signum: int, step: int, checkpoint: str, output_dir: str):
-        import signal
-
-        self.exit_status = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
-        super().__init__(
-            f"Interrupted by {signal.Signals(signum).name} after step {step}; the state is saved in {checkpoint}. "
-            f"Continue with the same command plus --output_dir {output_dir} --resume_from_checkpoint latest.",
-            checkpoint,
-        )
-
-
-class NonFiniteStop(TrainingStopped):
-    """Too many optimizer steps in a row had a NaN/inf loss or gradient."""
-
-    exit_status = 4
-
-    def __init__(self, streak: int, step: int, checkpoint: str):
-        super().__init__(
-            f"Training stopped at step {step}: the last {streak} optimizer steps had a NaN or inf loss or gradient "
-            f"and were skipped (--max_nonfinite_steps {streak}). The last good state is saved in {checkpoint}. "
-            "Usual causes: a learning rate too high, a reward that returns NaN/inf, fp16 overflow. Look at the "
-            "metrics just before (rlhfkit doctor), fix the cause, then resume from the checkpoint.",
-            checkpoint,
-        )
 
 
 def rng_state() -> dict[str, Any]:
@@ -308,3 +267,22 @@ def load_adapter_weights(model: torch.nn.Module, directory: str | os.PathLike) -
             f"{directory}: cannot load its LoRA adapter into the model ({type(e).__name__}: {e}). Resume with the "
             "same model and LoRA flags (--lora_r, --lora_target_modules, ...) as the checkpointed run."
         ) from e
+
+
+def save_into(accelerator, path: str, write: Callable[[str], None]) -> None:
+    """Write files into the directory `path` (the run directory, which already holds logs): `write(tmp_dir)` on the
+    main process, then each written file or folder is moved into `path`, replacing one of the same name. A crash
+    mid-write leaves only `path`.tmp behind, never a half-written model in `path`."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        tmp = path.rstrip("/") + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        write(tmp)
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(tmp):
+            target = os.path.join(path, name)
+            if os.path.isdir(target):
+                shutil.rmtree(target)
+            os.replace(os.path.join(tmp, name), target)
+        os.rmdir(tmp)
+    accelerator.wait_for_everyone()

@@ -4,10 +4,13 @@ reported as one message with exit status 2."""
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
 from collections.abc import Sequence
+
+from rlhfkit.errors import InputError, TrainingStopped
 
 USAGE = """usage: rlhfkit COMMAND [FLAGS]
 
@@ -25,26 +28,15 @@ Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see traceback
 """
 
 
-def cmd_ppo(argv: Sequence[str]) -> int:
-    from rlhfkit.args import parse_config
-    from rlhfkit.builders import build_ppo_trainer
-    from rlhfkit.config import PPOConfig
+def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
+    """``rlhfkit ppo|grpo FLAGS``: parse the algorithm's config, build its trainer, train."""
+    from rlhfkit.config import GRPOConfig, PPOConfig
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.trainers.build import build_trainer
 
-    args, explicit = parse_config(PPOConfig, argv, "rlhfkit ppo")
-    trainer = build_ppo_trainer(args, explicit)
-    trainer.train()
-    if trainer.accelerator.is_main_process:
-        print(f"Run directory: {args.output_dir}")
-    return 0
-
-
-def cmd_grpo(argv: Sequence[str]) -> int:
-    from rlhfkit.args import parse_config
-    from rlhfkit.builders import build_grpo_trainer
-    from rlhfkit.config import GRPOConfig
-
-    args, explicit = parse_config(GRPOConfig, argv, "rlhfkit grpo")
-    trainer = build_grpo_trainer(args, explicit)
+    config_cls = {"ppo": PPOConfig, "grpo": GRPOConfig}[algorithm]
+    args, explicit = parse_config(config_cls, argv, f"rlhfkit {algorithm}")
+    trainer = build_trainer(args, explicit)
     trainer.train()
     if trainer.accelerator.is_main_process:
         print(f"Run directory: {args.output_dir}")
@@ -94,13 +86,17 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
 
 COMMANDS = {
     "quickstart": cmd_quickstart,
-    "ppo": cmd_ppo,
-    "grpo": cmd_grpo,
+    "ppo": functools.partial(cmd_train, "ppo"),
+    "grpo": functools.partial(cmd_train, "grpo"),
     "build-tiny": cmd_build_tiny,
     "eval": cmd_eval,
     "report": cmd_report,
     "doctor": cmd_doctor,
 }
+
+
+TRAINING_COMMANDS = ("ppo", "grpo", "quickstart")
+MODEL_COMMANDS = (*TRAINING_COMMANDS, "build-tiny", "eval")  # the commands that load models
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,30 +110,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"rlhfkit: unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
         return 2
+    if command in MODEL_COMMANDS:
+        from rlhfkit.engines import name_deepspeed_accelerator
+
+        name_deepspeed_accelerator()
     try:
         status = COMMANDS[command](rest)
-    except Exception as e:
-        from rlhfkit.args import UsageError
-        from rlhfkit.checkpoint import CheckpointError, TrainingStopped
-        from rlhfkit.config import ConfigError
-        from rlhfkit.data import DataError
-        from rlhfkit.models import ModelLoadError
-        from rlhfkit.rewards import RewardFunctionError
-
-        if isinstance(e, TrainingStopped):  # a clean, explained stop: checkpoint saved, trackers closed
-            print(f"rlhfkit {command}: {e}", file=sys.stderr)
-            return e.exit_status
-        bad_input = (UsageError, ConfigError, DataError, ModelLoadError, RewardFunctionError, CheckpointError)
-        if debug or not isinstance(e, bad_input):
+    except TrainingStopped as e:  # a clean, explained stop: checkpoint saved, trackers closed
+        print(f"rlhfkit {command}: {e}", file=sys.stderr)
+        return e.exit_status
+    except InputError as e:  # bad input: the message names it and the fix
+        if debug:
             raise
         print(f"rlhfkit {command}: error: {e}", file=sys.stderr)
         return 2
     if command in TRAINING_COMMANDS and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _leave_launched_process(status)
     return status
-
-
-TRAINING_COMMANDS = ("ppo", "grpo", "quickstart")
 
 
 def _leave_launched_process(status: int) -> None:

@@ -1,14 +1,17 @@
-"""Prompt datasets (hub ids or local files): loading, chat templates, tokenization, left-padded batches, a seeded
-endless iterator."""
+"""Prompt datasets (hub ids or local files): loading, chat templates, tokenization, a seeded endless iterator of
+batches."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import torch
+
+from rlhfkit.errors import DataError
 
 if TYPE_CHECKING:  # datasets and transformers take ~1.5 s to import; rlhfkit.config reads PROMPT_OVERFLOW from here
     import pyarrow as pa
@@ -17,10 +20,6 @@ if TYPE_CHECKING:  # datasets and transformers take ~1.5 s to import; rlhfkit.co
 
 _FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 PROMPT_OVERFLOW = ("drop", "truncate")  # what tokenize_prompts does with prompts over max_prompt_length
-
-
-class DataError(ValueError):
-    """The dataset cannot be used; the message names the flag and the fix."""
 
 
 def load_splits(name: str, config: str | None = None, flag: str = "dataset_name") -> DatasetDict | Dataset:
@@ -161,11 +160,9 @@ def tokenize_prompts(
 def _token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], chunk: int = 256) -> pa.ListArray:
     """The token ids of each text as an Arrow list column, tokenized `chunk` texts at a time.
 
-    Both choices keep the process's peak memory down (measured on 4,000 short prompts; bench/README, "Where the
-    time goes"): a fast tokenizer's batch call holds a Rust Encoding per text (ids, offsets, masks, token strings)
-    until it returns and the allocator keeps that memory (+12 MB in one call, +3 MB in chunks); and the column is
-    built with the system allocator, because Arrow's default pool (mimalloc) reserves arenas of its own on first
-    use (+6 MB, never returned, for a column of 0.4 MB)."""
+    Both keep the process's peak memory down (bench/README, "Where the time goes"): a fast tokenizer's batch call
+    holds a Rust Encoding per text until it returns, and Arrow's default pool (mimalloc) reserves arenas of its own,
+    never returned, on first use."""
     import pyarrow as pa
 
     ids: list[list[int]] = []
@@ -224,16 +221,23 @@ def _describe(value: object) -> str:
     return "None" if value is None else f"{type(value).__name__} {value!r:.40}"
 
 
-def left_pad(sequences: list[list[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, L) token ids and bool mask (True = real token), padded on the left."""
-    width = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.bool)
-    for i, seq in enumerate(sequences):
-        if seq:
-            ids[i, width - len(seq) :] = torch.tensor(seq, dtype=torch.long)
-            mask[i, width - len(seq) :] = True
-    return ids, mask
+@contextlib.contextmanager
+def progress_bars_hidden() -> Iterator[None]:
+    """transformers' and datasets' per-file progress bars (loading and saving models and datasets) hidden for the
+    block, restored afterwards: where several load at once, the bars would bury what the command prints."""
+    import datasets.utils.logging as ds_logging
+    import transformers.utils.logging as tf_logging
+
+    libraries = (ds_logging, tf_logging)
+    enabled = [library.is_progress_bar_enabled() for library in libraries]
+    for library in libraries:
+        library.disable_progress_bar()
+    try:
+        yield
+    finally:
+        for library, was in zip(libraries, enabled):
+            if was:
+                library.enable_progress_bar()
 
 
 def endless_batches(

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -38,7 +39,17 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
-from rlhfkit.config import ConfigError, TrainConfig
+from rlhfkit.config import TrainConfig
+from rlhfkit.errors import ConfigError
+
+
+def name_deepspeed_accelerator() -> None:
+    """On a machine without a CUDA device, tell DeepSpeed that its accelerator is the CPU (DS_ACCELERATOR=cpu), unless
+    it is imported already or the variable is set. accelerate imports DeepSpeed whenever it is installed (to unwrap a
+    model, which every save_pretrained does), and DeepSpeed then detects the CPU with a warning ("Setting accelerator
+    to CPU...") on every run, a DeepSpeed config in use or not. The value is what it would detect."""
+    if "DS_ACCELERATOR" not in os.environ and "deepspeed" not in sys.modules and not torch.cuda.is_available():
+        os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 @dataclass(frozen=True)

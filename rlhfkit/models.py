@@ -24,9 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-
-class ModelLoadError(ValueError):
-    """A model or tokenizer cannot be loaded; the message names the flag, the name and what to do."""
+from rlhfkit.errors import ModelLoadError
 
 
 def native_dtype() -> torch.dtype:
@@ -532,3 +530,13 @@ def load_quantized_policy(name: str, dtype, args, flag: str = "sft_model_path", 
         **_build_options(hub),
     )
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+
+
+def load_trained_policy(name: str, args, flag: str, hub: Hub = DEFAULT_HUB) -> nn.Module:
+    """The policy a run trains, from a hub id or local directory (`args`: a TrainConfig): with --load_in_4bit /
+    --load_in_8bit its base weights quantised (QLoRA: a CUDA GPU and bitsandbytes), else in --dtype's weights
+    (float32 by default, the master weights of --bf16 / --fp16 mixed precision). Both trainers load it here."""
+    dtype = weight_dtype(args.dtype)
+    if args.load_in_4bit or args.load_in_8bit:
+        return load_quantized_policy(name, dtype, args, flag, hub)
+    return load_policy(name, dtype, flag, hub)

@@ -19,13 +19,13 @@ import os
 import time
 from collections.abc import Sequence
 
+from rlhfkit.errors import UsageError
+
 ALGORITHMS = ("ppo", "grpo")
 
 
 def split_algorithm(argv: Sequence[str]) -> tuple[str, list[str]]:
     """`--algorithm NAME` (or `--algorithm=NAME`) out of the command line: (name, the other arguments)."""
-    from rlhfkit.args import UsageError
-
     rest, algorithm, args = [], "ppo", list(argv)
     while args:
         arg = args.pop(0)
@@ -70,17 +70,17 @@ def before_after(comparison, baseline: str, examples: int = 6) -> dict:
 
 
 def cmd_quickstart(argv: Sequence[str]) -> int:
-    from rlhfkit.args import UsageError, parse_config
-    from rlhfkit.builders import MODEL_FLAGS, build_grpo_trainer, build_ppo_trainer
     from rlhfkit.config import GRPOConfig, PPOConfig
+    from rlhfkit.config.parse import parse_config
     from rlhfkit.evaluation import RewardModelJudge, TaskJudge, compare_judges, format_report, load_eval_prompts
     from rlhfkit.report import build_report
-    from rlhfkit.tasks import builtin_assets, load_task
+    from rlhfkit.tasks import Assets, builtin_assets, load_task
     from rlhfkit.tracking.rundir import BEFORE_AFTER_FILE
+    from rlhfkit.trainers.build import MODEL_FLAGS, build_trainer
 
     start = time.time()
     algorithm, argv = split_algorithm(argv)
-    config_cls, build = (PPOConfig, build_ppo_trainer) if algorithm == "ppo" else (GRPOConfig, build_grpo_trainer)
+    config_cls = PPOConfig if algorithm == "ppo" else GRPOConfig
     args, explicit = parse_config(config_cls, argv, "rlhfkit quickstart")
     given = [flag for flag in MODEL_FLAGS if getattr(args, flag, None)]
     if given:
@@ -91,20 +91,18 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
         args.exp_name = "quickstart"
 
     # 1-2. Built-in task (built on first use) and the algorithm with its settings.
-    trainer = build(args, explicit)
+    trainer = build_trainer(args, explicit)
     trainer.train()
     if not trainer.accelerator.is_main_process:
         return 0
-    assets = str(builtin_assets())
+    assets = Assets(builtin_assets())
     run_dir = args.output_dir
 
     # 3. The trained policy against the SFT model, judged by the task's checker and by the reward model.
-    task = load_task(assets)
-    prompts = load_eval_prompts(os.path.join(assets, "prompts"), split="test")
-    judges = [TaskJudge.from_dir(assets), RewardModelJudge.from_path(os.path.join(assets, "reward"))]
-    comparison = compare_judges(
-        run_dir, os.path.join(assets, "sft"), judges, prompts, max_new_tokens=task.max_new_tokens
-    )
+    task = load_task(assets.root)
+    prompts = load_eval_prompts(assets.prompts, split="test")
+    judges = [TaskJudge.from_dir(assets.root), RewardModelJudge.from_path(assets.reward)]
+    comparison = compare_judges(run_dir, assets.sft, judges, prompts, max_new_tokens=task.max_new_tokens)
 
     # 4. The report, opening with the before/after comparison.
     with open(os.path.join(run_dir, BEFORE_AFTER_FILE), "w", encoding="utf-8") as f:

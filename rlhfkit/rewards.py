@@ -19,8 +19,8 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
-from rlhfkit.config import ConfigError
 from rlhfkit.data import as_completions, is_conversational
+from rlhfkit.errors import ConfigError, RewardFunctionError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import DEFAULT_HUB, Hub, load_reward_model, token_values
@@ -34,7 +34,7 @@ def reward_model_scores(
     """Reward-model score (B,) read at the last real token of each sequence.
 
     input_ids, attention_mask: (B, L); attention_mask bool, True = real token. With a left-padded query and a
-    right-padded response, the last real token is the response's terminator (or its last token if truncated).
+    right-padded completion, the last real token is the completion's terminator (or its last token if truncated).
     """
     values = token_values(reward_model, input_ids, attention_mask)
     last = ops.last_true_index(attention_mask)
@@ -48,7 +48,7 @@ def apply_eos_trick(
     non_eos_penalty: bool,
     penalty_reward_value: float,
 ) -> torch.Tensor:
-    """Penalise responses that never produced the stop token.
+    """Penalise completions that never produced the stop token.
 
     non_eos_penalty replaces their score by penalty_reward_value (the N+ implementation details / CleanRL);
     missing_eos_penalty subtracts a constant (TRL's current option). Both may be combined: replace, then subtract.
@@ -64,10 +64,6 @@ def apply_eos_trick(
 # ------------------------------------------------------------------------------------------------
 # Reward sources: reward functions (TRL's calling convention) and reward models behind one interface
 # ------------------------------------------------------------------------------------------------
-
-
-class RewardFunctionError(ValueError):
-    """A reward function raised or returned something unusable; the message names the function and the problem."""
 
 
 class RewardOutput(NamedTuple):
@@ -86,24 +82,6 @@ def _as_number(value: Any) -> float | None:
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         return _as_number(value.item())
     raise TypeError
-
-
-def call_reward_function(
-    name: str, fn: Callable, prompts: list[str], completions: list[str], /, **kwargs: Any
-) -> RewardOutput:
-    """Call ``fn(prompts=..., completions=..., **kwargs)`` (TRL's convention) and check what comes back.
-
-    kwargs carry ``completion_ids`` and the dataset's other columns, one value per completion. The function must
-    return one float (or None: "not applicable", left out of means) per completion; anything else stops training
-    with an error naming the function, because a silently misaligned reward trains the wrong behaviour.
-    NaN means "not applicable" too, as in TRL (its GRPO combines rewards with nansum and nanmean); +-inf is an error
-    naming the completion, since one infinite reward turns its whole group's advantages into NaN.
-    An ``async def`` function (anything returning an awaitable) is awaited (run_awaitables).
-    """
-    out = _invoke(name, fn, {**kwargs, "prompts": prompts, "completions": completions})
-    if inspect.isawaitable(out):
-        (out,) = run_awaitables([(name, out)])
-    return check_reward_values(name, out, len(completions))
 
 
 def _invoke(name: str, fn: Callable, kwargs: dict[str, Any]) -> Any:
@@ -153,8 +131,11 @@ def _close(awaitables: list[Awaitable]) -> None:
 
 
 def check_reward_values(name: str, out: Any, n: int) -> RewardOutput:
-    """The RewardOutput of what reward function `name` returned for n completions (call_reward_function's checks):
-    one real number per completion, None or NaN where it does not apply; anything else is a RewardFunctionError."""
+    """The RewardOutput of what reward function `name` returned for n completions: one real number per completion
+    (bools, NumPy and 0-d tensors included), None where it does not apply; anything else is a RewardFunctionError
+    naming the function, because a silently misaligned reward trains the wrong behaviour. NaN means "does not apply"
+    too, as in TRL (its GRPO combines rewards with nansum and nanmean); +-inf is an error naming the completion, since
+    one infinite reward turns its whole group's advantages into NaN."""
     if isinstance(out, (str, bytes, Mapping)) or not isinstance(out, Sequence) and not hasattr(out, "tolist"):
         raise RewardFunctionError(
             f"reward function {name!r} returned {type(out).__name__}; it must return a list with one float "
@@ -332,7 +313,7 @@ def score_completions(
     prompts: list,
     completions: list[str],
     sequence: tuple[torch.Tensor, torch.Tensor],
-    response: tuple[torch.Tensor, torch.Tensor],
+    completion: tuple[torch.Tensor, torch.Tensor],
     text_field: str,
 ) -> list[RewardOutput]:
     """Every reward source's RewardOutput for N completions, in the order of `funcs`.
@@ -341,13 +322,13 @@ def score_completions(
     convention), with completion_ids. As in TRL, functions get the dataset's prompts as they are (text, or lists of
     messages) and the completions in the same format (text, or [{"role": "assistant", "content": text}]).
     sequence: (ids, mask) (N, L) of prompt + completion in the policy's tokens, which a reward model with the
-    policy's vocabulary scores directly; response: (ids, mask) (N, T) of the completions alone.
+    policy's vocabulary scores directly; completion: (ids, mask) (N, T) of the completions alone.
 
     Functions may be ``async def`` (or return an awaitable), as in TRL: the sync ones are called in order, then all
     the async ones of this call are awaited together (run_awaitables); their results are checked like the others'."""
     skip = {text_field, "input_ids"}
     columns = {key: [row[key] for row in rows] for key in rows[0] if key not in skip} if rows else {}
-    completion_ids = [ids[mask].tolist() for ids, mask in zip(*response)]
+    completion_ids = [ids[mask].tolist() for ids, mask in zip(*completion)]
     completions = as_completions(completions, prompts)
     n = len(completions)
     outputs: list[RewardOutput | None] = []
@@ -375,17 +356,20 @@ def score_completions(
 class RewardSources:
     """The reward functions and reward models a trainer scores completions with, their weights and metrics.
 
-    names, funcs: aligned, functions first, then reward models (the order of reward_weights)."""
+    names, funcs: aligned, functions first, then reward models (the order of reward_weights). text_field: the dataset
+    column of the prompts (the other columns reach the functions as keyword arguments)."""
 
-    def __init__(self, names: list[str], funcs: list[Callable], weights: Sequence[float] | None):
+    def __init__(self, names: list[str], funcs: list[Callable], weights: Sequence[float] | None, text_field: str):
         check_unique_names(names)
-        self.names, self.funcs = names, funcs
+        self.names, self.funcs, self.text_field = names, funcs, text_field
         self.weights = reward_weights(weights, names)
         self.metrics = [(M.expand(M.REWARDS_FUNC_MEAN, n), M.expand(M.REWARDS_FUNC_STD, n)) for n in names]
 
-    def score(self, rows: list[dict], prompts: list, completions: list[str], sequence, response, text_field: str):
+    def score(self, rows: list[dict], prompts: list, completions: list[str], sequence, completion):
         """Each source's RewardOutput (score_completions)."""
-        return score_completions(self.names, self.funcs, rows, prompts, completions, sequence, response, text_field)
+        return score_completions(
+            self.names, self.funcs, rows, prompts, completions, sequence, completion, self.text_field
+        )
 
     def total(self, outputs: list[RewardOutput], prompts: list) -> torch.Tensor:
         """(N,) float64 weighted sum of the sources that apply to each completion (weighted_total)."""

@@ -15,7 +15,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 
-from rlhfkit.config import ConfigError
+from rlhfkit.errors import ConfigError
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 

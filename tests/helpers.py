@@ -1,6 +1,7 @@
 """Small helpers shared by the tests."""
 
 from rlhfkit import ops
+from rlhfkit.metrics import registry
 from rlhfkit.models import policy_logits
 
 
@@ -18,6 +19,15 @@ def asset_flags(assets, task: bool = True) -> list[str]:
 def full_forward_logprobs(model, chunk, temperature: float):
     """(B, T) log-probs of a generated Chunk's response tokens from one full forward (the logits of every position,
     cut to the response's): the independent reference that sampling log-probs are checked against."""
-    width = chunk.query_ids.shape[1]
+    width = chunk.prompt_ids.shape[1]
     logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)[:, width - 1 : -1]
-    return ops.logprobs_from_logits(logits, chunk.responses.ids, temperature)
+    return ops.logprobs_from_logits(logits, chunk.completions.ids, temperature)
+
+
+def expand_templates(metrics: list[registry.Metric], reward_func_names: list[str]) -> list[registry.Metric]:
+    """`metrics` with every template replaced by its expansion for each reward function, order kept: what a run
+    with those reward functions logs."""
+    out: list[registry.Metric] = []
+    for m in metrics:
+        out += [registry.expand(m, name) for name in reward_func_names] if registry.is_template(m) else [m]
+    return out

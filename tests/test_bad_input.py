@@ -11,7 +11,8 @@ import pytest
 from datasets import Dataset
 
 from rlhfkit.cli import main
-from rlhfkit.data import DataError, tokenize_prompts
+from rlhfkit.data import tokenize_prompts
+from rlhfkit.errors import DataError
 from tests.helpers import asset_flags
 
 SMALL = [

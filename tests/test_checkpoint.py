@@ -10,7 +10,6 @@ from accelerate import Accelerator
 
 from rlhfkit.checkpoint import (
     STATE_FILE,
-    CheckpointError,
     checkpoints,
     load_process_state,
     read_state,
@@ -19,6 +18,7 @@ from rlhfkit.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from rlhfkit.errors import CheckpointError
 
 
 def draw():

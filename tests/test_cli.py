@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from rlhfkit.args import UsageError, parse_config
-from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig
+from rlhfkit.config import GRPOConfig, PPOConfig
+from rlhfkit.config.parse import parse_config
+from rlhfkit.errors import ConfigError, UsageError
 from tests.helpers import asset_flags
 
 

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig, Rule, ppo_batch_sizes
+from rlhfkit.config import GRPOConfig, PPOConfig, ppo_batch_sizes
+from rlhfkit.config.rules import Rule
 from rlhfkit.data import PROMPT_OVERFLOW
+from rlhfkit.errors import ConfigError
 from rlhfkit.health.rules import HEALTH_MODES
 from rlhfkit.ops.advantages import GROUP_SCALES
 from rlhfkit.ops.kl import KL_ESTIMATORS
@@ -164,7 +166,7 @@ def test_epsilon_high_defaults_to_epsilon_and_scale_rewards_takes_true_false():
 
 def test_dict_flags_take_json_on_the_command_line_as_in_python():
     """--project_kwargs '{"logging_dir": "x"}' does on the command line what project_kwargs={...} does in Python."""
-    from rlhfkit.args import parse_config
+    from rlhfkit.config.parse import parse_config
 
     args, _ = parse_config(PPOConfig, ["--project_kwargs", '{"logging_dir": "tb"}'], "rlhfkit ppo")
     assert args.project_kwargs == {"logging_dir": "tb"} and args.logging_dir == "tb"

@@ -12,8 +12,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from rlhfkit.args import UsageError, parse_config
-from rlhfkit.config import ConfigError, GRPOConfig, ListOf, Number, OrNone, PPOConfig
+from rlhfkit.config import GRPOConfig, PPOConfig
+from rlhfkit.config.parse import parse_config
+from rlhfkit.config.rules import ListOf, Number, OrNone
+from rlhfkit.errors import ConfigError, UsageError
 
 PROGS = {PPOConfig: "rlhfkit ppo", GRPOConfig: "rlhfkit grpo"}
 FAST = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])

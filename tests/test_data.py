@@ -6,7 +6,8 @@ import json
 import pytest
 from datasets import Dataset, DatasetDict
 
-from rlhfkit.data import DataError, _token_ids, as_completions, load_prompt_splits, prompt_text, tokenize_prompts
+from rlhfkit.data import _token_ids, as_completions, load_prompt_splits, prompt_text, tokenize_prompts
+from rlhfkit.errors import DataError
 from rlhfkit.models import load_tokenizer
 from rlhfkit.rewards import RewardModelFunction
 from tests.hub_cache import CHAT_TEMPLATE

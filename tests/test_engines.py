@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlhfkit.config import ConfigError
 from rlhfkit.engines import Engine, check_supported, process_share
+from rlhfkit.errors import ConfigError
 
 
 @pytest.mark.parametrize(

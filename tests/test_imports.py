@@ -1,4 +1,4 @@
-"""The import graph of rlhfkit/: no cycles, and the leaves DESIGN.md names stay leaves.
+"""The import graph of rlhfkit/: no cycles, no import up docs/architecture.md's layers, and the leaves stay leaves.
 
 The graph is read from the source with ast, imports inside functions included: a late import hides a cycle
 from Python, not from a reader. Edges: ``import a.b.c`` and ``from a.b import c`` (c a submodule) point at
@@ -9,6 +9,7 @@ is not an edge (every module would otherwise depend on its package's __init__).
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -122,13 +123,37 @@ def test_leaves_import_nothing_above_them():
     assert not _third_party("rlhfkit.health.rules")
 
 
-def test_only_entry_points_import_the_trainers():
-    # DESIGN section 3 says only cli imports trainers; in practice the package's lazy public API
-    # (rlhfkit.PPOTrainer) and builders.py, which cli and quickstart call, are the entry points that do.
-    graph = import_graph()
-    importers = {
-        name
-        for name, targets in graph.items()
-        if not name.startswith("rlhfkit.trainers") and any(t.startswith("rlhfkit.trainers") for t in targets)
-    }
-    assert importers <= {"rlhfkit", "rlhfkit.builders"}, importers
+def layers() -> dict[str, int]:
+    """docs/architecture.md's table: package or module -> its layer (0 the lowest)."""
+    text = (ROOT.parent / "docs" / "architecture.md").read_text(encoding="utf-8")
+    out = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) > 3 and cells[1].isdigit():
+            out.update({name: int(cells[1]) for name in re.findall(r"`([\w.]+)`", cells[2])})
+    return out
+
+
+def layer_of(module: str, table: dict[str, int]) -> str:
+    """The table's entry that holds `module`: itself, or the longest package containing it."""
+    candidates = [name for name in table if module == name or module.startswith(name + ".")]
+    assert candidates, f"{module} is in no row of docs/architecture.md's table: add it to one"
+    return max(candidates, key=len)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    table, graph = layers(), import_graph()
+    assert len(table) >= 20  # the parse found the table
+    upward = []
+    for module, targets in graph.items():
+        own = layer_of(module, table)
+        for target in targets:
+            other = layer_of(target, table)
+            if table[other] > table[own]:
+                upward.append(f"{module} (layer {table[own]}) imports {target} (layer {table[other]})")
+    assert not upward, "imports that go up docs/architecture.md's layers:\n" + "\n".join(sorted(upward))
+
+
+def test_errors_import_only_the_standard_library():
+    assert not import_graph()["rlhfkit.errors"]
+    assert not _third_party("rlhfkit.errors")

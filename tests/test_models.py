@@ -5,8 +5,8 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhfkit.data import left_pad
 from rlhfkit.models import policy_logits, response_logits, takes_logits_to_keep
+from rlhfkit.sampling import left_pad
 
 
 @pytest.fixture(scope="module")

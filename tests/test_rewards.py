@@ -1,5 +1,5 @@
-"""Reward functions behind TRL's calling convention: what call_reward_function and score_completions accept (sync and
-async functions), and what they refuse."""
+"""Reward functions behind TRL's calling convention: what score_completions accepts (sync and async functions), and
+what it refuses."""
 
 import asyncio
 import gc
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from rlhfkit.rewards import RewardFunctionError, call_reward_function, score_completions, weighted_total
+from rlhfkit.errors import RewardFunctionError
+from rlhfkit.rewards import score_completions, weighted_total
 
 PROMPTS = ["p0", "p1", "p2", "p3"]
 COMPLETIONS = ["c0", "c1", "c2", "c3"]
@@ -20,6 +21,11 @@ def returning(values):
         return values
 
     return reward
+
+
+def call_reward_function(name, fn, prompts=PROMPTS, completions=COMPLETIONS):
+    """One reward function's RewardOutput, called as the trainers call it (score_completions with it alone)."""
+    return score({name: fn}, prompts, completions)[0]
 
 
 def test_numbers_of_any_kind_become_float64_and_none_is_not_applicable():

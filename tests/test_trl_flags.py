@@ -1,4 +1,4 @@
-"""TRL's flags that rlhfkit does not take (rlhfkit/trl_flags.py): every one is refused with its reason, never as an
+"""TRL's flags that rlhfkit does not take (rlhfkit/config/trl_flags.py): every one is refused with its reason, never as an
 unknown flag, and docs/trl-flags.md lists them."""
 
 import os
@@ -6,10 +6,10 @@ from dataclasses import fields
 
 import pytest
 
-from rlhfkit import trl_flags
-from rlhfkit.args import UsageError, _parser, parse_config
 from rlhfkit.cli import main
-from rlhfkit.config import GRPOConfig, PPOConfig, config_field_names
+from rlhfkit.config import GRPOConfig, PPOConfig, config_field_names, trl_flags
+from rlhfkit.config.parse import _parser, parse_config
+from rlhfkit.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = {"ppo": PPOConfig, "grpo": GRPOConfig}
@@ -17,14 +17,14 @@ CONFIGS = {"ppo": PPOConfig, "grpo": GRPOConfig}
 
 def test_docs_are_generated_from_the_module():
     with open(os.path.join(ROOT, "docs", "trl-flags.md"), encoding="utf-8") as f:
-        assert f.read() == trl_flags.render_markdown(), "run: python -m rlhfkit.trl_flags > docs/trl-flags.md"
+        assert f.read() == trl_flags.render_markdown(), "docs/trl-flags.md is stale: run `make docs`"
 
 
 def test_grpo_docs_hold_every_trl_grpo_config_field():
     with open(os.path.join(ROOT, "docs", "algorithms", "grpo.md"), encoding="utf-8") as f:
         text = f.read()
     table = trl_flags.render_grpo_config_table()
-    assert table in text, "paste the output of: python -m rlhfkit.trl_flags --grpo-config-table"
+    assert table in text, "docs/algorithms/grpo.md is stale: run `make docs`"
     assert all(f"`{name}`" in table for name in trl_flags.TRL_GRPO_CONFIG_FIELDS)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlhfkit import trl_rewards
-from rlhfkit.config import ConfigError
+from rlhfkit.errors import ConfigError
 from rlhfkit.rewards import resolve_reward_funcs, reward_name, score_completions
 from rlhfkit.trl_rewards import (
     accuracy_reward,

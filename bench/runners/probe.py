@@ -3,7 +3,7 @@
 Installed by each runner before the trainer is built, and enabled only around ``trainer.train()``:
 
 * generation   wall time inside the outermost ``GenerationMixin.generate`` call, or inside the library's own
-               generation function where it has one that bypasses ``generate`` (rlhfkit: ``rlhfkit.rollout.generate``,
+               generation function where it has one that bypasses ``generate`` (rlhfkit: ``rlhfkit.sampling.generate``,
                wrapped by its runner); all decoding forwards included. Generated tokens = rows x new positions of
                every call (the compute, padding after an early stop included).
 * scoring      outermost ``PreTrainedModel`` forwards run with gradients disabled, outside ``generate``: rollout

@@ -1,7 +1,7 @@
 """Run ``rlhfkit ppo`` or ``rlhfkit grpo`` from a benchmark spec, timed (runs in rlhfkit's environment).
 
 The trainer is built exactly as the CLI builds it: the spec's settings become the command line's flags, parsed by
-rlhfkit.args.parse_config and turned into a trainer by rlhfkit.builders. Only ``trainer.train()`` is timed.
+rlhfkit.config.parse.parse_config and turned into a trainer by rlhfkit.trainers.build. Only ``trainer.train()`` is timed.
 """
 
 from __future__ import annotations
@@ -42,19 +42,16 @@ def main() -> None:
     spec = load_spec()
     probe = install_probe()
     from rlhfkit import __version__ as version
-    from rlhfkit.args import parse_config
-    from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
     from rlhfkit.config import GRPOConfig, PPOConfig
+    from rlhfkit.config.parse import parse_config
+    from rlhfkit.trainers.build import build_trainer
 
     trainer_name = spec["trainer"]
     argv = cli_argv(spec)
     print("rlhfkit", trainer_name, " ".join(argv), flush=True)
-    if trainer_name == "ppo":
-        args, explicit = parse_config(PPOConfig, argv, "rlhfkit ppo")
-        trainer = build_ppo_trainer(args, explicit)
-    else:
-        args, explicit = parse_config(GRPOConfig, argv, "rlhfkit grpo")
-        trainer = build_grpo_trainer(args, explicit)
+    config_cls = PPOConfig if trainer_name == "ppo" else GRPOConfig
+    args, explicit = parse_config(config_cls, argv, f"rlhfkit {trainer_name}")
+    trainer = build_trainer(args, explicit)
     wrap_generation(probe)
     setup = time.time() - PROCESS_START
     seconds = run_timed(probe, trainer.train)
@@ -72,12 +69,12 @@ def main() -> None:
 
 
 def wrap_generation(probe) -> None:
-    """Time ``rlhfkit.rollout.generate`` (every trainer's sampling entry point) as the generation phase, wherever it
+    """Time ``rlhfkit.sampling.generate`` (every trainer's sampling entry point) as the generation phase, wherever it
     was imported by name. It returns a Generated whose .tokens are the (B, T') new tokens; when it uses transformers' ``generate`` inside, the
     probe's own ``generate`` hook sees a busy probe and does not count twice."""
-    import rlhfkit.rollout as rollout
+    from rlhfkit.sampling import completions
 
-    original = rollout.generate
+    original = completions.generate
     wrapped = probe.wrap_generation(original, lambda out: (out.tokens.shape[0], out.tokens.shape[1]))
     for module in list(sys.modules.values()):
         if getattr(module, "__name__", "").startswith("rlhfkit") and getattr(module, "generate", None) is original:

@@ -1,13 +1,15 @@
 """Evaluation by pairwise judges: a model's win rate against a baseline (`rlhfkit eval`).
 
-from rlhfkit.evaluation import TaskJudge, RewardModelJudge, compare
-win = compare("runs/ppo/policy", "assets/sft", TaskJudge.from_dir("assets"), prompts, max_new_tokens=8)
+from rlhfkit.evaluation import TaskJudge, compare_judges
+comparison = compare_judges("runs/ppo", "assets/sft", [TaskJudge.from_dir("assets")], prompts, max_new_tokens=8)
+win = comparison.win_rates[0]
 print(f"{win.rate:.1%} (95% CI {win.ci[0]:.1%}-{win.ci[1]:.1%})")
 """
 
+from rlhfkit.errors import EvalError, JudgeError
+
 from .cli import cmd_eval
-from .compare import Comparison, compare, compare_judges, judge_completions, load_eval_prompts
-from .errors import EvalError, JudgeError
+from .compare import Comparison, compare_judges, judge_completions, load_eval_prompts
 from .generation import Generations, generate_texts
 from .judges import (
     OpenAIJudge,
@@ -34,7 +36,6 @@ __all__ = [
     "Verdict",
     "WinRate",
     "cmd_eval",
-    "compare",
     "compare_judges",
     "format_report",
     "generate_texts",

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import EvalError
+from rlhfkit.errors import EvalError
 
 DEFAULT_MAX_NEW_TOKENS = 128  # for datasets other than the built-in task's
 
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _validate(args: argparse.Namespace) -> None:
     """Cheap checks first, so a typo fails in a second rather than after minutes of generation."""
     from rlhfkit.models import is_hub_id
+    from rlhfkit.tasks.layout import Assets
 
     for flag in ("model", "baseline"):
         name = getattr(args, flag)
@@ -110,7 +111,7 @@ def _validate(args: argparse.Namespace) -> None:
                 f"--{flag} {name!r} is neither a local directory nor a hub model id (ORG/NAME). Pass a causal language "
                 "model saved with save_pretrained (its tokenizer in the same directory), or a hub id."
             )
-    if args.task is not None and not (Path(args.task) / "task.json").is_file():
+    if args.task is not None and not Assets(args.task).is_built():
         raise EvalError(f"--task {args.task!r} has no task.json: pass a directory built by 'rlhfkit build-tiny'.")
     for flag in ("num_examples", "max_new_tokens", "batch_size"):
         value = getattr(args, flag)
@@ -125,6 +126,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _run(argv: Sequence[str]) -> int:
     from rlhfkit.tasks import builtin_assets, load_task
+    from rlhfkit.tasks.layout import Assets
 
     from .compare import compare_judges, load_eval_prompts
     from .judges import make_judge
@@ -146,7 +148,7 @@ def _run(argv: Sequence[str]) -> int:
         for spec in judge_specs
     ]
     if args.dataset is None:
-        source = task_dir() / "prompts"
+        source = Path(Assets(task_dir()).prompts)
         prompts = load_eval_prompts(source, "test", "prompt", args.num_examples)
     else:
         source = Path(args.dataset)
@@ -184,8 +186,7 @@ def _run(argv: Sequence[str]) -> int:
 
 def cmd_eval(argv: Sequence[str]) -> int:
     """Entry point of `rlhfkit eval`; errors print one line naming the flag and return 2 (no traceback)."""
-    from rlhfkit.data import DataError
-    from rlhfkit.models import ModelLoadError
+    from rlhfkit.errors import DataError, ModelLoadError
 
     try:
         return _run(argv)

@@ -1,7 +1,6 @@
 """Model vs baseline: held-out prompts, completions from both, verdicts from one or more judges, win rates.
 
-The Python entry points behind `rlhfkit eval`:
-    compare(model_path, baseline_path, judge, prompts, max_new_tokens=...) -> WinRate
+The Python entry point behind `rlhfkit eval`:
     compare_judges(model_path, baseline_path, [judge, ...], prompts, ...) -> Comparison   (generate once, judge many)
 """
 
@@ -11,7 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import EvalError
+from rlhfkit.errors import EvalError
+
 from .generation import Generations, generate_texts
 from .judges import PairwiseJudge, Verdict
 from .winrate import WinRate, tally
@@ -103,30 +103,3 @@ def compare_judges(
     baseline = generate_texts(baseline_path, prompts, flag="baseline", **options)
     verdicts, win_rates = judge_completions(judges, prompts, model.texts, baseline.texts, confidence)
     return Comparison(list(prompts), model, baseline, verdicts, win_rates)
-
-
-def compare(
-    model_path: str | Path,
-    baseline_path: str | Path,
-    judge: PairwiseJudge,
-    prompts: Sequence[str],
-    *,
-    max_new_tokens: int,
-    temperature: float | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    confidence: float = 0.95,
-) -> WinRate:
-    """The model's win rate against the baseline on `prompts`, by one judge (see `compare_judges`)."""
-    comparison = compare_judges(
-        model_path,
-        baseline_path,
-        [judge],
-        prompts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        seed=seed,
-        batch_size=batch_size,
-        confidence=confidence,
-    )
-    return comparison.win_rates[0]

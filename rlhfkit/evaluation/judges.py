@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from .errors import JudgeError
+from rlhfkit.errors import JudgeError
 
 
 class Outcome(str, Enum):
@@ -91,8 +91,9 @@ class TaskJudge:
     def from_dir(cls, task_dir: str | Path) -> TaskJudge:
         """The checker named in `task_dir/task.json` (an assets dir built by `rlhfkit build-tiny`)."""
         from rlhfkit.tasks import load_task
+        from rlhfkit.tasks.layout import Assets
 
-        if not (Path(task_dir) / "task.json").is_file():
+        if not Assets(task_dir).is_built():
             raise JudgeError(
                 f"--task {str(task_dir)!r} has no task.json: pass a directory built by 'rlhfkit build-tiny', "
                 f"or omit --task to use the built-in assets."
@@ -152,13 +153,12 @@ class RewardModelJudge:
     @classmethod
     def from_path(cls, path: str | Path, batch_size: int = 64, device: str | torch.device | None = None):
         """Model and tokenizer of a hub id or a save_pretrained directory; a ModelLoadError names the judge."""
+        from rlhfkit.data import progress_bars_hidden
         from rlhfkit.models import load_scalar_model, load_tokenizer, native_dtype
-
-        from .generation import quiet_loading
 
         path = str(path)
         tokenizer = load_tokenizer(path, flag="judge reward-model:")
-        with quiet_loading():
+        with progress_bars_hidden():
             model = load_scalar_model(path, native_dtype(), flag="judge reward-model:")
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(model.to(device), tokenizer, name=f"reward-model:{path}", batch_size=batch_size)
@@ -177,8 +177,8 @@ class RewardModelJudge:
     @torch.inference_mode()
     def scores(self, prompts: Sequence[str], completions: Sequence[str]) -> list[float]:
         """Reward-model score of each (prompt, completion) pair, read at its last token."""
-        from rlhfkit.data import left_pad
         from rlhfkit.rewards import reward_model_scores
+        from rlhfkit.sampling import left_pad
 
         pairs = list(zip(prompts, completions))
         unique = list(dict.fromkeys(pairs))

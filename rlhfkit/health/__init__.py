@@ -8,8 +8,8 @@ replays metrics.jsonl through the same monitor.
 """
 
 from rlhfkit.health.docs import render_markdown
-from rlhfkit.health.doctor import Diagnosis, cmd_doctor, doctor, replay, resume_monitor
-from rlhfkit.health.monitor import Finding, HealthMonitor
+from rlhfkit.health.doctor import Diagnosis, cmd_doctor, doctor
+from rlhfkit.health.monitor import Finding, HealthMonitor, replay, resume_monitor
 from rlhfkit.health.output import append_findings, finding_panel, print_finding
 from rlhfkit.health.rules import CRITICAL, INFO, RULES, SEVERITIES, WARNING, Hit, Rule, Thresholds, parse_thresholds
 

@@ -13,9 +13,9 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-from rlhfkit.health.monitor import Finding, HealthMonitor
+from rlhfkit.health.monitor import Finding, replay
 from rlhfkit.health.output import SEVERITY_STYLES
 from rlhfkit.health.rules import CRITICAL, WARNING, Thresholds, parse_thresholds
 from rlhfkit.tracking.rundir import METRICS_FILE, read_jsonl
@@ -43,33 +43,6 @@ def doctor(run_dir: str | os.PathLike, thresholds: Thresholds | None = None) -> 
     rows, skipped = read_jsonl(path)
     monitor, findings = replay(rows, thresholds)
     return Diagnosis(findings, len(rows), skipped, monitor.history.step, monitor.firing())
-
-
-def replay(
-    rows: list[dict[str, Any]], thresholds: Thresholds | None = None, until_step: int | None = None
-) -> tuple[HealthMonitor, list[Finding]]:
-    """A fresh monitor fed `rows` in order (rows after `until_step` left out), and what it reported."""
-    monitor, findings = HealthMonitor(thresholds), []
-    for index, row in enumerate(rows):
-        step = row.get("step", index)
-        if until_step is not None and step > until_step:
-            continue
-        findings += monitor.observe(step, {k: v for k, v in row.items() if k != "step"})
-    return monitor, findings
-
-
-def resume_monitor(
-    run_dir: str | os.PathLike, thresholds: Thresholds | None = None, until_step: int | None = None
-) -> HealthMonitor:
-    """The monitor as it stood at `until_step` of an earlier run in run_dir, for --resume_from_checkpoint.
-
-    Without it a resumed run would forget its windows and take the resume point as the "start of the
-    run" (the entropy rule's reference), and report again an episode that was already in health.jsonl.
-    A missing metrics.jsonl gives a fresh monitor.
-    """
-    path = Path(run_dir) / METRICS_FILE
-    rows = read_jsonl(path)[0] if path.is_file() else []
-    return replay(rows, thresholds, until_step)[0]
 
 
 def _print_report(run_dir: str, d: Diagnosis) -> None:

@@ -14,12 +14,15 @@ on other rows (eval-only rows, say) it keeps its previous state.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from rlhfkit.health.rules import CRITICAL, RULES, SEVERITIES, WARNING, History, Rule, Thresholds
 from rlhfkit.metrics import registry as M
+from rlhfkit.tracking.rundir import METRICS_FILE, read_jsonl
 
 
 @dataclass(frozen=True)
@@ -90,3 +93,30 @@ class HealthMonitor:
         """The two scalars the trainer logs each step: how many rules fire at each severity right now."""
         severities = list(self.firing().values())
         return {M.HEALTH_WARNINGS.name: severities.count(WARNING), M.HEALTH_CRITICAL.name: severities.count(CRITICAL)}
+
+
+def replay(
+    rows: list[dict[str, Any]], thresholds: Thresholds | None = None, until_step: int | None = None
+) -> tuple[HealthMonitor, list[Finding]]:
+    """A fresh monitor fed `rows` in order (rows after `until_step` left out), and what it reported."""
+    monitor, findings = HealthMonitor(thresholds), []
+    for index, row in enumerate(rows):
+        step = row.get("step", index)
+        if until_step is not None and step > until_step:
+            continue
+        findings += monitor.observe(step, {k: v for k, v in row.items() if k != "step"})
+    return monitor, findings
+
+
+def resume_monitor(
+    run_dir: str | os.PathLike, thresholds: Thresholds | None = None, until_step: int | None = None
+) -> HealthMonitor:
+    """The monitor as it stood at `until_step` of an earlier run in run_dir, for --resume_from_checkpoint.
+
+    Without it a resumed run would forget its windows and take the resume point as the "start of the
+    run" (the entropy rule's reference), and report again an episode that was already in health.jsonl.
+    A missing metrics.jsonl gives a fresh monitor.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    rows = read_jsonl(path)[0] if path.is_file() else []
+    return replay(rows, thresholds, until_step)[0]

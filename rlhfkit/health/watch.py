@@ -2,36 +2,18 @@
 
 Each logged row goes through :meth:`HealthWatch.observe`, which adds the ``health/*`` scalars to the row and, for
 each new finding, prints it, appends it to health.jsonl and raises a tracker alert (Trackio / W&B). With
-``--health stop`` a critical finding ends training: the trainer saves a checkpoint and raises :class:`HealthStop`,
-whose message explains what happened and what to do; the CLI exits with status 3.
+``--health stop`` a critical finding ends training: the run saves a checkpoint and raises
+:class:`rlhfkit.errors.HealthStop`, whose message explains what happened and what to do; the CLI exits with status 3.
 """
 
 from __future__ import annotations
 
 import torch
 
-from rlhfkit.checkpoint import TrainingStopped
-from rlhfkit.config import ConfigError
-from rlhfkit.health.doctor import resume_monitor
-from rlhfkit.health.monitor import Finding, HealthMonitor
+from rlhfkit.errors import ConfigError
+from rlhfkit.health.monitor import Finding, HealthMonitor, resume_monitor
 from rlhfkit.health.output import append_findings, print_finding
 from rlhfkit.health.rules import CRITICAL, HEALTH_MODES, parse_thresholds
-
-
-class HealthStop(TrainingStopped):
-    """Training stopped on a critical health finding (``--health stop``); str() is the explanation."""
-
-    exit_status = 3
-
-    def __init__(self, finding: Finding, checkpoint: str, output_dir: str):
-        self.finding = finding
-        super().__init__(
-            f"Training stopped at step {finding.step} by --health stop: {finding.rule} is critical. "
-            f"{finding.message} The state at that step is saved in {checkpoint}. {finding.advice} "
-            f"See every finding with `rlhfkit doctor {output_dir}`; to train through such findings, run with "
-            "--health warn.",
-            checkpoint,
-        )
 
 
 class HealthWatch:

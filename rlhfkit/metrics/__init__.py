@@ -1,7 +1,7 @@
 """Metric definitions (the registry) and their exact pooling across micro-batches and processes.
 
-Names are resolved on first use: `rlhfkit.metrics.registry` is stdlib-only and stays importable (and
-runnable as `python -m rlhfkit.metrics.registry`) without loading torch for the accumulator.
+Names are resolved on first use: `rlhfkit.metrics.registry` is stdlib-only and stays importable without loading torch
+for the accumulator. docs.py renders the registry into docs/metrics.md.
 """
 
 import importlib
@@ -11,7 +11,7 @@ _EXPORTS = {
     "REGISTRY": "registry",
     "Metric": "registry",
     "metrics_for": "registry",
-    "render_markdown": "registry",
+    "render_markdown": "docs",
     "older_names": "registry",
     "MetricAccumulator": "accumulate",
     "Reduced": "accumulate",

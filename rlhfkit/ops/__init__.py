@@ -1,7 +1,7 @@
 """Pure tensor math for RLHF: masked statistics, log-probs, KL, advantages, losses, sequence helpers.
 
 Every function takes tensors and scalars (no config objects), imports only torch, and does no I/O.
-Shapes: B sequences, T response tokens, V vocabulary, G group size. Masks are bool, True = counts.
+Shapes: B sequences, T completion tokens, V vocabulary, G group size. Masks are bool, True = counts.
 """
 
 from rlhfkit.ops.advantages import GAEOutput, gae, group_advantages

@@ -11,20 +11,20 @@ GROUP_SCALES = ("group", "batch", "none")  # group_advantages; GRPOConfig.scale_
 class GAEOutput(NamedTuple):
     """Both (B, T), 0 outside the mask."""
 
-    advantages: Tensor  # GAE(gamma, lam) advantage of each response token
+    advantages: Tensor  # GAE(gamma, lam) advantage of each completion token
     returns: Tensor  # advantages + values: the value-function target (lambda-return)
 
 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> GAEOutput:
-    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over each response.
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over each completion.
 
     rewards: (B, T) float, per-token rewards (e.g. `kl_penalized_rewards(...).rewards`).
-    values: (B, T) float, value estimates V(s_t) from the rollout. mask: (B, T) bool, True = real response token.
+    values: (B, T) float, value estimates V(s_t) at generation. mask: (B, T) bool, True = real completion token.
     gamma: discount. lam: GAE lambda.
       delta_t = r_t + gamma * V(s_{t+1}) - V(s_t);   A_t = delta_t + gamma * lam * A_{t+1}.
-    The response ends at the last True of each row: beyond it the episode is over, so V = 0 and r = 0 there
+    The completion ends at the last True of each row: beyond it the episode is over, so V = 0 and r = 0 there
     (whatever the padding holds) and the last real token bootstraps from nothing.
-    Assumes each row's mask is one contiguous run of True (right-padded responses: a prefix). A hole in the
+    Assumes each row's mask is one contiguous run of True (right-padded completions: a prefix). A hole in the
     mask would be bridged (zero reward and value inside it), not treated as an episode boundary.
     Returns GAEOutput(advantages, returns), both 0 outside the mask.
     """
@@ -33,7 +33,7 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
     T = rewards.shape[-1]
     next_value = next_advantage = rewards.new_zeros(rewards.shape[:-1])  # nothing after the last position
     reversed_advantages = []
-    # A reverse loop over T: responses are short, and the recursion is the definition, easy to check by eye.
+    # A reverse loop over T: completions are short, and the recursion is the definition, easy to check by eye.
     for t in reversed(range(T)):
         delta = rewards[..., t] + gamma * next_value - values[..., t]
         next_advantage = delta + gamma * lam * next_advantage

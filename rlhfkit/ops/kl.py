@@ -20,7 +20,7 @@ def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, estimator: str) -> Tens
       "k1": -d                  unbiased, high variance, can be negative per token;
       "k2": d^2 / 2             biased, low variance, >= 0;
       "k3": exp(d) - 1 - d      unbiased, low variance, >= 0.
-    Returns (B, T); positions outside the response are not masked here (callers mask).
+    Returns (B, T); positions outside the completion are not masked here (callers mask).
     """
     log_ratio = logprobs - ref_logprobs
     if estimator == "k1":
@@ -75,24 +75,24 @@ class AdaptiveKLController:
 class PenalizedRewards(NamedTuple):
     """Per-token rewards of RLHF PPO. Both (B, T), 0 outside the mask."""
 
-    rewards: Tensor  # non_score_reward, plus the score at the last real token of each response
+    rewards: Tensor  # non_score_reward, plus the score at the last real token of each completion
     non_score_reward: Tensor  # -kl_coef * kl
 
 
 def kl_penalized_rewards(scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) -> PenalizedRewards:
-    """Dense KL penalty at every response token plus the sequence score at the last real token.
+    """Dense KL penalty at every completion token plus the sequence score at the last real token.
 
-    scores: (B,) float, reward-model score per response. kl: (B, T) float, per-token KL estimate vs the
-    reference. mask: (B, T) bool, True = real response token (a prefix of each row; the EOS counts).
+    scores: (B,) float, reward-model score per completion. kl: (B, T) float, per-token KL estimate vs the
+    reference. mask: (B, T) bool, True = real completion token (a prefix of each row; the EOS counts).
     kl_coef: KL coefficient (beta).
-    The score goes on the last real token (the EOS, or the last token of a truncated response): that is the
+    The score goes on the last real token (the EOS, or the last token of a truncated completion): that is the
     action the score judges, and GAE then credits earlier tokens through the value function. TRL puts it on
     the first pad after the EOS instead (an off-by-one inherited from the original code, TRL issue #3750),
     which gives the score to a position whose action is never trained on.
-    A row whose mask is all False (an empty response) has no token to carry its score and gets none.
+    A row whose mask is all False (an empty completion) has no token to carry its score and gets none.
     """
     non_score_reward = torch.where(mask, -kl_coef * kl, 0.0)
-    if mask.shape[-1] == 0:  # T == 0: no response tokens anywhere
+    if mask.shape[-1] == 0:  # T == 0: no completion tokens anywhere
         return PenalizedRewards(rewards=non_score_reward.clone(), non_score_reward=non_score_reward)
     last = last_true_index(mask)
     has_token = last >= 0

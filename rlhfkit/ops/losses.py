@@ -31,9 +31,9 @@ def clipped_policy_loss(
 ) -> PolicyLossOutput:
     """PPO-clip policy loss (Schulman et al. 2017, eq. 7), negated for minimisation, as a token mean.
 
-    logprobs: (B, T) float, log-probs of the response tokens under the policy being optimised (with grad).
-    old_logprobs: (B, T) float, the same tokens' log-probs at rollout time. advantages: (B, T) float.
-    mask: (B, T) bool, True = real response token. cliprange: c in clip(ratio, 1 - c, 1 + c).
+    logprobs: (B, T) float, log-probs of the completion tokens under the policy being optimised (with grad).
+    old_logprobs: (B, T) float, the same tokens' log-probs at generation time. advantages: (B, T) float.
+    mask: (B, T) bool, True = real completion token. cliprange: c in clip(ratio, 1 - c, 1 + c).
     """
     log_ratio = torch.where(mask, logprobs - old_logprobs, 0.0)
     advantages = torch.where(mask, advantages, 0.0)
@@ -63,7 +63,7 @@ def clipped_value_loss(
 ) -> ValueLossOutput:
     """Clipped value loss of OpenAI's PPO implementations (baselines ppo2, lm-human-preferences), as TRL.
 
-    values: (B, T) float, current value predictions (with grad). old_values: (B, T) float, rollout values.
+    values: (B, T) float, current value predictions (with grad). old_values: (B, T) float, values at generation.
     returns: (B, T) float, GAE returns (targets). mask: (B, T) bool, True = counts.
     cliprange_value: how far the new prediction may move from the old one before the error stops improving.
     The pessimistic max of clipped and unclipped errors means a prediction that jumped past the clip range
@@ -131,20 +131,20 @@ def grpo_per_token_loss(
     mask: Tensor,
     epsilon_low: float,
     epsilon_high: float,
-    ref_logprobs: Tensor | None = None,
-    beta: float = 0.0,
+    ref_logprobs: Tensor | None,
+    beta: float,
     *,
-    loss_type: str = "grpo",
-    importance_sampling_level: str = "token",
-    delta: float | None = None,
-    use_bias_correction_kl: bool = False,
+    loss_type: str,
+    importance_sampling_level: str,
+    delta: float | None,
+    use_bias_correction_kl: bool,
+    sapo_temperature_pos: float,
+    sapo_temperature_neg: float,
+    vespo_k_pos: float,
+    vespo_lambda_pos: float,
+    vespo_k_neg: float,
+    vespo_lambda_neg: float,
     token_mask: Tensor | None = None,
-    sapo_temperature_pos: float = 1.0,
-    sapo_temperature_neg: float = 1.05,
-    vespo_k_pos: float = 2.0,
-    vespo_lambda_pos: float = 3.0,
-    vespo_k_neg: float = 3.0,
-    vespo_lambda_neg: float = 2.0,
 ) -> GRPOLossOutput:
     """Per-token loss of GRPO (Shao et al. 2024, eq. 3) and its variants, as TRL 1.16 computes them.
 
@@ -185,8 +185,8 @@ def grpo_per_token_loss(
     high_entropy_mask). delta: None, or the cap on r in the clipped surrogate's unclipped branch.
     use_bias_correction_kl: multiply the k3 term by r (DeepSeek-V3.2, arXiv 2512.02556), so its gradient is an
     unbiased reverse-KL gradient when old != policy; as in TRL, r is not detached (it changes the KL gradient even
-    where r == 1) and the returned kl is the product. TRL defaults this to True; False here keeps the GRPO paper's
-    term.
+    where r == 1) and the returned kl is the product; False keeps the GRPO paper's term. Every setting is an
+    argument without a default: the defaults are GRPOConfig's (TRL's).
 
     Clip flags: low/high_clipped for the clipped loss types are computed on min(r, delta) as TRL does (identical to
     r itself when delta > 1 + epsilon_high, which GRPOConfig enforces) and are all False for cispo, sapo and vespo;
@@ -257,10 +257,10 @@ def vespo_gamma_weights(
     log_ratio: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    k_pos: float = 2.0,
-    lambda_pos: float = 3.0,
-    k_neg: float = 3.0,
-    lambda_neg: float = 2.0,
+    k_pos: float,
+    lambda_pos: float,
+    k_neg: float,
+    lambda_neg: float,
 ) -> Tensor:
     """VESPO's per-completion weight phi(w) = e^lam w^k e^(-lam w) (arXiv 2602.10693), in log space; detached.
 

@@ -22,7 +22,7 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """Mean of `x` over positions where `mask` is True.
 
     x: (B, T) float. mask: (B, T) bool, True = include. Returns () when dim is None, else reduced along `dim`.
-    An empty mask (or an empty row with dim set) gives 0, not NaN, so a process or micro-batch with no response
+    An empty mask (or an empty row with dim set) gives 0, not NaN, so a process or micro-batch with no completion
     tokens contributes nothing instead of poisoning the average.
     """
     count = mask.sum() if dim is None else mask.sum(dim)

@@ -1,4 +1,4 @@
-"""Index and mask helpers for right-padded response batches."""
+"""Index and mask helpers for right-padded completion batches."""
 
 from collections.abc import Sequence
 
@@ -23,24 +23,24 @@ def first_true_index(bools: Tensor) -> Tensor:
 def last_true_index(mask: Tensor) -> Tensor:
     """Index of the last True in each row.
 
-    mask: (B, T) bool. Returns (B,) long; -1 for a row with no True (an empty response).
+    mask: (B, T) bool. Returns (B,) long; -1 for a row with no True (an empty completion).
     """
     T = mask.shape[-1]
     return T - 1 - first_true_index(mask.flip(-1))
 
 
-def truncate_after_stop_token(responses: Tensor, stop_token_id: int | Sequence[int], pad_token_id: int) -> Tensor:
+def truncate_after_stop_token(tokens: Tensor, stop_token_id: int | Sequence[int], pad_token_id: int) -> Tensor:
     """Replace everything after the first stop token of each row with padding; the stop token itself is kept.
 
-    responses: (B, T) long token ids. stop_token_id: one id or several (e.g. EOS and an end-of-turn token); the
-    first occurrence of any of them ends the response. Rows without a stop token are returned unchanged.
+    tokens: (B, T) long token ids. stop_token_id: one id or several (e.g. EOS and an end-of-turn token); the
+    first occurrence of any of them ends the completion. Rows without a stop token are returned unchanged.
     Returns (B, T) long.
     """
-    stop_ids = torch.as_tensor(stop_token_id, dtype=responses.dtype, device=responses.device).reshape(-1)
-    is_stop = torch.isin(responses, stop_ids)
-    positions = torch.arange(responses.shape[-1], device=responses.device)
+    stop_ids = torch.as_tensor(stop_token_id, dtype=tokens.dtype, device=tokens.device).reshape(-1)
+    is_stop = torch.isin(tokens, stop_ids)
+    positions = torch.arange(tokens.shape[-1], device=tokens.device)
     keep = positions <= first_true_index(is_stop).unsqueeze(-1)
-    return torch.where(keep, responses, pad_token_id)
+    return torch.where(keep, tokens, pad_token_id)
 
 
 def mask_from_lengths(lengths: Tensor, T: int) -> Tensor:
@@ -48,6 +48,6 @@ def mask_from_lengths(lengths: Tensor, T: int) -> Tensor:
 
     lengths: (B,) integer, the number of real tokens per row (clipped to [0, T]). T: row width.
     Returns (B, T) bool, True = real token. Built from lengths rather than by comparing tokens with the pad id,
-    because the pad id is often the EOS id, and the EOS that ends a response must count.
+    because the pad id is often the EOS id, and the EOS that ends a completion must count.
     """
     return torch.arange(T, device=lengths.device) < lengths.unsqueeze(-1)

@@ -7,7 +7,8 @@ report.html plus one PNG per chart:
     build_report(["runs/a", "runs/b"], "report/", smooth=0.6)
 """
 
+from rlhfkit.errors import ReportError
 from rlhfkit.report.build import build_report, cmd_report
-from rlhfkit.report.rundata import ReportError, Run, load_run
+from rlhfkit.report.rundata import Run, load_run
 
 __all__ = ["ReportError", "Run", "build_report", "cmd_report", "load_run"]

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhfkit.errors import ReportError
 from rlhfkit.metrics import registry as M
 from rlhfkit.report import charts, page
-from rlhfkit.report.rundata import ReportError, Run, load_run, unique_names
+from rlhfkit.report.rundata import Run, load_run, unique_names
 from rlhfkit.report.series import (
     HEADLINE,
     chart_sections,

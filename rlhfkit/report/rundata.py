@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlhfkit.errors import ReportError
 from rlhfkit.health.rules import SEVERITIES
 from rlhfkit.tracking.rundir import (
     BEFORE_AFTER_FILE,
@@ -24,10 +25,6 @@ from rlhfkit.tracking.rundir import (
     read_config,
     read_jsonl,
 )
-
-
-class ReportError(ValueError):
-    """A problem with the report's input that the user must fix (shown as one line, exit status 2)."""
 
 
 @dataclass

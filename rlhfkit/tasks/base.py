@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 RewardFunc = Callable[..., list[float]]
@@ -26,7 +26,10 @@ class Task:
         response with special tokens removed, so anything generated before the EOS counts (trailing junk is wrong).
     reward_funcs: name -> f(prompts, completions, **kwargs) -> list[float] (TRL's convention).
     corrupt(prompt, answer, rng) -> str: one plausible wrong completion (near-miss negatives for the reward model).
-    max_new_tokens: a response length that fits the longest answer plus EOS with a little slack.
+    max_new_tokens: a completion length that fits the longest answer plus EOS with a little slack.
+
+    task.json names the checker and the rewards by reference ("module:function", :attr:`refs`), so a task.json
+    written by another version, or by hand, is honoured as written (registry.load_task).
     """
 
     name: str
@@ -36,7 +39,11 @@ class Task:
     reward_funcs: dict[str, RewardFunc]
     corrupt: Callable[[str, str, random.Random], str]
     max_new_tokens: int
-    refs: dict[str, str] = field(default_factory=dict)  # "check" and reward names -> "module:function"
+
+    @property
+    def refs(self) -> dict[str, str]:
+        """ "check" and each reward's name -> the "module:function" reference that imports it."""
+        return {"check": ref_of(self.check), **{name: ref_of(f) for name, f in self.reward_funcs.items()}}
 
     def make_prompts(self, n: int, rng: random.Random, exclude: set[str] | frozenset[str] = frozenset()) -> list[str]:
         """`n` distinct prompts not in `exclude` (raises if the space is too small to find them)."""
@@ -50,6 +57,11 @@ class Task:
                 seen.add(prompt)
                 out.append(prompt)
         raise ValueError(f"task {self.name!r}: could not draw {n} distinct prompts")
+
+
+def ref_of(function: Callable) -> str:
+    """The "module:function" reference of a module-level function (import_ref's inverse)."""
+    return f"{function.__module__}:{function.__qualname__}"
 
 
 def import_ref(ref: str):
@@ -67,11 +79,16 @@ class AnswerRules(NamedTuple):
     correctness: RewardFunc
     partial_credit: RewardFunc
 
+    @property
+    def reward_funcs(self) -> dict[str, RewardFunc]:
+        return {"correctness": self.correctness, "partial_credit": self.partial_credit}
 
-def answer_rules(answer: Callable[[str], str]) -> AnswerRules:
+
+def answer_rules(answer: Callable[[str], str], module: str) -> AnswerRules:
     """check: the stripped completion equals the answer; correctness: 1.0/0.0; partial_credit: `positional_credit`.
 
-    Tasks bind the results to module-level names, so task.json can reference them as "module:function".
+    The task module binds them to module-level names of the same names, so each carries that module's name
+    (`module`) and task.json can reference it as "module:function".
     """
 
     def check(prompt: str, completion: str) -> bool:
@@ -83,7 +100,11 @@ def answer_rules(answer: Callable[[str], str]) -> AnswerRules:
     def partial_credit(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
         return [positional_credit(c, answer(p)) for p, c in zip(prompts, completions, strict=True)]
 
-    return AnswerRules(check, correctness, partial_credit)
+    rules = AnswerRules(check, correctness, partial_credit)
+    for function in rules:
+        function.__module__ = module
+        function.__qualname__ = function.__name__
+    return rules
 
 
 def positional_credit(completion: str, answer: str) -> float:

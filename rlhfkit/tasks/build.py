@@ -1,11 +1,6 @@
-"""Build the built-in task's assets offline: tokenizer, SFT model, reward model, prompts and task.json.
-
-Layout of an assets dir (all standard transformers / datasets formats):
-    tokenizer/   character tokenizer (save_pretrained)
-    sft/         LlamaForCausalLM after a supervised warm start (+ a tokenizer copy)
-    reward/      LlamaForSequenceClassification, num_labels=1, initialised from sft/ (+ a tokenizer copy)
-    prompts/     datasets.DatasetDict {"train", "test"} with columns "prompt", "answer" (save_to_disk)
-    task.json    task name, check/reward function references, build measurements
+"""Build the built-in task's assets offline: tokenizer, SFT model, reward model, prompts and task.json (the layout
+is tasks/layout.py's). The SFT model is a LlamaForCausalLM after a supervised warm start; the reward model a
+LlamaForSequenceClassification with 1 label, initialised from it.
 
 Reward-model loss (per batch of P pairs, r = score at the last non-pad token):
     L = mean_p[-log sigmoid(r_chosen - r_rejected)]                                   (Bradley-Terry)
@@ -26,14 +21,18 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from rlhfkit.data import progress_bars_hidden
+from rlhfkit.sampling import right_pad
+
 from .generation import evaluate_success, generate_completions
+from .layout import Assets
 from .registry import DEFAULT_TASK, TASKS
 from .tokenizer import build_tokenizer
 
@@ -100,18 +99,31 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _pad_right(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) ids padded on the right and the (B, T) bool attention mask (True = real token)."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return ids, ids != pad_id
-
-
 def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
     """Linear warmup, then linear decay to 10% of the peak."""
     return lambda step: min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, total - warmup))
+
+
+def _fit(model, name: str, steps: int, lr: float, batch: int, examples: int, seed: int, loss_of, log_every: int, log):
+    """Train `model` for `steps` AdamW steps (a tenth of them linear warm-up, then linear decay to 10% of `lr`;
+    gradients clipped to norm 1), each on `batch` example indices drawn with replacement from range(`examples`) by a
+    generator seeded with `seed`. loss_of(indices) -> (loss, report): `report()` is logged every `log_every` steps
+    and after the last. Leaves the model in eval mode."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(steps, max(1, steps // 10)))
+    gen = torch.Generator().manual_seed(seed)
+    model.train()
+    for step in range(steps):
+        idx = torch.randint(examples, (batch,), generator=gen).tolist()
+        loss, report = loss_of(idx)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % log_every == 0 or step == steps - 1:
+            log(f"  {name} step {step + 1}/{steps} {report()}")
+    model.eval()
 
 
 def _model_config(tokenizer, preset: BuildPreset, max_positions: int, **extra):
@@ -146,26 +158,17 @@ def train_sft(task, tokenizer, train_examples, preset: BuildPreset, seed: int, l
     for prompt, answer in train_examples:
         p, a = tokenizer(prompt)["input_ids"], tokenizer(answer)["input_ids"]
         encoded.append((p + a + [tokenizer.eos_token_id], len(p)))
-    opt = torch.optim.AdamW(model.parameters(), lr=preset.sft_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(preset.sft_steps, max(1, preset.sft_steps // 10)))
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    for step in range(preset.sft_steps):
-        idx = torch.randint(len(encoded), (preset.sft_batch,), generator=gen).tolist()
-        ids, mask = _pad_right([encoded[i][0] for i in idx], tokenizer.pad_token_id)
+
+    def loss_of(idx: list[int]):
+        ids, mask = right_pad([encoded[i][0] for i in idx], tokenizer.pad_token_id)
         labels = ids.clone()
         for row, i in enumerate(idx):
             labels[row, : encoded[i][1]] = -100  # no loss on the prompt
         labels[~mask] = -100
         loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 50 == 0 or step == preset.sft_steps - 1:
-            log(f"  sft step {step + 1}/{preset.sft_steps} loss {loss.item():.4f}")
-    model.eval()
+        return loss, lambda: f"loss {loss.item():.4f}"
+
+    _fit(model, "sft", preset.sft_steps, preset.sft_lr, preset.sft_batch, len(encoded), seed, loss_of, 50, log)
     return model
 
 
@@ -182,7 +185,7 @@ def score_sequences(reward_model, seqs: list[list[int]], pad_id: int, batch_size
     reward_model.eval()
     out = []
     for start in range(0, len(seqs), batch_size):
-        ids, mask = _pad_right(seqs[start : start + batch_size], pad_id)
+        ids, mask = right_pad(seqs[start : start + batch_size], pad_id)
         out.append(reward_model(input_ids=ids, attention_mask=mask.long()).logits[:, 0].float())
     reward_model.train(was_training)
     return torch.cat(out) if out else torch.zeros(0)
@@ -208,8 +211,8 @@ def _policy_pairs(task, tokenizer, prompts, comps, num_samples: int) -> list[tup
         gold = encode_completion(tokenizer, prompt, task.answer(prompt))
         for j in range(num_samples):
             k = i * num_samples + j
-            if not (comps.ended[k] and task.check(prompt, comps.texts[k])):
-                pairs.append((gold, encode_completion(tokenizer, prompt, comps.texts[k], comps.ended[k])))
+            if not (comps.terminated[k] and task.check(prompt, comps.texts[k])):
+                pairs.append((gold, encode_completion(tokenizer, prompt, comps.texts[k], comps.terminated[k])))
     return pairs
 
 
@@ -232,28 +235,21 @@ def train_reward_model(sft_model, tokenizer, pairs, preset: BuildPreset, seed: i
     rm = LlamaForSequenceClassification(config)
     rm.model.load_state_dict(sft_model.model.state_dict())
     torch.nn.init.zeros_(rm.score.weight)  # start neutral: every sequence scores 0
-    opt = torch.optim.AdamW(rm.parameters(), lr=preset.rm_lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(preset.rm_steps, max(1, preset.rm_steps // 10)))
-    gen = torch.Generator().manual_seed(seed + 1)
     m, pad_id = preset.rm_margin, tokenizer.pad_token_id
-    rm.train()
-    for step in range(preset.rm_steps):
-        idx = torch.randint(len(pairs), (preset.rm_batch,), generator=gen).tolist()
-        ids, mask = _pad_right([pairs[i][0] for i in idx] + [pairs[i][1] for i in idx], pad_id)
+
+    def loss_of(idx: list[int]):
+        ids, mask = right_pad([pairs[i][0] for i in idx] + [pairs[i][1] for i in idx], pad_id)
         scores = rm(input_ids=ids, attention_mask=mask.long()).logits[:, 0]
         chosen, rejected = scores[: len(idx)], scores[len(idx) :]
         bt = -F.logsigmoid(chosen - rejected).mean()
         calib = 0.5 * ((chosen - m) ** 2 + (rejected + m) ** 2).mean()
-        loss = bt + preset.rm_calib_coef * calib
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(rm.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if step % 100 == 0 or step == preset.rm_steps - 1:
-            acc = (chosen > rejected).float().mean().item()
-            log(f"  rm step {step + 1}/{preset.rm_steps} bt {bt.item():.4f} calib {calib.item():.4f} acc {acc:.3f}")
-    rm.eval()
+        accuracy = (chosen > rejected).float().mean()
+        return (
+            bt + preset.rm_calib_coef * calib,
+            lambda: f"bt {bt.item():.4f} calib {calib.item():.4f} acc {accuracy.item():.3f}",
+        )
+
+    _fit(rm, "rm", preset.rm_steps, preset.rm_lr, preset.rm_batch, len(pairs), seed + 1, loss_of, 100, log)
     return rm
 
 
@@ -269,43 +265,26 @@ def _torch_threads(n: int | None):
         torch.set_num_threads(before)
 
 
-@contextmanager
-def _quiet_progress_bars():
-    """Hide transformers' and datasets' per-file progress bars while saving (restored afterwards)."""
-    import datasets.utils.logging as ds_logging
-    import transformers.utils.logging as tf_logging
-
-    was = ds_logging.is_progress_bar_enabled(), tf_logging.is_progress_bar_enabled()
-    ds_logging.disable_progress_bar()
-    tf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was[0]:
-            ds_logging.enable_progress_bar()
-        if was[1]:
-            tf_logging.enable_progress_bar()
-
-
 def _write_assets(tmp: Path, tokenizer, sft, rm, train_examples, test_examples, meta: dict) -> None:
     from datasets import Dataset, DatasetDict
 
-    tokenizer.save_pretrained(tmp / "tokenizer")
-    for name, model in (("sft", sft), ("reward", rm)):
-        model.save_pretrained(tmp / name)
-        tokenizer.save_pretrained(tmp / name)
+    assets = Assets(tmp)
+    tokenizer.save_pretrained(assets.tokenizer)
+    for path, model in ((assets.sft, sft), (assets.reward, rm)):
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
     DatasetDict(
         {
             split: Dataset.from_dict({"prompt": [p for p, _ in ex], "answer": [a for _, a in ex]})
             for split, ex in (("train", train_examples), ("test", test_examples))
         }
-    ).save_to_disk(str(tmp / "prompts"))
-    (tmp / "task.json").write_text(json.dumps(meta, indent=2) + "\n")
+    ).save_to_disk(assets.prompts)
+    assets.task_file.write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def _ensure_replaceable(out_dir: Path) -> None:
     """A build may replace a missing or empty dir or a previous build (a dir with task.json), never other data."""
-    if out_dir.exists() and not (out_dir / "task.json").exists() and any(out_dir.iterdir()):
+    if out_dir.exists() and not Assets(out_dir).is_built() and any(out_dir.iterdir()):
         raise FileExistsError(f"{out_dir} exists, is not empty and is not an rlhfkit assets dir")
 
 
@@ -376,10 +355,13 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
         sft, tokenizer, eval_prompts, spec.max_new_tokens, cfg.temperature, n, 256, seed + 1
     )
     correct = np.array(
-        [sampled.ended[k] and spec.check(eval_prompts[k // n], sampled.texts[k]) for k in range(len(sampled.texts))]
+        [
+            sampled.terminated[k] and spec.check(eval_prompts[k // n], sampled.texts[k])
+            for k in range(len(sampled.texts))
+        ]
     ).reshape(-1, n)
     seqs = [
-        encode_completion(tokenizer, eval_prompts[k // n], sampled.texts[k], sampled.ended[k])
+        encode_completion(tokenizer, eval_prompts[k // n], sampled.texts[k], sampled.terminated[k])
         for k in range(len(sampled.texts))
     ]
     scores = score_sequences(rm, seqs, tokenizer.pad_token_id).view(-1, n)
@@ -427,7 +409,7 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
 
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        with _quiet_progress_bars():
+        with progress_bars_hidden():
             _write_assets(tmp, tokenizer, sft, rm, train_examples, test_examples, meta)
         _install(tmp, out_dir)
     finally:
@@ -466,15 +448,10 @@ def builtin_assets(preset: str = "default", seed: int = 0, log=print, task: str 
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     target = cache_root() / f"{task}-{preset}-seed{seed}-v{BUILDER_VERSION}"
-    if (target / "task.json").exists():
+    if Assets(target).is_built():
         return target
     with _file_lock(target.with_name(target.name + ".lock")):
-        if not (target / "task.json").exists():
+        if not Assets(target).is_built():
             log(f"[rlhfkit] building the built-in task assets into {target} (first use; cached afterwards)")
             build_tiny(target, seed=seed, preset=preset, log=log, task=task)
     return target
-
-
-def with_overrides(preset: str, **overrides) -> BuildPreset:
-    """A named preset with some fields replaced (for experiments)."""
-    return replace(PRESETS[preset], **overrides)

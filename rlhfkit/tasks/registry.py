@@ -7,6 +7,7 @@ from pathlib import Path
 
 from . import addition, reverse, sort
 from .base import Task, import_ref
+from .layout import Assets
 
 TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK)}
 DEFAULT_TASK = "sort"
@@ -19,7 +20,7 @@ def load_task(path: str | Path) -> Task:
     a task.json written by another version (or by hand) is honoured as written.
     """
     path = Path(path)
-    meta = json.loads((path / "task.json" if path.is_dir() else path).read_text())
+    meta = json.loads((Assets(path).task_file if path.is_dir() else path).read_text())
     base = TASKS[meta["name"]]
     check = import_ref(meta["check"])
     reward_funcs = {name: import_ref(ref) for name, ref in meta.get("reward_funcs", {}).items()}
@@ -31,5 +32,4 @@ def load_task(path: str | Path) -> Task:
         reward_funcs=reward_funcs or dict(base.reward_funcs),
         corrupt=base.corrupt,
         max_new_tokens=int(meta.get("max_new_tokens", base.max_new_tokens)),
-        refs={"check": meta["check"], **meta.get("reward_funcs", {})},
     )

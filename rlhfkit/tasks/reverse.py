@@ -28,7 +28,8 @@ def answer(prompt: str) -> str:
 
 
 # check: the stripped completion equals answer(prompt) (the reversed letters); rewards as TRL expects.
-check, correctness, partial_credit = answer_rules(answer)
+rules = answer_rules(answer, __name__)
+check, correctness, partial_credit = rules
 
 
 def corrupt(prompt: str, answer_text: str, rng: random.Random) -> str:
@@ -39,17 +40,4 @@ def corrupt(prompt: str, answer_text: str, rng: random.Random) -> str:
     return generic_corruption(answer_text, LETTERS, rng)
 
 
-TASK = Task(
-    name="reverse",
-    make_example=make_example,
-    answer=answer,
-    check=check,
-    reward_funcs={"correctness": correctness, "partial_credit": partial_credit},
-    corrupt=corrupt,
-    max_new_tokens=MAX_LEN + 2,
-    refs={
-        "check": f"{__name__}:check",
-        "correctness": f"{__name__}:correctness",
-        "partial_credit": f"{__name__}:partial_credit",
-    },
-)
+TASK = Task("reverse", make_example, answer, check, rules.reward_funcs, corrupt, max_new_tokens=MAX_LEN + 2)

@@ -5,6 +5,7 @@ output_dir/
   metrics.jsonl   one line per RunLogger.log() call: {"step": int, metric: value, ...}
   samples.jsonl   one line per completion-table row: {"step": int, "key": str, column: value, ...}
   health.jsonl    one line per health finding (written by rlhfkit.health)
+  merged/         with --use_peft --merge_adapter: the policy with its adapter merged, a plain transformers model
 
 Lines are appended and the file closed at once, so a crash loses at most the line being written.
 Non-finite floats are written as NaN / Infinity, as Python's json module does (and reads back).
@@ -26,6 +27,7 @@ METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 HEALTH_FILE = "health.jsonl"
 BEFORE_AFTER_FILE = "before_after.json"  # rlhfkit quickstart: the trained policy against its starting model
+MERGED_DIR = "merged"
 
 
 def read_jsonl(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:

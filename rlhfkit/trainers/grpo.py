@@ -8,7 +8,9 @@ Variant: GRPO as in DeepSeekMath (Shao et al., 2024, section 4.1, outcome superv
 * the advantage of completion i is R_i minus its group's mean, divided by the group std (``scale_rewards=group``),
   the batch std (``batch``) or nothing (``none``, Dr. GRPO), and shared by all of i's tokens;
 * per-token loss -min(r A, clip(r, 1 - epsilon, 1 + epsilon_high) A) + beta * KL_k3(policy || reference),
-  r = exp(logp - logp_old), aggregated per ``loss_type`` (grpo, bnpo, dr_grpo, dapo; docs/algorithms/grpo.md);
+  r = exp(logp - logp_old), one ratio per token or per completion (``importance_sampling_level``, GSPO); TRL 1.16's
+  ``loss_type`` chooses the loss and how it is averaged: grpo, bnpo, dr_grpo, dapo, luspo, or the variants that
+  replace the clip, cispo, sapo and vespo (docs/algorithms/grpo.md);
 * one generation holds ``per_device_train_batch_size x steps_per_generation`` completions per process (TRL's
   ``generation_batch_size``, all processes), split in order into ``steps_per_generation`` micro-batches and served
   ``num_iterations`` times; an optimizer step accumulates ``gradient_accumulation_steps`` micro-batches, so a
@@ -39,47 +41,41 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
-from rlhfkit.checkpoint import load_weights
-from rlhfkit.config import ConfigError, GRPOConfig, grpo_batch_sizes
-from rlhfkit.data import endless_batches, prompt_text, tokenize_prompts
+from rlhfkit.checkpoint import REF_MODEL_DIR, load_weights
+from rlhfkit.config import GRPOConfig, grpo_batch_sizes
+from rlhfkit.data import endless_batches, prompt_text
+from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
     Hub,
     adapter_disabled,
     disable_dropout,
-    enable_gradient_checkpointing,
     frozen_copy,
-    load_policy_and_tokenizer,
-    load_quantized_policy,
+    load_tokenizer,
+    load_trained_policy,
     response_logits,
     weight_dtype,
     with_lora,
-    write_merged,
 )
 from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, GRPOLossOutput
 from rlhfkit.rewards import RewardOutput, RewardSources, reward_sources
-from rlhfkit.rollout import (
-    complete,
-    decode,
-    greedy_completions,
-    sampling_config,
-    terminator_ids,
-)
-from rlhfkit.trainers.common import epoch_end_steps, make_optimizer
+from rlhfkit.sampling import Completions, complete, decode, sampling_config, terminator_ids
 from rlhfkit.trainers.run import TrainingRun
+from rlhfkit.trainers.schedule import epoch_end_steps
+from rlhfkit.trainers.shared import count_task_success, eval_chunks, prepare_trained, tokenize_datasets
 
 
 @dataclass
 class GenerationBatch:
-    """One generation on this process: N = local prompts x G completions, groups contiguous. T response width."""
+    """One generation on this process: N = local prompts x G completions, groups contiguous. T completion width."""
 
     prompts: list  # (N,) the dataset's prompts (text, or lists of messages), each repeated G times
     completions: list[str]  # (N,) completion text (special tokens removed)
-    input_ids: torch.Tensor  # (N, Lq + T) left-padded prompt then right-padded completion
-    attention_mask: torch.Tensor  # (N, Lq + T) bool
-    query_width: int  # Lq
-    response_ids: torch.Tensor  # (N, T)
+    input_ids: torch.Tensor  # (N, Lp + T) left-padded prompt then right-padded completion
+    attention_mask: torch.Tensor  # (N, Lp + T) bool
+    prompt_width: int  # Lp
+    completion_ids: torch.Tensor  # (N, T)
     loss_mask: torch.Tensor  # (N, T) bool: completion tokens that count in the loss
     advantages: torch.Tensor  # (N,) float32
     rewards: torch.Tensor  # (K, N) float64 raw rewards per source, NaN where not applicable
@@ -92,7 +88,7 @@ class GenerationBatch:
 class GRPOTrainer:
     """GRPO trainer; see the module docstring for the exact variant. ``train()`` runs the whole loop.
 
-    model: a causal LM or the path of one saved on disk. reward_funcs: one or a list of callables
+    model: a causal LM or the hub id or local path of one. reward_funcs: one or a list of callables
     ``f(prompts, completions, **columns) -> list[float | None]``, reward-model paths, or sequence-classification
     models. processing_class: the policy's tokenizer (default: loaded from the model's path).
     reward_processing_classes: tokenizers of reward models given as modules (default: from their paths).
@@ -115,28 +111,21 @@ class GRPOTrainer:
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
-        dtype, hub = weight_dtype(args.dtype), Hub.from_args(args)
-        if isinstance(model, str) and (args.load_in_4bit or args.load_in_8bit):  # QLoRA (CUDA and bitsandbytes)
-            model = load_quantized_policy(model, dtype, args, "model_name_or_path", hub)
-        model, tok = load_policy_and_tokenizer(model, processing_class, dtype, hub)
+        hub = Hub.from_args(args)
+        if isinstance(model, str):
+            model = load_trained_policy(model, args, "model_name_or_path", hub)
         if args.use_peft:  # LoRA: only the adapter trains; the reference is the model with it disabled
             model = with_lora(model, args)
+        tok = processing_class or load_tokenizer(model.config._name_or_path, "model_name_or_path", hub)
         self.tokenizer = tok
         self.task = task
         self.stop_ids = terminator_ids(tok, model)
         model.generation_config.pad_token_id = tok.pad_token_id
+        dtype = weight_dtype(args.dtype)
         names, funcs = reward_sources(reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub)
-        self.rewards = RewardSources(names, funcs, args.reward_weights)
+        self.rewards = RewardSources(names, funcs, args.reward_weights, args.dataset_text_field)
         self.rewards.prepare_models(run.prepare_frozen)  # sharded for ZeRO-3 / FSDP as the policy is
-
-        text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
-        procs = args.dataset_num_proc
-        self.train_dataset = tokenize_prompts(train_dataset, tok, text, limit, "", overflow, num_proc=procs)
-        self.eval_dataset = (
-            tokenize_prompts(eval_dataset, tok, text, limit, "eval ", overflow, num_proc=procs)
-            if eval_dataset is not None
-            else None
-        )
+        self.train_dataset, self.eval_dataset = tokenize_datasets(args, tok, train_dataset, eval_dataset)
         self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
         if args.disable_dropout:  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)
@@ -144,34 +133,29 @@ class GRPOTrainer:
         self.ref_model = None
         if args.beta != 0.0 and not args.use_peft:
             self.ref_model = run.prepare_frozen(frozen_copy(model))
-        if args.gradient_checkpointing:
-            enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
-        optimizer = make_optimizer([p for p in model.parameters() if p.requires_grad], args, acc.device)
-        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.model, self.optimizer = prepare_trained(run, model, (model,))
         self._batch: GenerationBatch | None = None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair]
         sizes = self.sizes
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
-        run.start(
-            self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends
-        )  # restores a checkpoint; opens the run dir
+        run.start(self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends)  # restores a checkpoint
 
-    # What the run lifecycle needs from its trainer: models, own state, evaluation.
+    # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
         """The policy and its tokenizer; with sync_ref_model also the reference, which then changes (ref_model/).
         state_dict: the policy's full weights gathered from a sharding engine (TrainingRun), else None."""
-        self.accelerator.unwrap_model(self.model).save_pretrained(directory, state_dict=state_dict)
+        self.policy.save_pretrained(directory, state_dict=state_dict)
         self.tokenizer.save_pretrained(directory)
         if self.args.sync_ref_model:
-            self.ref_model.save_pretrained(os.path.join(directory, "ref_model"))
+            self.ref_model.save_pretrained(os.path.join(directory, REF_MODEL_DIR))
 
     def load_models(self, directory, trained: bool = True) -> None:
         """The policy (unless `trained` is False: the engine restored it) and a synced reference of a checkpoint."""
         if trained:
-            load_weights(self.accelerator.unwrap_model(self.model), directory)
+            load_weights(self.policy, directory)
         if self.args.sync_ref_model:
-            load_weights(self.ref_model, os.path.join(directory, "ref_model"))
+            load_weights(self.ref_model, os.path.join(directory, REF_MODEL_DIR))
 
     def state_dict(self) -> dict:
         """A generation that still has micro-batches to serve is part of the state."""
@@ -181,7 +165,13 @@ class GRPOTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("batch") is not None:
-            self._batch = GenerationBatch(**state["batch"])
+            # Checkpoints written before the batch's fields took the prompt / completion names keep the older ones.
+            older = {"query_width": "prompt_width", "response_ids": "completion_ids"}
+            self._batch = GenerationBatch(**{older.get(k, k): v for k, v in state["batch"].items()})
+
+    @property
+    def policy(self) -> nn.Module:
+        return self.accelerator.unwrap_model(self.model)
 
     # ------------------------------------------------------------------------------------------------
     def train(self) -> None:
@@ -210,24 +200,16 @@ class GRPOTrainer:
             if args.sync_ref_model and step % args.ref_model_sync_steps == 0:
                 self.sync_reference()
 
-            # 3. The completions table on sample steps (and logging steps with log_completions).
-            if run.is_sample_step(step) or (args.log_completions and run.is_log_step(step)):
+            # 3. The completions table on evaluation steps (and logging steps with log_completions).
+            if run.schedule.is_eval_step(step) or (args.log_completions and run.schedule.is_log_step(step)):
                 self.log_completions(self._batch, step)
 
             # 4. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
             epoch = progress.episode / (args.num_generations * len(self.train_dataset))  # G completions per prompt
             last = {M.NUM_TOKENS.name: progress.num_tokens, M.LEARNING_RATE.name: run.lr, M.EPOCH.name: epoch}
             run.end_step(step, last)
-        if args.merge_adapter:  # after the final checkpoint and save, which keep the adapter
-            self.save_merged()
 
     # ------------------------------------------------------------------------------------------------
-    def _score(self, rows: list[dict], prompts: list, completions: list[str], chunk) -> list[RewardOutput]:
-        """Every reward source's RewardOutput for the completions of one generated chunk (rows: one per completion)."""
-        resp = chunk.responses
-        sequence, response = (chunk.input_ids, chunk.attention_mask), (resp.ids, resp.mask)
-        return self.rewards.score(rows, prompts, completions, sequence, response, self.args.dataset_text_field)
-
     @torch.no_grad()  # not inference_mode: the batch's tensors feed the loss's autograd graph later
     def generate_and_score(self, prompt_indices: list[int]) -> GenerationBatch:
         """Sample G completions per prompt of the generation (all processes'), keep this process's slice, score
@@ -246,19 +228,16 @@ class GRPOTrainer:
         args, acc, tok = self.args, self.accelerator, self.tokenizer
         G, device = args.num_generations, acc.device
         model.eval()
-        config = self.sampler(args.max_completion_length)
-        chunks = list(
-            complete(model, [r["input_ids"] for r in rows], config, self.stop_ids, tok.pad_token_id, len(rows), device)
-        )
+        config = self.sampling_config(args.max_completion_length)
+        (chunk,) = complete(model, [r["input_ids"] for r in rows], config, len(rows), device)  # one chunk: all of it
         model.train()
-        (chunk,) = chunks  # one chunk: the whole local generation batch
-        resp = chunk.responses
+        completions = chunk.completions
         ids, mask = chunk.input_ids, chunk.attention_mask
         prompts = [r[args.dataset_text_field] for r in rows]
-        completions = decode(tok, resp.ids, resp.mask)
+        texts = decode(tok, completions.ids, completions.mask)
 
         # Rewards: each source's raw values, then the weighted total per completion.
-        outputs = self._score(rows, prompts, completions, chunk)
+        outputs = self.rewards.score(rows, prompts, texts, (ids, mask), (completions.ids, completions.mask))
         total = self.rewards.total(outputs, prompts)
 
         # Advantages over the whole generation (all processes), so scale_rewards="batch" uses the batch std and a
@@ -268,27 +247,28 @@ class GRPOTrainer:
         group_std = gathered.view(-1, G).std(dim=1)
         zero_std = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)[mine]
 
-        loss_mask = resp.mask & resp.terminated[:, None] if args.mask_truncated_completions else resp.mask
+        mask_truncated = args.mask_truncated_completions
+        loss_mask = completions.mask & completions.terminated[:, None] if mask_truncated else completions.mask
         counts = torch.tensor(
-            [chunk.query_mask.sum(), resp.mask.sum(), loss_mask.sum()], dtype=torch.float64, device=device
+            [chunk.prompt_mask.sum(), completions.mask.sum(), loss_mask.sum()], dtype=torch.float64, device=device
         )
         prompt_tokens, completion_tokens, loss_tokens = acc.reduce(counts, "sum").tolist()
 
-        width = chunk.query_ids.shape[1]
+        width = chunk.prompt_ids.shape[1]
         old_logprobs = None
         if args.gradient_accumulation_steps % self.sizes.micro_steps_per_generation:  # outlives an optimizer step
             # logp_old: the sampling log-probs where exact, else a full forward's
             exact = self.run.sampling_logprobs_exact(model)
-            old_logprobs = chunk.logprobs if exact else self._logprobs(model, ids, mask, width, resp.ids)
-        ref_logprobs = self.reference_logprobs(model, ids, mask, width, resp.ids)
-        self.log_generation(outputs, total, zero_std, resp, prompts, completions)
+            old_logprobs = chunk.logprobs if exact else self.logprobs(model, ids, mask, width, completions.ids)
+        ref_logprobs = self.reference_logprobs(model, ids, mask, width, completions.ids)
+        self.log_generation(outputs, total, zero_std, completions, prompts, texts)
         return GenerationBatch(
             prompts=prompts,
-            completions=completions,
+            completions=texts,
             input_ids=ids,
             attention_mask=mask,
-            query_width=width,
-            response_ids=resp.ids,
+            prompt_width=width,
+            completion_ids=completions.ids,
             loss_mask=loss_mask,
             advantages=advantages,
             rewards=torch.stack([o.values for o in outputs]),
@@ -309,34 +289,28 @@ class GRPOTrainer:
             / self.sizes.steps_per_generation
         )
 
-    def _logprobs(self, model, ids, mask, width, response_ids) -> torch.Tensor:
-        """Log-probs (N, T) of the completion tokens, in micro-batches of per_device_train_batch_size."""
+    def logprobs(self, model, ids, mask, width, completion_ids) -> torch.Tensor:
+        """Log-probs (N, T) of the completion tokens under `model`, in micro-batches of per_device_train_batch_size."""
         step = self.args.per_device_train_batch_size
         parts = []
         for i in range(0, len(ids), step):
             logits = response_logits(model, ids[i : i + step], mask[i : i + step], width)
-            parts.append(ops.logprobs_from_logits(logits, response_ids[i : i + step], self.args.temperature))
+            parts.append(ops.logprobs_from_logits(logits, completion_ids[i : i + step], self.args.temperature))
         return torch.cat(parts)
 
-    def reference_logprobs(self, model, ids, mask, width, response_ids) -> torch.Tensor | None:
+    def reference_logprobs(self, model, ids, mask, width, completion_ids) -> torch.Tensor | None:
         """(N, T) log-probs of the reference (beta > 0; else None): the frozen copy's, or with LoRA the policy's with
         its adapter disabled."""
         if self.args.beta == 0.0:
             return None
         if self.ref_model is not None:
-            return self._logprobs(self.ref_model, ids, mask, width, response_ids)
+            return self.logprobs(self.ref_model, ids, mask, width, completion_ids)
         with adapter_disabled(model) as base:
-            return self._logprobs(base, ids, mask, width, response_ids)
+            return self.logprobs(base, ids, mask, width, completion_ids)
 
-    def save_merged(self) -> None:
-        """--merge_adapter: output_dir/merged/, the policy with its adapter merged (a plain transformers model).
-        Called when the run has ended (its process group too): the main process writes it alone."""
-        if self.accelerator.is_main_process:
-            policy = self.accelerator.unwrap_model(self.model)
-            write_merged(policy, self.tokenizer, os.path.join(self.args.output_dir, "merged"))
-
-    def sampler(self, max_new_tokens: int):
-        """The training sampler: temperature, top_k / top_p / min_p, repetition_penalty and generation_kwargs."""
+    def sampling_config(self, max_new_tokens: int):
+        """The training sampler's GenerationConfig: temperature, top_k / top_p / min_p, repetition_penalty and
+        generation_kwargs."""
         args, tok = self.args, self.tokenizer
         return sampling_config(
             max_new_tokens,
@@ -354,32 +328,31 @@ class GRPOTrainer:
     def sync_reference(self) -> None:
         """sync_ref_model (TR-DPO, Gorbatovski et al. 2024): ref <- alpha x policy + (1 - alpha) x ref."""
         alpha = self.args.ref_model_mixup_alpha
-        policy = self.accelerator.unwrap_model(self.model)
-        for ref, own in zip(self.ref_model.parameters(), policy.parameters(), strict=True):
+        for ref, own in zip(self.ref_model.parameters(), self.policy.parameters(), strict=True):
             ref.mul_(1 - alpha).add_(own.detach().to(ref.dtype), alpha=alpha)
 
-    def log_generation(self, outputs: list[RewardOutput], total, zero_std, resp, prompts, completions) -> None:
+    def log_generation(
+        self, outputs: list[RewardOutput], total, zero_std, completions: Completions, prompts, texts
+    ) -> None:
         """Completion lengths, rewards and true success of one generation, pooled when reduced. zero_std: (N,)
         whether each completion's group (which may span processes) had identical rewards."""
         m = self.run.metrics
-        lengths = resp.mask.sum(1).double()
+        lengths = completions.mask.sum(1).double()
         m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
         m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
         m.add_tensor(M.COMPLETIONS_MAX_LENGTH, lengths)
-        m.add_tensor(M.COMPLETIONS_CLIPPED_RATIO, (~resp.terminated).double())
+        m.add_tensor(M.COMPLETIONS_CLIPPED_RATIO, (~completions.terminated).double())
         for metric in (
             M.COMPLETIONS_MEAN_TERMINATED_LENGTH,
             M.COMPLETIONS_MIN_TERMINATED_LENGTH,
             M.COMPLETIONS_MAX_TERMINATED_LENGTH,
         ):
-            m.add_tensor(metric, lengths, resp.terminated)
+            m.add_tensor(metric, lengths, completions.terminated)
         self.rewards.log(m, outputs)
         m.add_tensor(M.REWARD, total)
         m.add_tensor(M.REWARD_STD, total)
         m.add_tensor(M.FRAC_REWARD_ZERO_STD, zero_std.double())
-        if self.task is not None:
-            correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
-            m.add(M.ROLLOUT_TASK_SUCCESS, float(sum(correct)), len(correct))
+        count_task_success(m, M.ROLLOUT_TASK_SUCCESS, self.task, prompts, texts)
 
     def optimize(self, micro_batches: list[tuple[GenerationBatch, int]]) -> None:
         """One optimizer step over micro-batches given as (generation, index of the micro-batch in it)."""
@@ -396,8 +369,8 @@ class GRPOTrainer:
         that its activations are released when it returns, before the next micro-batch's forward."""
         args = self.args
         mask = batch.loss_mask[idx]
-        logits = response_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.query_width)
-        logprobs = ops.logprobs_from_logits(logits, batch.response_ids[idx], args.temperature)
+        logits = response_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width)
+        logprobs = ops.logprobs_from_logits(logits, batch.completion_ids[idx], args.temperature)
         old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
         ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
         with torch.no_grad():
@@ -464,33 +437,21 @@ class GRPOTrainer:
     def evaluate(self, step: int) -> None:
         """Completions of the eval prompts (one greedy each, or num_generations_eval sampled as in training): mean
         total reward and, with a task, true success."""
-        args, acc, tok = self.args, self.accelerator, self.tokenizer
+        args, tok = self.args, self.tokenizer
         metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
-        size = args.per_device_eval_batch_size
-        rows, own = self.run.local_rows(self.eval_dataset)  # rows[own:]: lockstep padding, left out below
-        with self.run.gathered(self.model) as model:
-            model.eval()
-            if args.num_generations_eval:
-                rows = [row for row in rows for _ in range(args.num_generations_eval)]
-                own *= args.num_generations_eval
-                config = self.sampler(args.max_completion_length)
-                ids = [r["input_ids"] for r in rows]
-                chunks = complete(model, ids, config, self.stop_ids, tok.pad_token_id, size, acc.device)
-                batches = [(rows[i * size : (i + 1) * size], chunk) for i, chunk in enumerate(chunks)]
-            else:
-                max_new = args.max_completion_length
-                batches = list(greedy_completions(model, rows, tok, self.stop_ids, max_new, size, acc.device))
-            model.train()
-        for start, (part, chunk) in zip(range(0, len(rows), size), batches):
-            prompts = [r[args.dataset_text_field] for r in part]
-            resp = chunk.responses
-            completions = decode(tok, resp.ids, resp.mask)
-            outputs = self._score(part, prompts, completions, chunk)
-            total = self.rewards.total(outputs, prompts)
-            keep = max(0, min(len(part), own - start))  # this chunk's own rows
-            prompts, completions = prompts[:keep], completions[:keep]
-            metrics.add_tensor(M.EVAL_REWARD, total[:keep])
-            if self.task is not None:
-                correct = [self.task.check(p, c) for p, c in zip(prompts, completions)]
-                metrics.add(M.EVAL_TASK_SUCCESS, float(sum(correct)), len(correct))
-        self.run.logger.log(metrics.reduce(acc).scalars, step=step)
+        max_new, sampled = args.max_completion_length, args.num_generations_eval
+        config = (
+            self.sampling_config(max_new)
+            if sampled
+            else sampling_config(max_new, None, tok.pad_token_id, self.stop_ids)
+        )
+        size, repeat = args.per_device_eval_batch_size, sampled or 1
+        for part in eval_chunks(self.run, self.model, self.eval_dataset, config, size, repeat=repeat):
+            completions, chunk = part.chunk.completions, part.chunk
+            prompts = [r[args.dataset_text_field] for r in part.rows]
+            texts = decode(tok, completions.ids, completions.mask)
+            sequence, completion = (chunk.input_ids, chunk.attention_mask), (completions.ids, completions.mask)
+            total = self.rewards.total(self.rewards.score(part.rows, prompts, texts, sequence, completion), prompts)
+            metrics.add_tensor(M.EVAL_REWARD, total[: part.own])
+            count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])
+        self.run.logger.log(metrics.reduce(self.accelerator).scalars, step=step)

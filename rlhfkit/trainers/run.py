@@ -13,10 +13,7 @@ after the last) pools every sum and count added since the previous row, as the r
 over it; "last" metrics (lr, episode, eps, kl_coef, ...) are the values at the logged step. An unfinished window is
 part of a checkpoint, so a resumed run logs the same rows.
 
-What the run needs from its trainer (``start(trainer, ...)``): ``model`` and ``optimizer`` (prepared),
-``write_models(dir)`` and ``load_models(dir)``, ``state_dict()`` / ``load_state_dict(state)`` for the trainer's own
-state (PPO's KL controller, GRPO's batch in use), and ``evaluate(step)``, called on the evaluation schedule
-(``eval_strategy``, by default the sample-generation schedule) when the trainer has an ``eval_dataset``.
+What the run needs from its trainer (``start(trainer, ...)``) is the :class:`Trainee` protocol below.
 """
 
 from __future__ import annotations
@@ -37,42 +34,37 @@ from accelerate.utils import set_seed
 
 from rlhfkit.checkpoint import (
     ENGINE_DIR,
-    Interrupted,
-    NonFiniteStop,
     checkpoint_path,
     load_optimizer,
     load_process_state,
     read_state,
     resolve_checkpoint,
     save_checkpoint,
+    save_into,
     set_rng_state,
 )
-from rlhfkit.config import ConfigError, TrainConfig
+from rlhfkit.config import TrainConfig
 from rlhfkit.engines import (
     Engine,
     deepspeed_step,
     full_state_dict,
     gathered,
     make_accelerator,
+    name_deepspeed_accelerator,
     prepare_frozen,
     process_share,
 )
-from rlhfkit.health.watch import HealthStop, HealthWatch
+from rlhfkit.errors import ConfigError, HealthStop, Interrupted, NonFiniteStop
+from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.models import mixed_precision
+from rlhfkit.models import mixed_precision, write_merged
+from rlhfkit.optim import lr_schedule, set_lr
 from rlhfkit.tracking.logger import RunLogger
-from rlhfkit.tracking.rundir import CONFIG_FILE, METRICS_FILE, holds_run, read_config
+from rlhfkit.tracking.rundir import CONFIG_FILE, MERGED_DIR, METRICS_FILE, holds_run, read_config
 from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
-from rlhfkit.trainers.common import (
-    InterruptGuard,
-    StepGuard,
-    is_sample_step,
-    lr_schedule,
-    sample_every,
-    save_into,
-    set_lr,
-)
+from rlhfkit.trainers.guards import InterruptGuard, StepGuard
+from rlhfkit.trainers.schedule import Schedule
 
 
 def resolve_output_dir(args: TrainConfig) -> str:
@@ -98,17 +90,31 @@ def resolve_output_dir(args: TrainConfig) -> str:
 
 
 class Trainee(Protocol):
-    """What a trainer gives its run (see the module docstring)."""
+    """What a trainer gives its run."""
 
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    model: torch.nn.Module  # prepared by the accelerator: what the optimizer trains
+    optimizer: torch.optim.Optimizer  # prepared
+    tokenizer: Any  # saved with the models
     eval_dataset: Any  # evaluate() runs only when there is one
 
-    def write_models(self, directory: str) -> None: ...
-    def load_models(self, directory: Path) -> None: ...
-    def state_dict(self) -> dict[str, Any]: ...
+    @property
+    def policy(self) -> torch.nn.Module:
+        """The unwrapped policy (merged into output_dir/merged with --merge_adapter)."""
+
+    def write_models(self, directory: str, state_dict: dict | None = None) -> None:
+        """Save the models into `directory`; state_dict: the full weights gathered from a sharding engine, else
+        None (the models' own weights are whole)."""
+
+    def load_models(self, directory: Path, trained: bool = True) -> None:
+        """Load a checkpoint's models (the trained ones unless `trained` is False: the engine restored them)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's own state (PPO's KL controller, GRPO's batch in use)."""
+
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-    def evaluate(self, step: int) -> None: ...
+
+    def evaluate(self, step: int) -> None:
+        """Evaluate on eval_dataset and log it at `step` (on the --eval_strategy schedule)."""
 
 
 @dataclass
@@ -141,6 +147,7 @@ class TrainingRun:
         """Resolve output_dir and report_to, read the checkpoint to resume from, create the accelerator. Writes
         nothing: a bad flag or checkpoint fails here with output_dir untouched."""
         self.args = args
+        name_deepspeed_accelerator()
         resolve_output_dir(args)
         try:
             self.report_to = resolve_report_to(args.report_to)
@@ -210,13 +217,12 @@ class TrainingRun:
 
         num_steps: steps of the whole run. extra_metrics: template expansions the trainer logs (per-reward-function
         metrics). unit: what the progress bar counts ("update" for PPO). epoch_ends: the steps that end a pass over
-        the prompts (common.epoch_end_steps), for the epoch strategies; the last step always counts."""
+        the prompts (schedule.epoch_end_steps), for the epoch strategies; the last step always counts."""
         args = self.args
         self.trainer, self.num_steps, self.unit = trainer, num_steps, unit
         self.metrics = MetricAccumulator(extra_metrics)
-        self.sample_every = sample_every(num_steps, args.num_sample_generations)
+        self.schedule = Schedule(args, num_steps, epoch_ends)
         self.lr_at = lr_schedule(args, num_steps)
-        self.epoch_ends = frozenset(epoch_ends) | {num_steps}
         if self.resume is not None:
             self._restore(self.resume)
         self.logger = RunLogger(
@@ -319,14 +325,13 @@ class TrainingRun:
         Before the first: the evaluation at step 0 (num_sample_generations schedule, or --eval_on_start) and a resumed
         run's RNG states; during: SIGINT/SIGTERM become a clean stop at the end of the step; after the last: the final
         checkpoint (whatever --save_strategy), the models saved into output_dir (which then loads as the trained
-        policy) and the trackers closed."""
+        policy), the trackers closed and, with --merge_adapter, the merged policy in output_dir/merged."""
         args = self.args
         # Everything a step computes (sampling, scoring, the training forward, evaluation) runs under one precision:
-        # accelerate's autocast of --bf16 / --fp16 (nothing without), so the log-probs of the rollout and of the
+        # accelerate's autocast of --bf16 / --fp16 (nothing without), so the log-probs of sampling and of the
         # update agree as closely as that precision allows.
         autocast = self.accelerator.autocast
-        scheduled = args.eval_strategy == "no" and self.sample_every
-        if self.progress.step == 0 and (scheduled or args.eval_on_start):
+        if self.progress.step == 0 and self.schedule.evaluates_first():
             with autocast():
                 self._evaluate(step=0)
         if self._rng is not None:
@@ -339,8 +344,12 @@ class TrainingRun:
                 self._step_start = time.perf_counter()
                 yield step
         self.save_checkpoint(self.num_steps)
-        save_into(self.accelerator, self.args.output_dir, self._model_writer())
+        save_into(self.accelerator, args.output_dir, self._model_writer())
         self.logger.finish()
+        # After the final checkpoint and save, which keep the adapter; the run (its process group too) has ended, so
+        # the main process writes it alone.
+        if args.merge_adapter and self.accelerator.is_main_process:
+            write_merged(self.trainer.policy, self.trainer.tokenizer, os.path.join(args.output_dir, MERGED_DIR))
 
     def sampling_logprobs_exact(self, model: torch.nn.Module) -> bool:
         """Whether the log-probs computed while sampling (KV cache, one token at a time) can stand for a full
@@ -385,35 +394,6 @@ class TrainingRun:
         indices, own = process_share(len(dataset), acc.process_index, acc.num_processes, self.engine.lockstep)
         return [dataset[i] for i in indices], own
 
-    def is_log_step(self, step: int) -> bool:
-        """Whether `step` ends a logging window (--logging_strategy, --logging_first_step)."""
-        args = self.args
-        if args.logging_first_step and step == 1:
-            return True
-        if args.logging_strategy == "steps":
-            return step % args.logging_steps == 0 or step == self.num_steps
-        return args.logging_strategy == "epoch" and step in self.epoch_ends
-
-    def is_sample_step(self, step: int) -> bool:
-        """Whether the trainer evaluates and logs its completions table after `step` (--eval_strategy; with "no",
-        the num_sample_generations schedule)."""
-        args = self.args
-        if args.eval_strategy == "steps":
-            return step % (args.eval_steps or args.logging_steps) == 0 or step == self.num_steps
-        if args.eval_strategy == "epoch":
-            return step in self.epoch_ends
-        return is_sample_step(step, self.num_steps, self.sample_every)
-
-    def is_save_step(self, step: int) -> bool:
-        """Whether a checkpoint is saved after `step` during training (--save_strategy); the last step's is saved
-        when training ends, whatever the strategy."""
-        args = self.args
-        if step >= self.num_steps:
-            return False
-        if args.save_strategy == "steps":
-            return bool(args.save_steps) and step % args.save_steps == 0
-        return args.save_strategy == "epoch" and step in self.epoch_ends
-
     def end_step(self, step: int, scalars: Mapping[str, float] | None = None) -> None:
         """Close training step `step` (a collective: every process calls it).
 
@@ -424,16 +404,16 @@ class TrainingRun:
         self.metrics.add(M.STEP_TIME, time.perf_counter() - self._step_start, 1)
         self.progress.step, self.progress.elapsed = step, time.time() - self._start
         finding = None
-        if self.is_log_step(step):
+        if self.schedule.is_log_step(step):
             finding = self._log_window(step, scalars or {})
         elif self.args.logging_strategy == "no":  # no row will ever pool this window: drop it rather than grow it
             self.metrics.clear()
             self.guard.take_skipped()
         self.logger.progress(step, self.num_steps, {**self._row, **self._counters()}, unit=self.unit)
-        if self.is_sample_step(step):
+        if self.schedule.is_eval_step(step):
             self._evaluate(step)
         self._stop_if_asked(step, finding)
-        if self.is_save_step(step):
+        if self.schedule.is_save_step(step):
             self.save_checkpoint(step)
 
     def _counters(self) -> dict[str, float]:

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from rlhfkit.evaluation import JudgeError, Outcome, PairwiseJudge, RewardModelJudge, TaskJudge, make_judge
-from rlhfkit.models import ModelLoadError
+from rlhfkit.errors import JudgeError, ModelLoadError
+from rlhfkit.evaluation import Outcome, PairwiseJudge, RewardModelJudge, TaskJudge, make_judge
 from rlhfkit.tasks import load_task
 
 

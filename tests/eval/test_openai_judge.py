@@ -4,7 +4,8 @@ import socket
 
 import pytest
 
-from rlhfkit.evaluation import JudgeError, OpenAIJudge, Outcome, make_judge, parse_index, tally
+from rlhfkit.errors import JudgeError
+from rlhfkit.evaluation import OpenAIJudge, Outcome, make_judge, parse_index, tally
 
 from .chat_server import API_KEY, ChatServer, shown_completions
 

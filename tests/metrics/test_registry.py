@@ -1,16 +1,16 @@
 """The metric registry: names verbatim from the reference docs, complete declarations, fresh docs."""
 
 import ast
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from rlhfkit.metrics import registry
-from rlhfkit.metrics.registry import ALIASES, REGISTRY, Metric, metrics_for, older_names, render_markdown
+from rlhfkit.metrics.docs import render_markdown
+from rlhfkit.metrics.registry import ALIASES, REGISTRY, Metric, metrics_for, older_names
+from tests.helpers import expand_templates
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = Path("/work/shared/seeds")
@@ -144,7 +144,7 @@ def test_seed_004_lists_no_grpo_name_we_miss():
 def test_templates_expand_per_reward_function():
     mean = registry.expand(registry.REWARDS_FUNC_MEAN, "correctness")
     assert (mean.name, mean.reduction) == ("rewards/correctness/mean", "mean")
-    names = [m.name for m in registry.expand_templates(metrics_for("grpo"), ["a", "b"])]
+    names = [m.name for m in expand_templates(metrics_for("grpo"), ["a", "b"])]
     assert "rewards/a/mean" in names and "rewards/b/std" in names
     assert not any("{" in n for n in names)
     with pytest.raises(ValueError):
@@ -224,9 +224,7 @@ def test_older_names_are_the_older_trainers_names_only():
 
 def test_docs_metrics_md_is_fresh():
     path = ROOT / "docs" / "metrics.md"
-    assert path.read_text(encoding="utf-8") == render_markdown(), (
-        "docs/metrics.md is stale: run `python -m rlhfkit.metrics.registry > docs/metrics.md`"
-    )
+    assert path.read_text(encoding="utf-8") == render_markdown(), "docs/metrics.md is stale: run `make docs`"
 
 
 def test_docs_mention_every_metric_and_crucial_values_first():
@@ -237,12 +235,16 @@ def test_docs_mention_every_metric_and_crucial_values_first():
     assert ppo.index("### Crucial values") < ppo.index("### Watch for stability") < ppo.index("### Scalars")
 
 
-def test_module_entry_point_prints_the_markdown():
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    result = subprocess.run(
-        [sys.executable, "-m", "rlhfkit.metrics.registry"], capture_output=True, text=True, env=env, check=True
-    )
-    assert result.stdout == render_markdown()
+def test_make_docs_writes_the_markdown(tmp_path, monkeypatch):
+    """`python -m rlhfkit.docs` (make docs) writes the renderer's text into the page."""
+    from rlhfkit import docs
+
+    (tmp_path / "docs").mkdir()
+    monkeypatch.setattr(docs, "ROOT", tmp_path)
+    monkeypatch.setattr(docs, "PAGES", (docs.Page("docs/metrics.md", render_markdown),))
+    assert docs.main([]) == 0
+    assert (tmp_path / "docs" / "metrics.md").read_text(encoding="utf-8") == render_markdown()
+    assert docs.main(["--check"]) == 0
 
 
 def test_registry_imports_only_the_standard_library():

@@ -6,6 +6,7 @@ import torch
 from torch.testing import assert_close
 
 from rlhfkit import ops
+from tests.ops.grpo import grpo_loss
 
 
 def random_rollout(B=4, T=6, seed=0):
@@ -208,7 +209,7 @@ def test_grpo_per_token_loss_matches_scalar_reference():
     ref = logp + 0.3 * torch.randn(B, T, dtype=torch.float64)
     adv = torch.tensor([1.5, -0.7, 0.0, -2.0], dtype=torch.float64)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.bool)
-    out = ops.grpo_per_token_loss(logp, old, adv, mask, 0.2, 0.28, ref_logprobs=ref, beta=0.04)
+    out = grpo_loss(logp, old, adv, mask, 0.2, 0.28, ref_logprobs=ref, beta=0.04)
     for b in range(B):
         for t in range(T):
             if not mask[b, t]:
@@ -225,7 +226,7 @@ def test_grpo_per_token_loss_matches_scalar_reference():
 def test_grpo_loss_without_old_policy_has_ratio_one_and_no_clipping():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], requires_grad=True)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    out = ops.grpo_per_token_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), mask, 0.2, 0.2)
+    out = grpo_loss(logp, logp.detach(), torch.tensor([1.0, -1.0]), mask, 0.2, 0.2)
     assert torch.equal(out.ratio, torch.ones(2, 2)) and not out.low_clipped.any() and not out.high_clipped.any()
     # Value -A per token, gradient -A per token (d/dlogp of -r A at r = 1).
     assert torch.equal(out.per_token_loss, torch.tensor([[-1.0, -1.0], [1.0, 1.0]]))
@@ -360,7 +361,7 @@ def reference_grpo_variant(
 
 
 def run_grpo_variant(logp, old, ref, adv, mask, loss_type, level, delta, beta, bias_kl, token_mask=None):
-    out = ops.grpo_per_token_loss(
+    out = grpo_loss(
         logp, old, adv, mask, EPS_LOW, eps_high_for(loss_type), ref, beta, loss_type=loss_type,
         importance_sampling_level=level, delta=delta, use_bias_correction_kl=bias_kl, token_mask=token_mask,
     )  # fmt: skip
@@ -426,7 +427,7 @@ def test_grpo_variant_outputs_for_other_loss_types():
 def test_clipped_loss_types_share_the_per_token_loss():
     """grpo, bnpo, dr_grpo, dapo and luspo differ only in aggregation, and the default loss_type is theirs."""
     logp, old, ref, adv, mask = grpo_variant_inputs()
-    default = ops.grpo_per_token_loss(logp, old, adv, mask, EPS_LOW, EPS_HIGH, ref, 0.04)
+    default = grpo_loss(logp, old, adv, mask, EPS_LOW, EPS_HIGH, ref, 0.04)
     for loss_type in CLIPPED:
         out, _ = run_grpo_variant(logp, old, ref, adv, mask, loss_type, "token", None, 0.04, False)
         for field in GRPO_FIELDS:
@@ -520,7 +521,7 @@ def test_sapo_gate_at_ratio_one_has_the_surrogate_gradient():
     logp = torch.tensor([[-1.0, -2.0], [-0.5, -0.1]], dtype=torch.float64, requires_grad=True)
     mask = torch.ones(2, 2, dtype=torch.bool)
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    out = ops.grpo_per_token_loss(logp, logp.detach(), adv, mask, 0.2, 0.2, loss_type="sapo")
+    out = grpo_loss(logp, logp.detach(), adv, mask, 0.2, 0.2, loss_type="sapo")
     assert_close(out.per_token_loss, torch.tensor([[-2.0, -2.0], [2 / 1.05, 2 / 1.05]], dtype=torch.float64))
     out.per_token_loss.sum().backward()
     assert_close(logp.grad, torch.tensor([[-1.0, -1.0], [1.0, 1.0]], dtype=torch.float64))
@@ -531,9 +532,7 @@ def test_sequence_level_ratio_is_the_exp_of_the_mean_token_log_ratio():
     logp = torch.tensor([[0.1, 0.3, 50.0], [-0.2, -0.2, -0.2]], dtype=torch.float64, requires_grad=True)
     mask = torch.tensor([[True, True, False], [True, True, True]])
     adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
-    out = ops.grpo_per_token_loss(
-        logp, torch.zeros_like(logp), adv, mask, 0.2, 0.28, importance_sampling_level="sequence"
-    )
+    out = grpo_loss(logp, torch.zeros_like(logp), adv, mask, 0.2, 0.28, importance_sampling_level="sequence")
     r0, r1 = math.exp(0.2), math.exp(-0.2)
     assert_close(out.ratio, torch.tensor([[r0, r0, 0.0], [r1, r1, r1]], dtype=torch.float64))
     # -min(r A, clip(r) A): row 0 unclipped (1.22 < 1.28) -> -r0; row 1 A < 0, r1 = 0.82 inside -> +r1
@@ -553,7 +552,7 @@ def test_bias_corrected_kl_keeps_the_ratio_in_the_graph():
     grads = {}
     for bias in (False, True):
         logp.grad = None
-        out = ops.grpo_per_token_loss(logp, logp.detach(), adv, mask, 0.2, 0.2, ref, 1.0, use_bias_correction_kl=bias)
+        out = grpo_loss(logp, logp.detach(), adv, mask, 0.2, 0.2, ref, 1.0, use_bias_correction_kl=bias)
         out.per_token_loss.sum().backward()
         grads[bias] = logp.grad.clone()
     d = ref - logp.detach()
@@ -567,7 +566,7 @@ def test_delta_caps_the_unclipped_ratio():
     # r = e^1 = 2.72 > delta = 2 with A = -1: -min(2 * -1, 1.28 * -1) = 2 instead of 2.72; gradient 0 there
     logp = torch.tensor([[1.0, 1.0, 0.1]], dtype=torch.float64, requires_grad=True)
     adv_neg, mask = torch.tensor([-1.0], dtype=torch.float64), torch.ones(1, 3, dtype=torch.bool)
-    out = ops.grpo_per_token_loss(logp, torch.zeros_like(logp), adv_neg, mask, 0.2, 0.28, delta=2.0)
+    out = grpo_loss(logp, torch.zeros_like(logp), adv_neg, mask, 0.2, 0.28, delta=2.0)
     assert_close(out.per_token_loss, torch.tensor([[2.0, 2.0, math.exp(0.1)]], dtype=torch.float64))
     assert_close(out.ratio, torch.tensor([[math.e, math.e, math.exp(0.1)]], dtype=torch.float64))
     out.per_token_loss.sum().backward()
@@ -576,9 +575,9 @@ def test_delta_caps_the_unclipped_ratio():
     # TRL flags the capped ratio min(r, delta): with delta <= 1 + eps_high (GRPOConfig refuses it) a ratio above the
     # clip range with A > 0 is no longer flagged, though its gradient is 0 all the same
     adv_pos = torch.tensor([1.0], dtype=torch.float64)
-    out = ops.grpo_per_token_loss(logp, torch.zeros_like(logp), adv_pos, mask, 0.2, 0.28, delta=1.1)
+    out = grpo_loss(logp, torch.zeros_like(logp), adv_pos, mask, 0.2, 0.28, delta=1.1)
     assert out.high_clipped.tolist() == [[False, False, False]]
-    assert ops.grpo_per_token_loss(logp, torch.zeros_like(logp), adv_pos, mask, 0.2, 0.28).high_clipped[0, 0]
+    assert grpo_loss(logp, torch.zeros_like(logp), adv_pos, mask, 0.2, 0.28).high_clipped[0, 0]
 
 
 def test_cispo_caps_the_weight_not_the_gradient():
@@ -586,12 +585,12 @@ def test_cispo_caps_the_weight_not_the_gradient():
     logp = torch.tensor([[1.0, 0.1], [1.0, 0.1]], dtype=torch.float64)
     adv = torch.tensor([2.0, -2.0], dtype=torch.float64)
     mask = torch.ones(2, 2, dtype=torch.bool)
-    out = ops.grpo_per_token_loss(logp, torch.zeros_like(logp), adv, mask, 0.2, 1.2, loss_type="cispo")
+    out = grpo_loss(logp, torch.zeros_like(logp), adv, mask, 0.2, 1.2, loss_type="cispo")
     w = math.exp(0.1)
     assert_close(out.per_token_loss, torch.tensor([[-2.4, -2 * w * 0.1], [2.4, 2 * w * 0.1]], dtype=torch.float64))
     assert out.cispo_clipped.tolist() == [[True, False], [False, False]]
     # a ratio exactly at the cap is not clipped (strict >)
-    out = ops.grpo_per_token_loss(logp, logp, adv, mask, 0.2, 1.0, loss_type="cispo")
+    out = grpo_loss(logp, logp, adv, mask, 0.2, 1.0, loss_type="cispo")
     assert torch.equal(out.ratio, torch.ones(2, 2, dtype=torch.float64)) and not out.cispo_clipped.any()
 
 
@@ -607,13 +606,15 @@ def test_vespo_gamma_weights_hand_computed():
     )
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.bool)
     adv = torch.tensor([0.0, -1.0, 1.0, math.nan], dtype=torch.float64)
-    phi = ops.vespo_gamma_weights(log_ratio.requires_grad_(True), adv, mask)
+    phi = ops.vespo_gamma_weights(log_ratio.requires_grad_(True), adv, mask, 2.0, 3.0, 3.0, 2.0)
     assert_close(phi, torch.tensor([4 * math.exp(-3), math.e / 8, 0.0, 1.0], dtype=torch.float64))
     assert not phi.requires_grad
     # the weight peaks at w = k / lambda: 2/3 for A >= 0 and 3/2 for A < 0, with phi(1) = 1
     grid = torch.linspace(-1.5, 1.5, 301, dtype=torch.float64)[:, None]
     for a, peak in ((1.0, 2 / 3), (-1.0, 3 / 2)):
-        phis = ops.vespo_gamma_weights(grid, torch.full((301,), a, dtype=torch.float64), torch.ones(301, 1).bool())
+        phis = ops.vespo_gamma_weights(
+            grid, torch.full((301,), a, dtype=torch.float64), torch.ones(301, 1).bool(), 2.0, 3.0, 3.0, 2.0
+        )
         assert abs(grid[phis.argmax(), 0].exp().item() - peak) < 0.01
         assert_close(phis[150], torch.tensor(1.0, dtype=torch.float64))
 
@@ -636,11 +637,11 @@ def test_extreme_log_probs_stay_finite_in_float32():
 def test_unknown_options_are_refused():
     x, mask = torch.zeros(1, 2), torch.ones(1, 2, dtype=torch.bool)
     with pytest.raises(ValueError, match="loss_type"):
-        ops.grpo_per_token_loss(x, x, torch.zeros(1), mask, 0.2, 0.2, loss_type="ppo")
+        grpo_loss(x, x, torch.zeros(1), mask, 0.2, 0.2, loss_type="ppo")
     with pytest.raises(ValueError, match="importance_sampling_level"):
-        ops.grpo_per_token_loss(x, x, torch.zeros(1), mask, 0.2, 0.2, importance_sampling_level="batch")
+        grpo_loss(x, x, torch.zeros(1), mask, 0.2, 0.2, importance_sampling_level="batch")
     with pytest.raises(ValueError, match="ref_logprobs"):
-        ops.grpo_per_token_loss(x, x, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, loss_type="vespo")
+        grpo_loss(x, x, torch.zeros(1), mask, 0.2, 0.2, beta=0.1, loss_type="vespo")
     with pytest.raises(ValueError, match="num_items"):
         ops.aggregate_token_loss(x, mask, "cispo")
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from rlhfkit.cli import COMMANDS
-from rlhfkit.report import ReportError, build_report, cmd_report, load_run
+from rlhfkit.errors import ReportError
+from rlhfkit.report import build_report, cmd_report, load_run
 from rlhfkit.report.build import _markers
 from rlhfkit.report.charts import Marker
 from rlhfkit.report.page import differing_keys, flatten, sample_steps

@@ -139,7 +139,7 @@ def test_every_other_accelerate_tracker_gets_trls_keys(tiny_assets, tmp_path, mo
     import accelerate.utils
     from accelerate.tracking import LOGGER_TYPE_TO_CLASS, GeneralTracker
 
-    from rlhfkit.builders import build_ppo_trainer
+    from rlhfkit.trainers.build import build_ppo_trainer
     from tests.trainers.test_ppo import small_config
 
     logged = []

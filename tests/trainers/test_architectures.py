@@ -19,10 +19,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlhfkit import rollout
-from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
-from rlhfkit.data import left_pad
-from rlhfkit.rollout import complete, generate, sampling_config, terminator_ids
+from rlhfkit.sampling import complete, fallback, generate, left_pad, sampling_config, terminator_ids
+from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
 from tests.helpers import full_forward_logprobs
 from tests.tiny_models import ARCHITECTURES, Arch, save_tiny_models
 from tests.trainers.test_grpo import grpo_config
@@ -65,13 +63,13 @@ def test_lean_loop_matches_generate(checkpoints):
         torch.manual_seed(0)
         temperature = 0.7
         sampled = sampling_config(12, temperature, tokenizer.pad_token_id, stop)
-        (chunk,) = complete(model, prompts * 4, sampled, stop, tokenizer.pad_token_id, batch_size=16)
+        (chunk,) = complete(model, prompts * 4, sampled, batch_size=16)
     theirs = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=greedy)[:, ids.shape[1] :]
     assert torch.equal(ours, theirs)
-    assert type(model) not in rollout._NO_LEAN_LOOP
+    assert type(model) not in fallback._NO_LEAN_LOOP
     assert not [w for w in caught if "lean KV-cache decoding loop" in str(w.message)]
     expected = full_forward_logprobs(model, chunk, temperature)
-    m = chunk.responses.mask
+    m = chunk.completions.mask
     torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
 
 

@@ -8,11 +8,13 @@ import pytest
 import torch
 from datasets import load_from_disk
 
-from rlhfkit import GRPOConfig, GRPOTrainer, rollout
-from rlhfkit.builders import build_grpo_trainer
+from rlhfkit import GRPOConfig, GRPOTrainer
+from rlhfkit.errors import RewardFunctionError
 from rlhfkit.metrics import registry
-from rlhfkit.rewards import RewardFunctionError
+from rlhfkit.sampling import decoders
 from rlhfkit.tasks import load_task
+from rlhfkit.trainers.build import build_grpo_trainer
+from tests.helpers import expand_templates
 from tests.trainers import grpo_rewards
 
 
@@ -83,7 +85,7 @@ def train_rows(rows):
 def test_logs_exactly_the_registry_set(run):
     trainer, rows, _, _ = run
     logged = set().union(*(r.keys() for r in rows)) - {"step"}
-    expected = registry.expand_templates(registry.metrics_for("grpo"), ["correctness", "recorded_length"])
+    expected = expand_templates(registry.metrics_for("grpo"), ["correctness", "recorded_length"])
     other_losses = {"cispo_clip_ratio", "vespo/phi_seq_mean"}  # logged by loss_type cispo / vespo only
     assert logged == {m.name for m in expected} - other_losses
 
@@ -169,7 +171,7 @@ def test_static_cache_trains_as_the_dynamic_cache(tiny_assets, tmp_path):
         trainer = build_grpo_trainer(args)
         trainer.train()
         logged[implementation] = train_rows(read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")))
-        compiled = trainer.accelerator.unwrap_model(trainer.model) in rollout._STATIC_STEPS
+        compiled = trainer.accelerator.unwrap_model(trainer.model) in decoders._STATIC_STEPS
         assert compiled == (implementation == "static")
     for dynamic, static in zip(logged["dynamic"], logged["static"], strict=True):
         for key in ("reward", "completions/mean_length", "num_tokens"):

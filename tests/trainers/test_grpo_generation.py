@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from rlhfkit import GRPOConfig
-from rlhfkit.builders import build_grpo_trainer
-from rlhfkit.config import ConfigError
+from rlhfkit.errors import ConfigError
 from rlhfkit.ops.losses import LOSS_TYPES
+from rlhfkit.trainers.build import build_grpo_trainer
 from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows
 
 SPLIT_DEPENDENT = {"bnpo"}  # token mean per micro-batch: the split changes the weights of the tokens

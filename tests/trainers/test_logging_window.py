@@ -15,8 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.metrics.registry import REGISTRY, expand, is_template
+from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
 from tests.trainers.test_strategies import small_prompts

@@ -13,13 +13,15 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.args import parse_config
-from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.cli import main
-from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig
+from rlhfkit.config import GRPOConfig, PPOConfig
+from rlhfkit.config.parse import parse_config
+from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry
 from rlhfkit.models import is_peft_model, load_scalar_model, policy_logits, response_logits, with_lora
-from tests.helpers import asset_flags
+from rlhfkit.ops import logprobs_from_logits
+from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
+from tests.helpers import asset_flags, expand_templates
 from tests.test_cli import rlhfkit
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import read_jsonl, small_config, update_rows
@@ -52,7 +54,7 @@ def copies_of(weights: dict[str, torch.Tensor], trainer) -> dict[str, int]:
 
 def prompts_batch(trainer, n=8):
     """(ids, mask) of n eval prompts, left-padded as in training."""
-    from rlhfkit.data import left_pad
+    from rlhfkit.sampling import left_pad
 
     rows = [trainer.eval_dataset[i]["input_ids"] for i in range(n)]
     return left_pad(rows, trainer.tokenizer.pad_token_id)
@@ -89,7 +91,7 @@ def test_ppo_trains_the_adapters_only(ppo_run, tiny_assets):
     assert all(is_adapter(n) for n, p in model.named_parameters() if p.requires_grad)
     # The same metrics as a full run, every update finite.
     logged = set().union(*(r.keys() for r in rows)) - {"step"}
-    assert logged == {m.name for m in registry.expand_templates(registry.metrics_for("ppo"), [])}
+    assert logged == {m.name for m in expand_templates(registry.metrics_for("ppo"), [])}
     assert [r["step"] for r in update_rows(rows)] == [1, 2, 3]
 
 
@@ -103,9 +105,12 @@ def test_ppo_reference_is_the_base_model_without_a_second_copy(ppo_run, tiny_ass
     ids, mask = prompts_batch(trainer)
     with torch.no_grad():
         width = 2  # the logits that predict tokens 2.. (all but the first two positions are "response")
-        reference = trainer.reference_logits(trainer.unwrapped, ids, mask, width)
-        expected = response_logits(base, ids, mask, width)
-        policy = response_logits(trainer.unwrapped.policy.eval(), ids, mask, width)
+        tokens, temperature = ids[:, width:], trainer.args.temperature
+        reference = trainer.reference_logprobs(trainer.unwrapped, ids, mask, width, tokens)
+        expected = logprobs_from_logits(response_logits(base, ids, mask, width), tokens, temperature)
+        policy = logprobs_from_logits(
+            response_logits(trainer.unwrapped.policy.eval(), ids, mask, width), tokens, temperature
+        )
     assert torch.equal(reference, expected)
     assert not torch.allclose(policy, expected)
     assert trainer.unwrapped.policy.training is False  # adapter_disabled restored the mode it found
@@ -203,8 +208,8 @@ def test_grpo_reference_is_the_base_model_without_a_second_copy(grpo_run, tiny_a
     # The reference log-probs of the batch generated at step 3 (after two updates) are the base checkpoint's.
     batch = trainer._batch
     with torch.no_grad():
-        expected = trainer._logprobs(
-            base, batch.input_ids, batch.attention_mask, batch.query_width, batch.response_ids
+        expected = trainer.logprobs(
+            base, batch.input_ids, batch.attention_mask, batch.prompt_width, batch.completion_ids
         )
     assert torch.equal(batch.ref_logprobs, expected)
 
@@ -312,7 +317,8 @@ def test_two_processes_train_lora_and_write_the_merged_policy(tiny_assets, tmp_p
 
 
 def test_an_adapter_whose_base_is_gone_is_a_clear_error(ppo_run, tmp_path):
-    from rlhfkit.models import ModelLoadError, load_policy
+    from rlhfkit.errors import ModelLoadError
+    from rlhfkit.models import load_policy
 
     trainer, _, _ = ppo_run
     moved = tmp_path / "adapter"

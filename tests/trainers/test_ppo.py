@@ -7,9 +7,10 @@ import os
 import pytest
 import torch
 
-from rlhfkit.builders import build_ppo_trainer
 from rlhfkit.config import PPOConfig
 from rlhfkit.metrics import registry
+from rlhfkit.trainers.build import build_ppo_trainer
+from tests.helpers import expand_templates
 
 
 def small_config(assets, tmp_path, **overrides) -> PPOConfig:
@@ -61,7 +62,7 @@ def update_rows(rows):
 def test_logs_exactly_the_registry_set(run):
     _, rows, _ = run
     logged = set().union(*(r.keys() for r in rows)) - {"step"}
-    expected = {m.name for m in registry.expand_templates(registry.metrics_for("ppo"), [])}  # no reward_funcs
+    expected = {m.name for m in expand_templates(registry.metrics_for("ppo"), [])}  # no reward_funcs
     assert logged == expected
 
 

@@ -10,11 +10,12 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
 from rlhfkit import PPOTrainer
-from rlhfkit.builders import build_ppo_trainer
-from rlhfkit.config import ConfigError, PPOConfig
+from rlhfkit.config import PPOConfig
+from rlhfkit.errors import ConfigError, RewardFunctionError
 from rlhfkit.metrics import registry
 from rlhfkit.models import token_values, value_model_from_policy
-from rlhfkit.rewards import RewardFunctionError
+from rlhfkit.trainers.build import build_ppo_trainer
+from tests.helpers import expand_templates
 from tests.trainers import grpo_rewards
 from tests.trainers.test_ppo import read_jsonl, small_config, update_rows
 from tests.trainers.test_resume import assert_same_run, resume_from
@@ -26,10 +27,10 @@ def functions_only(assets, tmp_path, **overrides) -> PPOConfig:
 
 
 class CapturingTrainer(PPOTrainer):
-    """Keeps every rollout batch, to check its scores against the reward sources computed independently."""
+    """Keeps every generation batch, to check its scores against the reward sources computed independently."""
 
-    def rollout(self, rows):
-        batch = super().rollout(rows)
+    def generate_and_score(self, rows):
+        batch = super().generate_and_score(rows)
         self.batches = [*getattr(self, "batches", []), (rows, batch)]
         return batch
 
@@ -49,8 +50,8 @@ def python_api_trainer(assets, tmp_path, reward_funcs, with_reward_model=True, *
 
 
 def reference_rm_score(reward_model, batch, b: int) -> float:
-    """The reward model's score of rollout b, from its unpadded tokens alone: the last token's value, float64."""
-    ids = torch.cat([batch.query_ids[b][batch.query_mask[b]], batch.response_ids[b][batch.response_mask[b]]])
+    """The reward model's score of completion b, from its unpadded tokens alone: the last token's value, float64."""
+    ids = torch.cat([batch.prompt_ids[b][batch.prompt_mask[b]], batch.completion_ids[b][batch.completion_mask[b]]])
     model = reward_model.double()
     hidden = model.model(input_ids=ids[None]).last_hidden_state
     return model.score(hidden)[0, -1, 0].item()
@@ -76,7 +77,7 @@ def test_one_function_alone_trains_with_a_value_model_from_the_policy(tiny_asset
     trainer.train()
     rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
     logged = set().union(*(r.keys() for r in rows)) - {"step"}
-    assert logged == {m.name for m in registry.expand_templates(registry.metrics_for("ppo"), ["recorded_length"])}
+    assert logged == {m.name for m in expand_templates(registry.metrics_for("ppo"), ["recorded_length"])}
 
     # Each update's objective/scores is the mean of the function's rewards for that update's 16 rollouts.
     calls = [json.loads(line) for line in open(f"{record}.rank0")]
@@ -104,7 +105,7 @@ def test_function_and_reward_model_are_weighted(tiny_assets, tmp_path):
     trainer.train()
     (rows, batch), = trainer.batches  # fmt: skip
     for b in range(0, 16, 5):
-        expected = 2.0 * len(batch.responses[b]) / 10 + 0.5 * reference_rm_score(trainer.reward_model, batch, b)
+        expected = 2.0 * len(batch.completions[b]) / 10 + 0.5 * reference_rm_score(trainer.reward_model, batch, b)
         assert batch.scores[b].item() == pytest.approx(expected, abs=1e-4)
     (row,) = update_rows(read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl")))
     combined = 2.0 * row["rewards/recorded_length/mean"] + 0.5 * row["rewards/reward/mean"]

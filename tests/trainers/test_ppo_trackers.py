@@ -10,10 +10,10 @@ import pytest
 
 from rlhfkit.metrics import registry
 from rlhfkit.tracking.logger import tracker_key
-from tests.helpers import asset_flags
+from tests.helpers import asset_flags, expand_templates
 
 # A reward model alone: no rewards/<name>/ templates (they come with --reward_funcs).
-PPO_SCALARS = {tracker_key(m.name) for m in registry.expand_templates(registry.metrics_for("ppo"), [])}
+PPO_SCALARS = {tracker_key(m.name) for m in expand_templates(registry.metrics_for("ppo"), [])}
 PPO_SCALARS |= {"train/global_step"}
 PPO_HISTOGRAMS = {tracker_key(m.name) for m in registry.metrics_for("ppo", kind="histogram")}
 # The older trainer's names (seeds 000/001), sent unprefixed with --log_legacy_names.

@@ -9,10 +9,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.cli import main
 from rlhfkit.models import enable_gradient_checkpointing, load_scalar_model, policy_logits, token_values
-from rlhfkit.trainers.common import StepGuard
+from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
+from rlhfkit.trainers.guards import StepGuard
 from tests.helpers import asset_flags
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
@@ -182,8 +182,8 @@ def test_lora_with_gradient_checkpointing_under_bf16(tiny_assets, tmp_path):
 
 
 def test_bf16_is_an_on_off_flag_on_the_command_line():
-    from rlhfkit.args import parse_config
     from rlhfkit.config import PPOConfig
+    from rlhfkit.config.parse import parse_config
 
     assert parse_config(PPOConfig, ["--bf16"], "rlhfkit ppo")[0].bf16 is True
     assert parse_config(PPOConfig, ["--bf16", "false"], "rlhfkit ppo")[0].bf16 is False

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
+from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
 from tests.helpers import asset_flags
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
@@ -197,7 +197,7 @@ def test_a_failing_tracker_is_dropped_and_training_goes_on(tiny_assets, tmp_path
 def test_nonfinite_losses_skip_steps_then_stop_with_a_checkpoint(tiny_assets, tmp_path, limit):
     """Rewards that overflow make the loss NaN: the NaN health rule fires, the steps are skipped, then training stops.
     (A reward function's own NaN means "not applicable", as None: tests/test_rewards.py.)"""
-    from rlhfkit.checkpoint import NonFiniteStop
+    from rlhfkit.errors import NonFiniteStop
 
     args = grpo_config(
         tiny_assets, tmp_path, reward_funcs=["tests.trainers.grpo_rewards:overflowing_reward"], max_steps=5,

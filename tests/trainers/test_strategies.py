@@ -11,8 +11,8 @@ import pytest
 from datasets import DatasetDict, load_from_disk
 from transformers import AutoModelForCausalLM
 
-from rlhfkit.builders import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.data import endless_batches, tokenize_prompts
+from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
 from rlhfkit.trainers.grpo import GRPOTrainer
 from tests.trainers import grpo_rewards
 from tests.trainers.test_grpo import grpo_config

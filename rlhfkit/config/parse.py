@@ -5,7 +5,7 @@ transformers' HfArgumentParser reads the flags; the values are then checked by t
 end numbers that do not parse reach the rules as text ("2.5" for an integer field) instead of stopping argparse
 with a message that has no valid range.
 
-TRL's flags that rlhfkit does not take (rlhfkit.trl_flags) are refused before parsing with their reason, so they
+TRL's flags that rlhfkit does not take (config/trl_flags.py) are refused before parsing with their reason, so they
 never read as unknown flags; the few accepted and ignored ones are dropped here, with their values.
 """
 
@@ -16,12 +16,9 @@ import os
 from collections.abc import Sequence
 from types import MappingProxyType
 
-from rlhfkit import trl_flags
-from rlhfkit.config import config_field_names
-
-
-class UsageError(ValueError):
-    """The command line itself is wrong (unknown flag, missing value, unreadable --config file)."""
+from rlhfkit.config import trl_flags
+from rlhfkit.config.train import config_field_names
+from rlhfkit.errors import UsageError
 
 
 def explicit_flags(argv: Sequence[str], names: Sequence[str] = ()) -> set[str]:

@@ -1,19 +1,12 @@
-"""Shared trainer pieces: the learning-rate schedules, the optimizers, the sample and epoch schedules."""
+"""The optimizer and the learning-rate schedules (rlhfkit/optim.py), against transformers' own."""
 
 import pytest
 import torch
 from transformers import get_scheduler
 from transformers.optimization import Adafactor
 
-from rlhfkit.config import LR_SCHEDULER_TYPES, OPTIMIZERS, GRPOConfig, PPOConfig, warmup_steps
-from rlhfkit.trainers.common import (
-    StepGuard,
-    epoch_end_steps,
-    is_sample_step,
-    lr_schedule,
-    make_optimizer,
-    sample_every,
-)
+from rlhfkit.config import GRPOConfig, PPOConfig
+from rlhfkit.optim import LR_SCHEDULER_TYPES, OPTIMIZERS, lr_schedule, make_optimizer, warmup_steps
 
 SCHEDULE_KWARGS = {"cosine_with_min_lr": {"min_lr_rate": 0.1}, "cosine": {"num_cycles": 0.4}}
 
@@ -110,38 +103,7 @@ def test_unsupported_optimizers_and_schedules_name_the_supported_ones():
         PPOConfig(lr_scheduler_kwargs={"min_lr_rate": 0.1})
 
 
-def test_epoch_ends():
-    # 40 prompts, 16 per update: passes end during updates 3 (48 >= 40) and 5 (80 >= 80); the last step always counts.
-    assert epoch_end_steps(6, 40, 16) == {3, 5, 6}
-    # GRPO: 4 prompts per generation of 6 prompts, 2 steps per generation: passes end with generations 2 and 3.
-    assert epoch_end_steps(6, 6, 4, steps_per_draw=2) == {4, 6}
-    assert epoch_end_steps(5, 6, 4, steps_per_draw=2) == {4, 5}  # the last generation serves one step
-    assert epoch_end_steps(3, 100, 8) == {3}  # no pass ends before the last step
-
-
 def test_warmup_steps_from_ratio_or_count():
     assert warmup_steps(GRPOConfig(warmup_ratio=0.1), 100) == 10
     assert warmup_steps(GRPOConfig(warmup_ratio=0.1, warmup_steps=3), 100) == 3
     assert warmup_steps(GRPOConfig(warmup_ratio=0.5), 1) == 0  # a one-step run has no room to warm up
-
-
-def test_sample_schedule():
-    every = sample_every(25, 10)
-    assert every == 2 and [s for s in range(1, 26) if is_sample_step(s, 25, every)][-2:] == [24, 25]
-    assert sample_every(25, 0) == 0 and not is_sample_step(5, 25, 0)
-
-
-def test_a_step_an_engine_took_itself_is_counted_as_the_run_counts_its_own():
-    """StepGuard.record (DeepSpeed steps inside accelerator.backward): a step that did not change the weights is a
-    skipped step; it moves the streak that stops training unless fp16 loss scaling is still settling (scale >= 1)."""
-    guard = StepGuard(max_streak=2)
-    assert guard.record(1.5, applied=True) == 1.5 and guard.streak == 0
-    guard.record(float("nan"), applied=False)
-    assert guard.streak == 1
-    guard.record(float("inf"), applied=False, loss_scale=65536.0)  # an fp16 overflow while the scale settles
-    assert (guard.take_skipped(), guard.streak) == (2, 0)
-    guard.record(float("nan"), applied=False, loss_scale=0.5)
-    guard.record(float("nan"), applied=False, loss_scale=0.5)
-    assert guard.streak == 2 and guard.exhausted
-    guard.record(0.3, applied=True)
-    assert guard.streak == 0 and guard.take_skipped() == 2

@@ -1,0 +1,45 @@
+"""Training configurations with TRL's field names, so a TRL command line (or script) works unchanged.
+
+- rules.py: the values each field accepts (declared next to the field, checked as a config is built, shown in --help);
+- train.py: TrainConfig, what every trainer shares; ppo.py, grpo.py: PPOConfig and GRPOConfig;
+- batch_sizes.py: the sizes that follow from the flags, the number of processes and the dataset (exact divisions);
+- parse.py: from a command line and a --config YAML file to a checked config;
+- trl_flags.py: TRL's flags that rlhfkit does not take, and why (docs/trl-flags.md).
+"""
+
+from rlhfkit.config.batch_sizes import (
+    GRPOBatchSizes,
+    PPOBatchSizes,
+    exact_div,
+    grpo_batch_sizes,
+    grpo_generation_shape,
+    ppo_batch_sizes,
+)
+from rlhfkit.config.grpo import GRPOConfig
+from rlhfkit.config.ppo import PPO_KL_ESTIMATORS, PPOConfig
+from rlhfkit.config.train import (
+    EVAL_STRATEGIES,
+    LOGGING_STRATEGIES,
+    SAVE_STRATEGIES,
+    TrainConfig,
+    config_field_names,
+)
+from rlhfkit.errors import ConfigError
+
+__all__ = [
+    "EVAL_STRATEGIES",
+    "LOGGING_STRATEGIES",
+    "PPO_KL_ESTIMATORS",
+    "SAVE_STRATEGIES",
+    "ConfigError",
+    "GRPOBatchSizes",
+    "GRPOConfig",
+    "PPOBatchSizes",
+    "PPOConfig",
+    "TrainConfig",
+    "config_field_names",
+    "exact_div",
+    "grpo_batch_sizes",
+    "grpo_generation_shape",
+    "ppo_batch_sizes",
+]

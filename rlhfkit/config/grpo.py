@@ -1,0 +1,300 @@
+"""GRPOConfig: the hyper-parameters of GRPOTrainer, with the names, meanings and defaults of TRL 1.16's GRPOConfig."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from rlhfkit.config.batch_sizes import grpo_generation_shape
+from rlhfkit.config.rules import FLAG, JSON_OBJECT, PATH, ListOf, OneOf, OrNone, inherited, integer, meta, number
+from rlhfkit.config.train import TrainConfig
+from rlhfkit.errors import ConfigError
+from rlhfkit.ops.advantages import GROUP_SCALES
+from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
+
+
+@dataclass
+class GRPOConfig(TrainConfig):
+    """Hyper-parameters of :class:`rlhfkit.GRPOTrainer` (names, meanings and defaults as in TRL's ``GRPOConfig``).
+
+    As in TRL, ``per_device_train_batch_size`` counts completions: 16 with ``num_generations=8`` is 2 prompts.
+    """
+
+    exp_name: str = inherited(TrainConfig, "exp_name", "grpo")
+    reward_model_path: list[str] | None = field(
+        default=None,
+        metadata=meta(
+            "Reward models (sequence classification, 1 label, own tokenizer; hub ids or local directories) added to "
+            "reward_funcs.",
+            OrNone(ListOf(PATH)),
+        ),
+    )
+    reward_model_name_or_path: str | None = field(
+        default=None,
+        metadata=meta(
+            "TRL's grpo script's name for one reward model: added to reward_model_path (after its entries).",
+            OrNone(PATH),
+        ),
+    )
+
+    # --- batch sizes and length of training ------------------------------------------------------
+    learning_rate: float = inherited(TrainConfig, "learning_rate", 1e-6)
+    per_device_train_batch_size: int = inherited(
+        TrainConfig,
+        "per_device_train_batch_size",
+        8,
+        help="Completions per device per micro-batch. A group's completions may span micro-batches and devices: "
+        "only the generation batch must hold whole groups.",
+    )
+    steps_per_generation: int | None = field(
+        default=None,
+        metadata=meta(
+            "Micro-batches each generation is split into (TRL): one generation holds per_device_train_batch_size x "
+            "steps_per_generation completions per device. Default: gradient_accumulation_steps (one generation per "
+            "optimizer step). Set at most one of this and generation_batch_size.",
+            OrNone(integer(ge=1)),
+        ),
+    )
+    generation_batch_size: int | None = field(
+        default=None,
+        metadata=meta(
+            "Completions per generation, all devices (TRL): a multiple of per_device_train_batch_size x processes "
+            "and of num_generations. Default: per_device_train_batch_size x processes x steps_per_generation.",
+            OrNone(integer(ge=1)),
+        ),
+    )
+    max_steps: int = field(
+        default=-1,
+        metadata=meta(
+            "Optimizer steps to train for; -1: num_train_epochs passes over the prompts.", integer(ge=1, also=(-1,))
+        ),
+    )
+    num_iterations: int = field(
+        default=1,
+        metadata=meta("Optimizer steps on each generated batch (mu in the GRPO paper).", integer(ge=1)),
+    )
+    max_grad_norm: float | None = inherited(TrainConfig, "max_grad_norm", 1.0)
+    logging_steps: int = inherited(TrainConfig, "logging_steps", 10)
+    log_completions: bool = field(
+        default=False,
+        metadata=meta(
+            "Also log the completions table at every logging step (it is always logged when the run evaluates: "
+            "eval_strategy, by default num_sample_generations times).",
+            FLAG,
+        ),
+    )
+    num_completions_to_print: int | None = field(
+        default=8,
+        metadata=meta(
+            "Rows of each completions table printed to the console (all are logged; unset: all).",
+            OrNone(integer(ge=0)),
+        ),
+    )
+
+    # --- generation --------------------------------------------------------------------------------
+    num_generations: int = field(
+        default=8,
+        metadata=meta(
+            "Completions sampled per prompt (the group size G).",
+            integer(ge=2, why="group-relative advantages compare completions of the same prompt"),
+        ),
+    )
+    max_prompt_length: int | None = inherited(TrainConfig, "max_prompt_length", 512)
+    max_completion_length: int = field(default=256, metadata=meta("Maximum new tokens per completion.", integer(ge=1)))
+    temperature: float = inherited(TrainConfig, "temperature", 1.0)
+    top_p: float = field(
+        default=1.0,
+        metadata=meta("Nucleus sampling: keep the smallest set of tokens with this mass.", number(gt=0, le=1)),
+    )
+    top_k: int = field(default=0, metadata=meta("Sample among the k most likely tokens (0: all).", integer(ge=0)))
+    min_p: float | None = field(
+        default=None,
+        metadata=meta(
+            "Drop tokens less likely than min_p x the most likely token's probability (transformers' min_p).",
+            OrNone(number(ge=0, le=1, example=0.05)),
+        ),
+    )
+    repetition_penalty: float = field(
+        default=1.0,
+        metadata=meta(
+            "Divide the logits of tokens already in the prompt or completion by this (CTRL's penalty; 1: off). "
+            "Sampling only: the log-probs of the loss are the unpenalised model's.",
+            number(gt=0),
+        ),
+    )
+    generation_kwargs: dict | str | None = field(
+        default=None,
+        metadata=meta(
+            "Further transformers GenerationConfig fields, as JSON; they override the flags above. Options the "
+            "lean decoding loop does not implement send generation to model.generate (said once).",
+            OrNone(JSON_OBJECT),
+        ),
+    )
+    cache_implementation: str | None = field(
+        default=None,
+        metadata=meta(
+            "KV cache of the sampler (TRL's flag): unset or dynamic, transformers' DynamicCache with eager steps; "
+            "static, a StaticCache and a torch.compile'd one-token step (compiled once per batch shape; a few "
+            "percent faster generations on a CPU, unmeasured on a GPU: docs/algorithms/grpo.md).",
+            OrNone(OneOf(("dynamic", "static"))),
+        ),
+    )
+    num_generations_eval: int | None = field(
+        default=None,
+        metadata=meta(
+            "Evaluation: sample this many completions per eval prompt at the training temperature (TRL). Unset: "
+            "one greedy completion per prompt (rlhfkit's default, a deterministic curve).",
+            OrNone(integer(ge=1)),
+        ),
+    )
+
+    # --- GRPO --------------------------------------------------------------------------------------
+    beta: float = field(
+        default=0.0,
+        metadata=meta("KL coefficient to the reference model (k3); 0 loads no reference model.", number(ge=0)),
+    )
+    # 0 is allowed: with num_iterations=1 every ratio is 1 and the clip never binds.
+    epsilon: float = field(
+        default=0.2,
+        metadata=meta("Lower clip range of the ratio: clip(r, 1 - epsilon, ...).", number(ge=0)),
+    )
+    epsilon_high: float | None = field(
+        default=None,
+        metadata=meta(
+            "Upper clip range: clip(r, ..., 1 + epsilon_high). Default: epsilon.",
+            OrNone(number(ge=0, example=0.28)),
+        ),
+    )
+    loss_type: str = field(
+        default="dapo",
+        metadata=meta(
+            "The per-token loss and its average (docs/algorithms/grpo.md): grpo (token mean per completion, then "
+            "over completions), bnpo (over the tokens of the micro-batch), dr_grpo (sum / (completions x "
+            "max_completion_length)), dapo (over all tokens of the step, every process), luspo (token sum per "
+            "completion, mean over completions), cispo (REINFORCE weighted by the ratio capped at epsilon_high), "
+            "sapo (a soft sigmoid gate instead of the clip), vespo (a gamma-shaped weight of the sequence ratio).",
+            OneOf(LOSS_TYPES),
+        ),
+    )
+    importance_sampling_level: str = field(
+        default="token",
+        metadata=meta(
+            "token: one ratio per token (GRPO); sequence: one ratio per completion, the exp of its mean token "
+            "log-ratio (GSPO).",
+            OneOf(IMPORTANCE_SAMPLING_LEVELS),
+        ),
+    )
+    delta: float | None = field(
+        default=None,
+        metadata=meta(
+            "Two-sided clipping: cap the unclipped ratio at delta as well (INTELLECT-2); greater than "
+            "1 + epsilon_high. Unset: off.",
+            OrNone(number(gt=1, example=4.0)),
+        ),
+    )
+    use_bias_correction_kl: bool = field(
+        default=True,
+        metadata=meta(
+            "Multiply the k3 KL term by the importance ratio, in the loss and in the logged kl (TRL 1.16's default; "
+            "false: the plain k3 term of the GRPO paper). Only matters with beta > 0.",
+            FLAG,
+        ),
+    )
+    top_entropy_quantile: float = field(
+        default=1.0,
+        metadata=meta(
+            "Policy loss only on the tokens whose entropy is in this top share of the micro-batch's completion "
+            "tokens (Wang et al. 2025, 0.2 there); 1: every token.",
+            number(gt=0, le=1),
+        ),
+    )
+    sapo_temperature_pos: float = field(
+        default=1.0,
+        metadata=meta("loss_type sapo: temperature of the soft gate for positive advantages.", number(gt=0)),
+    )
+    sapo_temperature_neg: float = field(
+        default=1.05,
+        metadata=meta("loss_type sapo: temperature of the soft gate for negative advantages.", number(gt=0)),
+    )
+    vespo_k_pos: float = field(
+        default=2.0, metadata=meta("loss_type vespo: shape k of the gamma weight, A >= 0.", number(ge=0))
+    )
+    vespo_lambda_pos: float = field(
+        default=3.0, metadata=meta("loss_type vespo: rate lambda of the gamma weight, A >= 0.", number(ge=0))
+    )
+    vespo_k_neg: float = field(
+        default=3.0, metadata=meta("loss_type vespo: shape k of the gamma weight, A < 0.", number(ge=0))
+    )
+    vespo_lambda_neg: float = field(
+        default=2.0, metadata=meta("loss_type vespo: rate lambda of the gamma weight, A < 0.", number(ge=0))
+    )
+    sync_ref_model: bool = field(
+        default=False,
+        metadata=meta(
+            "Move the reference towards the policy every ref_model_sync_steps steps (TR-DPO): "
+            "ref <- alpha x policy + (1 - alpha) x ref. Needs beta > 0 and no --use_peft.",
+            FLAG,
+        ),
+    )
+    ref_model_mixup_alpha: float = field(
+        default=0.6, metadata=meta("sync_ref_model: the policy's share alpha.", number(ge=0, le=1))
+    )
+    ref_model_sync_steps: int = field(
+        default=512, metadata=meta("sync_ref_model: optimizer steps between syncs.", integer(ge=1))
+    )
+    scale_rewards: str = field(
+        default="group",
+        metadata=meta(
+            "Divide group-centred rewards by the std of the group, of the batch, or not at all "
+            "(true = group, false = none).",
+            OneOf(GROUP_SCALES),
+        ),
+    )
+    mask_truncated_completions: bool = field(
+        default=False, metadata=meta("Leave completions that hit max_completion_length out of the loss.", FLAG)
+    )
+
+    def _apply_aliases(self) -> None:
+        if self.reward_model_name_or_path:
+            self.reward_model_path = [*(self.reward_model_path or []), self.reward_model_name_or_path]
+            self.reward_model_name_or_path = None  # moved: a config built again from to_dict() must not add it twice
+        scale = self.scale_rewards
+        if isinstance(scale, bool) or str(scale).lower() in ("true", "false"):
+            self.scale_rewards = "group" if str(scale).lower() == "true" else "none"
+        super()._apply_aliases()
+
+    def reward_model_paths(self) -> list[str]:
+        return list(self.reward_model_path or [])
+
+    def _check_combinations(self) -> None:
+        super()._check_combinations()
+        if self.epsilon_high is None:
+            self.epsilon_high = self.epsilon
+        owned = sorted(set(self.generation_kwargs or {}) & {"temperature", "max_new_tokens", "do_sample"})
+        if owned:
+            raise ConfigError(
+                f"generation_kwargs sets {', '.join(owned)}: use --temperature / --max_completion_length instead; "
+                "the loss's log-probs and the completion mask read those flags, so they must match the sampler."
+            )
+        if self.steps_per_generation is not None and self.generation_batch_size is not None:
+            raise ConfigError(
+                f"steps_per_generation ({self.steps_per_generation}) and generation_batch_size "
+                f"({self.generation_batch_size}) both set: set one (the other follows from it), as in TRL."
+            )
+        if self.delta is not None and self.delta <= 1 + self.epsilon_high:
+            raise ConfigError(
+                f"delta ({self.delta}) must be greater than 1 + epsilon_high ({1 + self.epsilon_high}): it caps the "
+                "ratio above the clip range. Try --delta 4 or leave it unset."
+            )
+        if self.sync_ref_model and (self.beta == 0.0 or self.use_peft):
+            why = (
+                "beta is 0, so there is no reference model"
+                if self.beta == 0.0
+                else ("with --use_peft the reference is the policy with its adapter disabled, not a model of its own")
+            )
+            raise ConfigError(
+                f"sync_ref_model needs a reference model to move, but {why}. Set --beta > 0 without "
+                "--use_peft, or leave sync_ref_model off."
+            )
+        # The launcher's process count (accelerate launch sets WORLD_SIZE); the trainer checks again with its own.
+        grpo_generation_shape(self, int(os.environ.get("WORLD_SIZE", "1")))

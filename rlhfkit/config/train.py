@@ -1,0 +1,634 @@
+"""TrainConfig: the fields every trainer shares, with TRL's and transformers' names, meanings and defaults.
+
+Each field's metadata holds its ``--help`` text and its rule (config/rules.py); ``__post_init__`` checks every field,
+then the rules that tie fields together, before anything is loaded or written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from rlhfkit.config.rules import (
+    FLAG,
+    JSON_OBJECT,
+    PATH,
+    TEXT,
+    Checked,
+    ListOf,
+    OneOf,
+    OrNone,
+    check_fields,
+    decode_json_fields,
+    integer,
+    meta,
+    number,
+)
+from rlhfkit.data import PROMPT_OVERFLOW
+from rlhfkit.errors import ConfigError
+from rlhfkit.health.rules import HEALTH_MODES, parse_thresholds
+from rlhfkit.optim import LR_SCHEDULER_TYPES, OPTIMIZERS, lr_factor, other_optimizers, other_schedules
+from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
+
+# transformers' names (TrainingArguments) for the strategies rlhfkit.trainers.run schedules rows, evaluations and
+# checkpoints by.
+LOGGING_STRATEGIES = ("steps", "epoch", "no")
+EVAL_STRATEGIES = ("no", "steps", "epoch")
+SAVE_STRATEGIES = ("steps", "no", "epoch")
+
+
+def _best_checkpoint() -> dict[str, str]:
+    return {
+        "best": "it needs --metric_for_best_model, and an RL run has no evaluation loss to rank checkpoints by: "
+        "rlhfkit keeps the latest ones, --save_total_limit of them"
+    }
+
+
+def _other_task_types() -> dict[str, str]:
+    why = "the policy is a causal LM (PPO's value model gets its own SEQ_CLS adapter)"
+    return {kind: why for kind in ("SEQ_CLS", "SEQ_2_SEQ_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")}
+
+
+def _report_to_complaint(value: Any) -> str | None:
+    """Spelling only: whether a named tracker is installed is checked when the run starts."""
+    try:
+        parse_report_to(value)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _thresholds_complaint(value: Any) -> str | None:
+    try:
+        parse_thresholds(value)
+    except (TypeError, ValueError) as e:
+        return f"{e} (see docs/health.md)"
+    return None
+
+
+@dataclass
+class TrainConfig:
+    """Fields shared by every trainer (names and meanings as TRL's / transformers' TrainingArguments)."""
+
+    # --- where things go -------------------------------------------------------------------------
+    output_dir: str | None = field(
+        default=None,
+        metadata=meta(
+            "Run directory: resolved config, metrics.jsonl, samples, checkpoints. Default: runs/<run_name>.",
+            OrNone(PATH),
+        ),
+    )
+    exp_name: str = field(default="run", metadata=meta("Experiment name, used in the default run name.", TEXT))
+    run_name: str | None = field(
+        default=None,
+        metadata=meta("Run name shown by the trackers. Default: <exp_name>-<seed>-<time>.", OrNone(TEXT)),
+    )
+    project: str = field(
+        default="huggingface",
+        metadata=meta(
+            "Tracker project (Trackio, and W&B unless $WANDB_PROJECT names it), TRL's default name included.", TEXT
+        ),
+    )
+    report_to: list[str] | None = field(
+        default_factory=lambda: ["trackio"],
+        metadata=meta(
+            "Trackers (several allowed).",
+            Checked(f"tracker names: {', '.join(REPORT_TO_NAMES)}", _report_to_complaint),
+        ),
+    )
+    logging_dir: str | None = field(
+        default=None, metadata=meta("TensorBoard log directory. Default: <output_dir>/runs.", OrNone(PATH))
+    )
+    log_legacy_names: bool = field(
+        default=False,
+        metadata=meta(
+            "Also send every metric to the trackers under the name TRL's original PPOTrainer used "
+            "(env/reward_mean, ppo/mean_scores, ppo/policy/approxkl, ...), for dashboards built for it.",
+            FLAG,
+        ),
+    )
+    logging_steps: int = field(
+        default=1,
+        metadata=meta("Log metrics every this many training steps (logging_strategy steps).", integer(ge=1)),
+    )
+    logging_strategy: str = field(
+        default="steps",
+        metadata=meta(
+            "When a row of training metrics is logged (each row pools every step since the previous one): steps "
+            "(every logging_steps steps and after the last), epoch (after each pass over the prompts and after the "
+            "last step), no (no training rows: evaluation rows are still logged, but the health checks, which read "
+            "the rows, do not run).",
+            OneOf(LOGGING_STRATEGIES),
+        ),
+    )
+    logging_first_step: bool = field(
+        default=False, metadata=meta("Also log a row after the first step (whatever logging_strategy).", FLAG)
+    )
+    save_strategy: str = field(
+        default="steps",
+        metadata=meta(
+            "When checkpoints are saved during training: steps (every save_steps steps), epoch (after each pass "
+            "over the prompts), no (none). Either way the final checkpoint and the trained model are saved at the "
+            "end.",
+            OneOf(SAVE_STRATEGIES, unsupported=_best_checkpoint),
+        ),
+    )
+    save_steps: int = field(
+        default=500,
+        metadata=meta(
+            "Save a checkpoint every this many training steps with save_strategy steps (0: none during training); "
+            "the final checkpoint and the model are saved at the end either way.",
+            integer(ge=0),
+        ),
+    )
+    save_total_limit: int | None = field(
+        default=None,
+        metadata=meta(
+            "Keep at most this many checkpoints (oldest removed). Default: all.", OrNone(integer(ge=1, example=2))
+        ),
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata=meta(
+            "Continue a run exactly from a checkpoint-N directory, or 'latest' in --output_dir.", OrNone(PATH)
+        ),
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata=meta("Start afresh in an --output_dir that already holds a run (its files are replaced).", FLAG),
+    )
+    max_nonfinite_steps: int = field(
+        default=3,
+        metadata=meta(
+            "Optimizer steps with a NaN/inf loss or gradient are skipped; after this many in a row training stops "
+            "with a checkpoint of the last good state.",
+            integer(ge=1),
+        ),
+    )
+    seed: int = field(
+        default=42,
+        metadata=meta(
+            "Random seed (sampling, data order, initialisation).",
+            # accelerate adds the process index to the seed, and NumPy refuses seeds of 2**32 or more.
+            integer(ge=0, le=2**31 - 1),
+        ),
+    )
+    health: str = field(
+        default="warn",
+        metadata=meta(
+            "Health checks on the logged metrics (docs/health.md): off; warn (print, log and record findings in "
+            "health.jsonl); stop (also end training with a checkpoint on a critical finding, exit status 3).",
+            OneOf(HEALTH_MODES),
+        ),
+    )
+    health_thresholds: str | None = field(
+        default=None,
+        metadata=meta(
+            "Override health-check thresholds: 'name=value,name=value' (docs/health.md).",
+            OrNone(Checked("name=value pairs of docs/health.md's thresholds", _thresholds_complaint)),
+        ),
+    )
+
+    # --- models and data -------------------------------------------------------------------------
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata=meta(
+            "Policy (and tokenizer): a hub id or a local directory. Without any model flag, the built-in task is used.",
+            OrNone(PATH),
+        ),
+    )
+    model_revision: str = field(
+        default="main", metadata=meta("Revision (branch, tag or commit) of the hub ids of every model flag.", TEXT)
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata=meta("Allow custom model code from the checkpoints. Off unless asked.", FLAG)
+    )
+    disable_dropout: bool = field(
+        default=True,
+        metadata=meta(
+            "Turn dropout off in every model, so that a rollout's log-probs and the update's agree: PPO's first "
+            "ratio is exactly 1, and GRPO's reused batches (num_iterations > 1) stay exact. On by default for both "
+            "trainers, as TRL's PPO always does; TRL's GRPO defaults to false. --disable_dropout false keeps the "
+            "checkpoints' dropout.",
+            FLAG,
+        ),
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata=meta(
+            "Prompt dataset: a hub id, a directory (saved with save_to_disk, or holding data files) or a "
+            ".json/.jsonl/.csv/.parquet file. Required with model flags; without them, the built-in task's prompts.",
+            OrNone(PATH),
+        ),
+    )
+    dataset_config: str | None = field(
+        default=None, metadata=meta("Configuration (subset) of the dataset, as load_dataset's name.", OrNone(TEXT))
+    )
+    dataset_train_split: str = field(default="train", metadata=meta("Split used for training.", TEXT))
+    dataset_test_split: str = field(
+        default="test", metadata=meta("Split used for sample generations and evaluation.", TEXT)
+    )
+    dataset_text_field: str = field(default="prompt", metadata=meta("Column holding the prompt text.", TEXT))
+    max_prompt_length: int | None = field(
+        default=None,
+        metadata=meta(
+            "Prompts longer than this many tokens are dropped or truncated (prompt_overflow).",
+            OrNone(integer(ge=1, example=512)),
+        ),
+    )
+    prompt_overflow: str = field(
+        default="drop",
+        metadata=meta(
+            "What to do with prompts longer than max_prompt_length: drop them, or truncate them (keep the last "
+            "max_prompt_length tokens, as TRL does). Either way the count is reported.",
+            OneOf(PROMPT_OVERFLOW),
+        ),
+    )
+    shuffle_dataset: bool = field(
+        default=True,
+        metadata=meta(
+            "Draw the prompts in a new random order (from seed) on every pass; false: in dataset order, pass after "
+            "pass. A resumed run continues the order exactly either way.",
+            FLAG,
+        ),
+    )
+    dataset_num_proc: int | None = field(
+        default=None,
+        metadata=meta(
+            "Processes for the dataset's map/filter while preparing the prompts (unset: this process).",
+            OrNone(integer(ge=1, example=4)),
+        ),
+    )
+    task: str | None = field(
+        default=None,
+        metadata=meta(
+            "task.json (or its directory) whose check function measures true success (eval/task_success).",
+            OrNone(PATH),
+        ),
+    )
+
+    # --- rewards: functions (both trainers) and weights; each trainer adds its reward models ----------------
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata=meta(
+            "Reward functions f(prompts, completions, **columns) -> list[float | None] (sync or async): the task's "
+            "built-in rewards (e.g. correctness), TRL's built-in names (think_format_reward, "
+            "get_soft_overlong_punishment, accuracy_reward with math-verify), or references 'module:function', "
+            "'module.function' (TRL's form) or 'path/to/file.py:function'. GRPO's default: the task's rewards. PPO: "
+            "scored beside reward_model_path, which becomes optional.",
+            OrNone(ListOf(TEXT)),
+        ),
+    )
+    reward_weights: list[float] | None = field(
+        default=None,
+        metadata=meta(
+            "Weight of each reward: reward_funcs, then the reward models (reward_model_path). Default: all 1.",
+            OrNone(ListOf(number(), example=[1.0, 0.5])),
+        ),
+    )
+
+    # --- LoRA adapters (peft) and quantised loading: TRL's ModelConfig names and defaults -------------
+    use_peft: bool = field(
+        default=False,
+        metadata=meta(
+            "Train a LoRA adapter on the policy (peft) instead of all its weights. The reference is the same model "
+            "with the adapter disabled (no second copy); PPO's value model gets its own adapter, its score head "
+            "trained in full. Checkpoints and output_dir hold the adapters (docs/algorithms/ppo.md, LoRA).",
+            FLAG,
+        ),
+    )
+    lora_r: int = field(default=16, metadata=meta("LoRA rank (with use_peft).", integer(ge=1)))
+    lora_alpha: int = field(
+        default=32, metadata=meta("LoRA alpha: the adapter's output is scaled by alpha / r.", integer(ge=1))
+    )
+    lora_dropout: float = field(
+        default=0.05,
+        metadata=meta(
+            "Dropout on the adapters' inputs. Like all dropout it is off while disable_dropout is on (the default, "
+            "so that PPO's first ratio is exactly 1): pass --disable_dropout false to use it.",
+            number(ge=0, lt=1),
+        ),
+    )
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata=meta(
+            "Modules that get adapters: names (e.g. q_proj v_proj; a module matches when its name ends with one) "
+            "or all-linear (every linear layer but the output head). Default: peft's choice for the architecture "
+            "(q_proj and v_proj for Llama).",
+            OrNone(ListOf(TEXT)),
+        ),
+    )
+    lora_modules_to_save: list[str] | None = field(
+        default=None,
+        metadata=meta(
+            "Policy modules trained in full beside the adapter and saved with it (e.g. lm_head).",
+            OrNone(ListOf(TEXT)),
+        ),
+    )
+    lora_task_type: str = field(
+        default="CAUSAL_LM",
+        metadata=meta(
+            "peft task type of the policy's adapter (the policy is a causal LM; PPO's value adapter is SEQ_CLS).",
+            OneOf(("CAUSAL_LM",), unsupported=_other_task_types),
+        ),
+    )
+    use_rslora: bool = field(
+        default=False, metadata=meta("Rank-stabilised LoRA: scale by alpha / sqrt(r) instead of alpha / r.", FLAG)
+    )
+    use_dora: bool = field(
+        default=False, metadata=meta("DoRA: weight-decomposed LoRA (a magnitude vector per adapted layer).", FLAG)
+    )
+    merge_adapter: bool = field(
+        default=False,
+        metadata=meta(
+            "With use_peft: also save the policy with the adapter merged into its weights, a plain transformers "
+            "model, in output_dir/merged/ (after the final checkpoint, which keeps the adapter).",
+            FLAG,
+        ),
+    )
+    load_in_4bit: bool = field(
+        default=False,
+        metadata=meta(
+            "Load the policy's base weights in 4 bits (bitsandbytes; QLoRA: needs use_peft and a CUDA GPU). "
+            "Untested in rlhfkit's CI, which has no GPU.",
+            FLAG,
+        ),
+    )
+    load_in_8bit: bool = field(
+        default=False,
+        metadata=meta(
+            "Load the policy's base weights in 8 bits (bitsandbytes; needs use_peft and a CUDA GPU). Untested in "
+            "rlhfkit's CI, which has no GPU.",
+            FLAG,
+        ),
+    )
+    bnb_4bit_quant_type: str = field(
+        default="nf4", metadata=meta("4-bit quantisation type (load_in_4bit).", OneOf(("nf4", "fp4")))
+    )
+    use_bnb_nested_quant: bool = field(
+        default=False, metadata=meta("Quantise the 4-bit quantisation constants too (load_in_4bit).", FLAG)
+    )
+    bnb_4bit_quant_storage: str | None = field(
+        default=None,
+        metadata=meta(
+            "dtype the 4-bit weights are stored in (load_in_4bit; e.g. bfloat16 to shard them with FSDP). Default: "
+            "uint8.",
+            OrNone(OneOf(("uint8", "float16", "bfloat16", "float32"))),
+        ),
+    )
+
+    # --- optimisation ------------------------------------------------------------------------------
+    learning_rate: float = field(
+        default=3e-6,
+        metadata=meta(
+            "Peak learning rate, scaled step by step by lr_scheduler_type (default: linear decay to 0).", number(gt=0)
+        ),
+    )
+    lr_scheduler_type: str = field(
+        default="linear",
+        metadata=meta(
+            "Learning-rate schedule, computed by transformers' own schedules as TRL steps them: step s (1-based) "
+            "uses learning_rate x the schedule's factor after s-1 scheduler steps, so a warm-up starts at 0. "
+            "constant ignores the warm-up (as in transformers); cosine_with_min_lr needs lr_scheduler_kwargs "
+            "min_lr_rate or min_lr.",
+            OneOf(LR_SCHEDULER_TYPES, unsupported=other_schedules),
+        ),
+    )
+    lr_scheduler_kwargs: dict | str | None = field(
+        default=None,
+        metadata=meta(
+            "Extra arguments of the schedule, as JSON on the command line: e.g. '{\"min_lr_rate\": 0.1}' for "
+            "cosine_with_min_lr, '{\"num_cycles\": 0.5}' for cosine.",
+            OrNone(JSON_OBJECT),
+        ),
+    )
+    warmup_steps: float = field(
+        default=0,
+        metadata=meta(
+            "Warm-up steps (linear from 0 to learning_rate): a count, or a number in (0, 1) for that share of the "
+            "steps, as in transformers 5. Overrides warmup_ratio.",
+            number(ge=0),
+        ),
+    )
+    warmup_ratio: float = field(
+        default=0.0,
+        metadata=meta("Share of the steps used for linear warm-up (older transformers' flag).", number(ge=0, lt=1)),
+    )
+    optim: str = field(
+        default="adamw_torch_fused",
+        metadata=meta(
+            "Optimizer: adamw_torch (torch's AdamW), adamw_torch_fused (the same, fused into one kernel where torch "
+            "has one for the device), sgd (torch's SGD, no momentum), adafactor (transformers' Adafactor at "
+            "learning_rate: no relative step, no parameter scaling, as transformers' Trainer builds it).",
+            OneOf(OPTIMIZERS, unsupported=other_optimizers),
+        ),
+    )
+    per_device_train_batch_size: int = field(default=64, metadata=meta("Micro-batch size per device.", integer(ge=1)))
+    per_device_eval_batch_size: int = field(
+        default=64, metadata=meta("Batch size per device for sample generations.", integer(ge=1))
+    )
+    gradient_accumulation_steps: int = field(
+        default=1, metadata=meta("Micro-batches accumulated per device into each optimizer step.", integer(ge=1))
+    )
+    num_train_epochs: float = field(
+        default=3.0, metadata=meta("Passes over the prompts when no length is set.", number(gt=0))
+    )
+    max_grad_norm: float | None = field(
+        default=None,
+        metadata=meta(
+            "Clip the gradient norm to this value (0 or unset: no clipping, as in transformers).",
+            OrNone(number(ge=0, example=1.0)),
+        ),
+    )
+    weight_decay: float = field(
+        default=0.0,
+        metadata=meta(
+            "Weight decay of the optimizer, on every parameter (transformers' Trainer exempts biases and norm "
+            "weights).",
+            number(ge=0),
+        ),
+    )
+    adam_beta1: float = field(default=0.9, metadata=meta("AdamW beta1 (adamw_* optimizers).", number(ge=0, lt=1)))
+    adam_beta2: float = field(default=0.999, metadata=meta("AdamW beta2 (adamw_* optimizers).", number(ge=0, lt=1)))
+    # 0 is legal in torch, but a parameter whose gradient stays 0 then gets 0 / 0 = NaN updates.
+    adam_epsilon: float = field(default=1e-8, metadata=meta("AdamW epsilon (adamw_* optimizers).", number(gt=0)))
+    temperature: float = field(
+        default=0.7, metadata=meta("Sampling temperature (also applied to the log-probs).", number(gt=0))
+    )
+    num_sample_generations: int = field(
+        default=10,
+        metadata=meta(
+            "With eval_strategy no: how many times during training (and before it) to log sample completions and "
+            "evaluate (0: never), as TRL's PPO does.",
+            integer(ge=0),
+        ),
+    )
+    eval_strategy: str = field(
+        default="no",
+        metadata=meta(
+            "When to evaluate (eval metrics on the eval split and the completions table) instead of the "
+            "num_sample_generations schedule: no (that schedule), steps (every eval_steps steps and after the "
+            "last), epoch (after each pass over the prompts and after the last step).",
+            OneOf(EVAL_STRATEGIES),
+        ),
+    )
+    eval_steps: int | None = field(
+        default=None,
+        metadata=meta(
+            "Evaluate every this many steps with eval_strategy steps. Default: logging_steps (as transformers).",
+            OrNone(integer(ge=1, example=100)),
+        ),
+    )
+    eval_on_start: bool = field(
+        default=False,
+        metadata=meta("Also evaluate before the first step (the num_sample_generations schedule always does).", FLAG),
+    )
+
+    # --- precision and memory ----------------------------------------------------------------------
+    bf16: bool | None = field(
+        default=None,
+        metadata=meta(
+            "bfloat16 mixed precision (accelerate's autocast over fp32 weights), as in TRL. Default: the accelerate "
+            "launch config's mixed_precision, else on where the device is fast at it (a CUDA GPU with bf16 units); "
+            "off on a CPU, where bf16 is ~9x slower than fp32.",
+            OrNone(FLAG),
+        ),
+    )
+    fp16: bool = field(
+        default=False,
+        metadata=meta("float16 mixed precision with loss scaling (accelerate's GradScaler); CUDA GPUs only.", FLAG),
+    )
+    dtype: str | None = field(
+        default=None,
+        metadata=meta(
+            "Weight dtype of the loaded models (TRL's ModelConfig): bfloat16 or float16 trains pure low-precision "
+            "weights (no fp32 master copy), auto keeps the checkpoint's. Default: float32 weights (with --bf16 / "
+            "--fp16 mixed precision on top).",
+            OrNone(OneOf(("auto", "float32", "bfloat16", "float16"))),
+        ),
+    )
+    attn_implementation: str | None = field(
+        default=None,
+        metadata=meta(
+            "Attention implementation of the loaded models (TRL's ModelConfig), e.g. sdpa, eager or "
+            "flash_attention_2; default: transformers' choice.",
+            OrNone(TEXT),
+        ),
+    )
+    gradient_checkpointing: bool = field(
+        default=False,
+        metadata=meta(
+            "Recompute activations in the backward pass instead of keeping them (policy and value model): less "
+            "memory, about a third more compute. TRL turns it on by default; rlhfkit leaves the choice to you.",
+            FLAG,
+        ),
+    )
+    gradient_checkpointing_kwargs: dict | str | None = field(
+        default=None,
+        metadata=meta(
+            "Arguments of transformers' gradient_checkpointing_enable, as JSON: e.g. '{\"use_reentrant\": true}'. "
+            "Default: use_reentrant false (no input gradients needed, works with frozen embeddings and LoRA).",
+            OrNone(JSON_OBJECT),
+        ),
+    )
+    ds3_gather_for_generation: bool = field(
+        default=True,
+        metadata=meta(
+            "Under DeepSpeed ZeRO-3 or FSDP (accelerate launch --config_file): gather the policy's full weights on "
+            "every process while it samples, as TRL does, so decoding runs without a collective per token. rlhfkit "
+            "always gathers (sampling sharded is not supported): false is refused.",
+            FLAG,
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        decode_json_fields(self)  # JSON text of a dict field (from the command line) becomes the dict
+        self._apply_aliases()
+        check_fields(self)
+        self._check_combinations()
+
+    def _apply_aliases(self) -> None:
+        """Accepted spellings turned into the canonical value, before the rules see them."""
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        # transformers (so TRL) turns clipping off with max_grad_norm=0, and a flag cannot say None; clipping to a
+        # norm of 0 would zero every gradient.
+        if self.max_grad_norm == 0:
+            self.max_grad_norm = None
+
+    def _check_combinations(self) -> None:
+        """Rules that tie fields together (each field has passed its own rule)."""
+        if self.fp16 and self.bf16:
+            raise ConfigError("fp16=True and bf16=True: choose one precision. Pass only one of --fp16 and --bf16.")
+        if self.lr_scheduler_kwargs or self.lr_scheduler_type == "cosine_with_min_lr":
+            self._check_schedule()
+        self._check_lora()
+        # Without reward_funcs the count may be the task's (GRPO), known once the task is loaded: the trainer checks.
+        if self.reward_weights is not None and self.reward_funcs:
+            sources = [*self.reward_funcs, *self.reward_model_paths()]
+            if len(self.reward_weights) != len(sources):
+                raise ConfigError(
+                    f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order of "
+                    f"reward_funcs then reward_model_path ({', '.join(map(str, sources))}), but has "
+                    f"{len(self.reward_weights)}. Pass e.g. --reward_weights {' '.join(['1.0'] * len(sources))}."
+                )
+
+    def reward_model_paths(self) -> list[str]:
+        """The reward models named by path, weighted after reward_funcs (each trainer has its own field)."""
+        return []
+
+    def _check_lora(self) -> None:
+        """LoRA and quantisation flags that only make sense together. (Whether bitsandbytes and a CUDA GPU exist is
+        checked before the models load: models.quantization_config.)"""
+        if self.load_in_4bit and self.load_in_8bit:
+            raise ConfigError("load_in_4bit=True and load_in_8bit=True: choose one. Pass only one of them.")
+        quantised = "load_in_4bit" if self.load_in_4bit else "load_in_8bit" if self.load_in_8bit else None
+        if quantised and not self.use_peft:
+            raise ConfigError(
+                f"{quantised}=True without use_peft: quantised weights cannot be trained directly. Add --use_peft to "
+                f"train a LoRA adapter on them (QLoRA), or leave --{quantised} out."
+            )
+        if self.merge_adapter and not self.use_peft:
+            raise ConfigError("merge_adapter=True without use_peft: there is no adapter to merge. Add --use_peft.")
+        if self.merge_adapter and quantised:
+            raise ConfigError(
+                f"merge_adapter=True with {quantised}=True: merging into quantised weights loses precision. Train "
+                "with --merge_adapter false, then merge the saved adapter into the unquantised base model with peft "
+                "(PeftModel.from_pretrained(base, output_dir).merge_and_unload())."
+            )
+        if self.lora_target_modules is not None and "all-linear" in self.lora_target_modules:
+            if len(self.lora_target_modules) > 1:
+                raise ConfigError(
+                    f"lora_target_modules={self.lora_target_modules!r}: all-linear stands alone. Pass "
+                    "--lora_target_modules all-linear, or module names only."
+                )
+
+    def _check_schedule(self) -> None:
+        """Build the schedule for a short run, so arguments the schedule does not take (or lacks) fail now, naming
+        the flags, rather than when training starts."""
+        try:
+            factor = lr_factor(self, num_steps=10)
+            values = [self.learning_rate * factor(step - 1) for step in (1, 5, 10)]
+        except (TypeError, ValueError) as e:
+            kind = self.lr_scheduler_type
+            fix = (
+                """Pass e.g. --lr_scheduler_kwargs '{"min_lr_rate": 0.1}'."""
+                if kind == "cosine_with_min_lr"
+                else f"Pass only arguments of transformers' {kind} schedule, or leave --lr_scheduler_kwargs out."
+            )
+            raise ConfigError(
+                f"lr_scheduler_type={kind!r} with lr_scheduler_kwargs={self.lr_scheduler_kwargs!r}: {e}. {fix}"
+            ) from None
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise ConfigError(
+                f"lr_scheduler_kwargs={self.lr_scheduler_kwargs!r} give lr_scheduler_type {self.lr_scheduler_type!r} "
+                f"learning rates {values} (steps 1, 5 and 10 of 10): they must be finite and >= 0."
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def config_field_names(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]

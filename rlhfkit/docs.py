@@ -1,0 +1,91 @@
+"""Every generated page of docs/, from the module that knows its facts: ``make docs`` writes them all.
+
+    python -m rlhfkit.docs           # write every page (or every generated section of a page)
+    python -m rlhfkit.docs --check   # exit 1 and name the pages that differ from their renderer's text
+
+A generated section inside a hand-written page sits between two marker lines, ``<!-- generated: NAME -->`` and
+``<!-- end generated: NAME -->``; only the text between them is replaced.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Page(NamedTuple):
+    path: str  # relative to the repository root
+    render: Callable[[], str]
+    section: str | None = None  # the name of the generated section; None: the whole file is generated
+
+
+def _metrics() -> str:
+    from rlhfkit.metrics.docs import render_markdown
+
+    return render_markdown()
+
+
+def _health() -> str:
+    from rlhfkit.health.docs import render_markdown
+
+    return render_markdown()
+
+
+def _trl_flags() -> str:
+    from rlhfkit.config.trl_flags import render_markdown
+
+    return render_markdown()
+
+
+def _grpo_config_table() -> str:
+    from rlhfkit.config.trl_flags import render_grpo_config_table
+
+    return render_grpo_config_table()
+
+
+PAGES = (
+    Page("docs/metrics.md", _metrics),
+    Page("docs/health.md", _health),
+    Page("docs/trl-flags.md", _trl_flags),
+    Page("docs/algorithms/grpo.md", _grpo_config_table, section="trl-grpo-config"),
+)
+
+
+def expected(page: Page, current: str) -> str:
+    """The text `page` should have, given its `current` text (a section is replaced inside it)."""
+    text = page.render()
+    if page.section is None:
+        return text
+    start, end = f"<!-- generated: {page.section} -->\n", f"<!-- end generated: {page.section} -->"
+    if start not in current or end not in current:
+        raise ValueError(f"{page.path} has no generated section {page.section!r} (marker lines {start!r}, {end!r})")
+    head, rest = current.split(start, 1)
+    return head + start + text + end + rest.split(end, 1)[1]
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    stale = []
+    for page in PAGES:
+        path = ROOT / page.path
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
+        text = expected(page, current)
+        if text == current:
+            continue
+        stale.append(page.path)
+        if not check:
+            path.write_text(text, encoding="utf-8")
+    if check and stale:
+        print(f"stale generated docs: {', '.join(stale)}; run `make docs`", file=sys.stderr)
+        return 1
+    for path in stale:
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,116 @@
+"""Every exception rlhfkit raises on purpose, in one place (standard library only, so any module may import it).
+
+Two families, told apart by what the command line does with them:
+
+* :class:`InputError` and its subclasses: the input is wrong (a flag, a file, a model, a reward function). The
+  message names what is wrong, the valid values and the fix; ``rlhfkit COMMAND`` prints it and exits with status 2.
+* :class:`TrainingStopped` and its subclasses: training ended early but cleanly, with a checkpoint of the state.
+  The message says why and how to go on; the command exits with the subclass's ``exit_status``.
+"""
+
+from __future__ import annotations
+
+import signal
+
+
+class InputError(ValueError):
+    """Something the user gave cannot be used; the message names it and the fix (exit status 2)."""
+
+
+class UsageError(InputError):
+    """The command line itself is wrong (unknown flag, missing value, unreadable --config file)."""
+
+
+class ConfigError(InputError):
+    """A configuration value is wrong; the message names the field(s) and the fix."""
+
+
+class DataError(InputError):
+    """The dataset cannot be used; the message names the flag and the fix."""
+
+
+class ModelLoadError(InputError):
+    """A model or tokenizer cannot be loaded; the message names the flag, the name and what to do."""
+
+
+class RewardFunctionError(InputError):
+    """A reward function raised or returned something unusable; the message names the function and the problem."""
+
+
+class CheckpointError(InputError):
+    """A checkpoint cannot be resumed from; the message names the path and what to do."""
+
+
+class ReportError(InputError):
+    """Run directories cannot be reported on (missing directory or metrics.jsonl, bad smoothing, no match)."""
+
+
+class EvalError(InputError):
+    """The evaluation cannot run as asked (a path, a flag value, the prompts)."""
+
+
+class JudgeError(EvalError):
+    """The judge cannot be built or cannot answer (unknown judge, missing API key, unreachable server)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Training control: a run that stops early, cleanly, with a checkpoint
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class TrainingStopped(RuntimeError):
+    """Training ended early but cleanly: a checkpoint holds the state; str() says why and how to go on.
+
+    The CLI prints the message and exits with `exit_status` (distinct per cause, never 0).
+    """
+
+    exit_status = 1
+
+    def __init__(self, message: str, checkpoint: str | None = None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
+
+
+class Interrupted(TrainingStopped):
+    """SIGINT / SIGTERM: the current step finished, a checkpoint was saved, trackers closed."""
+
+    def __init__(self, signum: int, step: int, checkpoint: str, output_dir: str):
+        self.exit_status = 128 + signum  # the shell convention: 130 for SIGINT, 143 for SIGTERM
+        super().__init__(
+            f"Interrupted by {signal.Signals(signum).name} after step {step}; the state is saved in {checkpoint}. "
+            f"Continue with the same command plus --output_dir {output_dir} --resume_from_checkpoint latest.",
+            checkpoint,
+        )
+
+
+class NonFiniteStop(TrainingStopped):
+    """Too many optimizer steps in a row had a NaN/inf loss or gradient."""
+
+    exit_status = 4
+
+    def __init__(self, streak: int, step: int, checkpoint: str):
+        super().__init__(
+            f"Training stopped at step {step}: the last {streak} optimizer steps had a NaN or inf loss or gradient "
+            f"and were skipped (--max_nonfinite_steps {streak}). The last good state is saved in {checkpoint}. "
+            "Usual causes: a learning rate too high, a reward that returns NaN/inf, fp16 overflow. Look at the "
+            "metrics just before (rlhfkit doctor), fix the cause, then resume from the checkpoint.",
+            checkpoint,
+        )
+
+
+class HealthStop(TrainingStopped):
+    """Training stopped on a critical health finding (``--health stop``); str() is the explanation.
+
+    finding: the rlhfkit.health Finding (step, rule, message, advice) that stopped it."""
+
+    exit_status = 3
+
+    def __init__(self, finding, checkpoint: str, output_dir: str):
+        self.finding = finding
+        super().__init__(
+            f"Training stopped at step {finding.step} by --health stop: {finding.rule} is critical. "
+            f"{finding.message} The state at that step is saved in {checkpoint}. {finding.advice} "
+            f"See every finding with `rlhfkit doctor {output_dir}`; to train through such findings, run with "
+            "--health warn.",
+            checkpoint,
+        )

@@ -1,0 +1,99 @@
+"""What PPO and GRPO do alike around their loops: tokenizing the prompts, preparing the trained models for the
+engine, generating the evaluation's completions and counting true success. Each trainer's loop stays its own
+(ppo.py, grpo.py); the run lifecycle both hold is run.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+import torch
+from datasets import Dataset
+from torch import nn
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from rlhfkit.data import tokenize_prompts
+from rlhfkit.metrics import registry as M
+from rlhfkit.metrics.accumulate import MetricAccumulator
+from rlhfkit.models import enable_gradient_checkpointing
+from rlhfkit.optim import make_optimizer
+from rlhfkit.sampling import Chunk, complete
+from rlhfkit.trainers.run import TrainingRun
+
+
+def tokenize_datasets(
+    args, tokenizer: PreTrainedTokenizerBase, train_dataset: Dataset, eval_dataset: Dataset | None
+) -> tuple[Dataset, Dataset | None]:
+    """The train and eval prompts with their token ids (data.tokenize_prompts: --dataset_text_field,
+    --max_prompt_length, --prompt_overflow, --dataset_num_proc)."""
+    text, limit, overflow, procs = (
+        args.dataset_text_field,
+        args.max_prompt_length,
+        args.prompt_overflow,
+        args.dataset_num_proc,
+    )
+    train = tokenize_prompts(train_dataset, tokenizer, text, limit, "", overflow, num_proc=procs)
+    if eval_dataset is None:
+        return train, None
+    return train, tokenize_prompts(eval_dataset, tokenizer, text, limit, "eval ", overflow, num_proc=procs)
+
+
+def prepare_trained(
+    run: TrainingRun, module: nn.Module, checkpointed: Iterable[nn.Module]
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The trained `module` and its optimizer (--optim, over its trainable parameters), prepared by accelerate for the
+    launch's engine; with --gradient_checkpointing, the `checkpointed` models recompute their activations."""
+    args = run.args
+    if args.gradient_checkpointing:
+        for model in checkpointed:
+            enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
+    optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad], args, run.accelerator.device)
+    return run.accelerator.prepare(module, optimizer)
+
+
+class EvalChunk(NamedTuple):
+    """One chunk of the evaluation prompts with their completions."""
+
+    rows: list[dict]  # the chunk's dataset rows
+    chunk: Chunk
+    own: int  # how many of the first rows are this process's own; the rest pad the processes to one length
+
+
+def eval_chunks(
+    run: TrainingRun,
+    model: nn.Module,
+    dataset: Dataset,
+    config: GenerationConfig,
+    batch_size: int,
+    policy_of: Callable[[nn.Module], nn.Module] = lambda model: model,
+    repeat: int = 1,
+) -> list[EvalChunk]:
+    """Completions of this process's share of the eval prompts (each `repeat` times), sampled with `config` by the
+    policy of the prepared `model` (`policy_of(unwrapped model)`) with its whole weights, in chunks of `batch_size`.
+
+    Where forwards run in lockstep (ZeRO-3, FSDP), the shares are padded to one length: score every row of a chunk
+    (the reward models run in lockstep too), then report the first `own` only."""
+    rows, own = run.local_rows(dataset)
+    rows, own = [row for row in rows for _ in range(repeat)], own * repeat
+    with run.gathered(model) as unwrapped:
+        unwrapped.eval()
+        prompts = [row["input_ids"] for row in rows]
+        device = run.accelerator.device
+        chunks = list(complete(policy_of(unwrapped), prompts, config, batch_size, device))
+        unwrapped.train()
+    return [
+        EvalChunk(rows[start : start + batch_size], chunk, max(0, min(batch_size, own - start)))
+        for start, chunk in zip(range(0, len(rows), batch_size), chunks)
+    ]
+
+
+def count_task_success(
+    metrics: MetricAccumulator, metric: M.Metric, task, prompts: list, completions: list[str]
+) -> list[bool] | None:
+    """Add how many `completions` the task's checker passes to `metric` (rollout/ or eval/task_success) and return
+    each verdict; None without a task. prompts: the dataset's prompts (a truncated query could not be checked)."""
+    if task is None:
+        return None
+    correct = [task.check(prompt, completion) for prompt, completion in zip(prompts, completions)]
+    metrics.add(metric, float(sum(correct)), len(correct))
+    return correct
