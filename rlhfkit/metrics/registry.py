@@ -690,7 +690,7 @@ COMPLETIONS_CLIPPED_RATIO = Metric(
     formula="mean_i 1[completion i contains no EOS id of the tokenizer or generation config]",
     unit="fraction",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     importance="stability",
     watch="High means completions are cut off: raise max_completion_length or teach the model to stop.",
     vs_trl="TRL counts only tokenizer.eos_token_id as a terminator (#7039); we honour every EOS id.",
@@ -887,6 +887,76 @@ EVAL_REWARD = Metric(
     reduction="mean",
     trainers=GRPO,
     when="an eval dataset is given; at evaluation steps (--eval_strategy; by default num_sample_generations times)",
+)
+
+# ----------------------------------------------------------------------------------------------
+# Sampling against training (both trainers): are the samples drawn from the policy the loss scores?
+# ----------------------------------------------------------------------------------------------
+
+_FRESH = (
+    "over the completion tokens of the first micro-batches trained on each generation, before any optimizer step on "
+    "it (PPO: the first mini-batch of the first PPO epoch; GRPO: the micro-batches of the step that generated it)"
+)
+SAMPLING_LOGP_DIFFERENCE_MEAN = Metric(
+    name="sampling/sampling_logp_difference/mean",
+    meaning="How far the training forward's log-probs are from the sampler's, per token, on the same weights.",
+    formula=f"token mean of |logp_train_bt - logp_sample_bt| {_FRESH}",
+    unit="nats/token",
+    reduction="mean",
+    trainers=BOTH,
+    section="Sampling against training",
+    importance="stability",
+    watch="About 1e-6 in fp32 (cached decoding against a full forward), about 1e-2 in bf16. Far larger: sampling "
+    "and training disagree (temperature, padding, position ids, dropout, a different model), and every ratio is off.",
+    vs_trl="TRL logs it only with vLLM's importance-sampling correction; rlhfkit logs it for every run.",
+)
+SAMPLING_LOGP_DIFFERENCE_MAX = Metric(
+    name="sampling/sampling_logp_difference/max",
+    meaning="The largest per-token gap between the training forward's and the sampler's log-probs.",
+    formula=f"max of |logp_train_bt - logp_sample_bt| {_FRESH}",
+    unit="nats",
+    reduction="max",
+    trainers=BOTH,
+    section="Sampling against training",
+)
+# The gap between the training forward's and the sampler's log-prob of a token above which it counts as mismatched.
+MISMATCH_NATS = 0.1
+SAMPLING_MISMATCHED_TOKENS = Metric(
+    name="sampling/mismatched_tokens_frac",
+    meaning=f"Share of tokens whose training log-prob differs from the sampler's by more than {MISMATCH_NATS} nats.",
+    formula=f"token mean of 1[|logp_train_bt - logp_sample_bt| > {MISMATCH_NATS}] {_FRESH}",
+    unit="fraction",
+    reduction="mean",
+    trainers=BOTH,
+    section="Sampling against training",
+)
+SAMPLING_IS_RATIO_MEAN = Metric(
+    name="sampling/importance_sampling_ratio/mean",
+    meaning="Mean ratio of the training policy's token probability to the sampler's (1 when they agree).",
+    formula=f"token mean of exp(logp_train_bt - logp_sample_bt) {_FRESH}",
+    unit="ratio",
+    reduction="mean",
+    trainers=BOTH,
+    section="Sampling against training",
+    vs_trl="TRL's vLLM correction logs the ratio after truncation; this is the ratio itself.",
+)
+SAMPLING_IS_RATIO_MIN = Metric(
+    name="sampling/importance_sampling_ratio/min",
+    meaning="Smallest ratio of the training policy's token probability to the sampler's.",
+    formula=f"min of exp(logp_train_bt - logp_sample_bt) {_FRESH}",
+    unit="ratio",
+    reduction="min",
+    trainers=BOTH,
+    section="Sampling against training",
+)
+SAMPLING_IS_RATIO_MAX = Metric(
+    name="sampling/importance_sampling_ratio/max",
+    meaning="Largest ratio of the training policy's token probability to the sampler's.",
+    formula=f"max of exp(logp_train_bt - logp_sample_bt) {_FRESH}",
+    unit="ratio",
+    reduction="max",
+    trainers=BOTH,
+    section="Sampling against training",
 )
 
 # ----------------------------------------------------------------------------------------------

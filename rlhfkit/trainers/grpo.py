@@ -63,7 +63,13 @@ from rlhfkit.rewards import RewardOutput, RewardSources, reward_sources
 from rlhfkit.sampling import Completions, complete, decode, sampling_config, terminator_ids
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
-from rlhfkit.trainers.shared import count_task_success, eval_chunks, prepare_trained, tokenize_datasets
+from rlhfkit.trainers.shared import (
+    count_task_success,
+    eval_chunks,
+    log_sampling_mismatch,
+    prepare_trained,
+    tokenize_datasets,
+)
 
 
 @dataclass
@@ -83,6 +89,7 @@ class GenerationBatch:
     ref_logprobs: torch.Tensor | None  # (N, T), only when beta > 0
     num_items: float  # loss tokens of one optimizer step per process, on average: dapo/cispo/vespo's normaliser
     global_tokens: int  # prompt + completion tokens, all processes
+    sampling_logprobs: torch.Tensor | None = None  # (N, T) the sampler's log-probs of the completion tokens
 
 
 class GRPOTrainer:
@@ -184,15 +191,15 @@ class GRPOTrainer:
         for step in run.steps():
             # 1. Generate G completions per prompt and score them whenever the last generation has served its
             #    steps_per_generation x num_iterations micro-batches; this step's micro-batches, in order.
-            micro_batches = []
+            micro_batches, fresh = [], False  # fresh: the batch was generated in this step, on these weights
             with run.timed(M.TIME_ROLLOUT):
                 for micro in range((step - 1) * accumulation, step * accumulation):
                     if micro % sizes.micro_steps_per_generation == 0:
-                        self._batch = self.generate_and_score(next(prompts))
+                        self._batch, fresh = self.generate_and_score(next(prompts)), True
                         progress.generations += 1
                         progress.episode += sizes.completions
                         progress.num_tokens += self._batch.global_tokens
-                    micro_batches.append((self._batch, micro % sizes.steps_per_generation))
+                    micro_batches.append((self._batch, micro % sizes.steps_per_generation, fresh))
 
             # 2. Optimise: one optimizer step over the gradient_accumulation_steps micro-batches.
             with run.timed(M.TIME_OPTIMIZATION):
@@ -276,6 +283,7 @@ class GRPOTrainer:
             ref_logprobs=ref_logprobs,
             num_items=self.step_tokens(loss_tokens),
             global_tokens=int(prompt_tokens + completion_tokens),
+            sampling_logprobs=chunk.logprobs,
         )
 
     def step_tokens(self, generation_tokens: float) -> float:
@@ -354,19 +362,22 @@ class GRPOTrainer:
         m.add_tensor(M.FRAC_REWARD_ZERO_STD, zero_std.double())
         count_task_success(m, M.ROLLOUT_TASK_SUCCESS, self.task, prompts, texts)
 
-    def optimize(self, micro_batches: list[tuple[GenerationBatch, int]]) -> None:
-        """One optimizer step over micro-batches given as (generation, index of the micro-batch in it)."""
+    def optimize(self, micro_batches: list[tuple[GenerationBatch, int, bool]]) -> None:
+        """One optimizer step over micro-batches given as (generation, index of the micro-batch in it, whether the
+        generation was made on the current weights)."""
         run, size = self.run, self.args.per_device_train_batch_size
         step_loss = 0.0
-        for k, (batch, index) in enumerate(micro_batches):
+        for k, (batch, index, fresh) in enumerate(micro_batches):
             with run.accumulating(self.model, last=k == len(micro_batches) - 1):
-                step_loss += self.micro_step(batch, slice(index * size, (index + 1) * size))
+                step_loss += self.micro_step(batch, slice(index * size, (index + 1) * size), fresh)
         self.run.optimizer_step(self.model, self.optimizer)
         self.run.metrics.add(M.LOSS, step_loss, 1)
 
-    def micro_step(self, batch: GenerationBatch, idx: slice) -> float:
-        """Forward, backward and statistics of one micro-batch; returns its (scaled) loss. A method of its own so
-        that its activations are released when it returns, before the next micro-batch's forward."""
+    def micro_step(self, batch: GenerationBatch, idx: slice, fresh: bool = False) -> float:
+        """Forward, backward and statistics of one micro-batch; returns its (scaled) loss. `fresh`: the batch was
+        generated on the current weights, so the training log-probs are compared with the sampler's (sampling/*).
+        A method of its own so that its activations are released when it returns, before the next micro-batch's
+        forward."""
         args = self.args
         mask = batch.loss_mask[idx]
         logits = response_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width)
@@ -394,6 +405,8 @@ class GRPOTrainer:
         self.accelerator.backward(loss)
         with torch.no_grad():
             self.log_micro_step(out, entropy, mask)
+            if fresh and batch.sampling_logprobs is not None:
+                log_sampling_mismatch(self.run.metrics, logprobs, batch.sampling_logprobs[idx], mask)
         return loss.item()
 
     def log_micro_step(self, out: GRPOLossOutput, entropy, mask) -> None:

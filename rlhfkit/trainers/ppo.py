@@ -67,7 +67,13 @@ from rlhfkit.rewards import (
 from rlhfkit.sampling import cat_padded, complete, decode, sampling_config, terminator_ids
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
-from rlhfkit.trainers.shared import count_task_success, eval_chunks, prepare_trained, tokenize_datasets
+from rlhfkit.trainers.shared import (
+    count_task_success,
+    eval_chunks,
+    log_sampling_mismatch,
+    prepare_trained,
+    tokenize_datasets,
+)
 
 
 class PolicyAndValue(nn.Module):
@@ -98,7 +104,8 @@ class GenerationBatch:
     completion_ids: torch.Tensor  # (B, T) long, right-padded
     completion_mask: torch.Tensor  # (B, T) bool, True up to and including the terminator
     terminated: torch.Tensor  # (B,) bool
-    logprobs: torch.Tensor  # (B, T) policy log-probs at generation time (temperature-scaled)
+    logprobs: torch.Tensor  # (B, T) policy log-probs at generation time (temperature-scaled): logp_old
+    sampling_logprobs: torch.Tensor  # (B, T) the sampler's log-probs of the same tokens (logprobs, where exact)
     ref_logprobs: torch.Tensor  # (B, T)
     values: torch.Tensor  # (B, T) value predictions at generation time
     scores: torch.Tensor  # (B,) weighted sum of the reward sources, after the EOS trick
@@ -321,7 +328,7 @@ class PPOTrainer:
         args, tok, device = self.args, self.tokenizer, self.accelerator.device
         config = sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
         fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "terminated")
-        parts: dict[str, list] = {k: [] for k in (*fields, "logprobs", "ref_logprobs", "values")}
+        parts: dict[str, list] = {k: [] for k in (*fields, "logprobs", "sampling_logprobs", "ref_logprobs", "values")}
         prompt_token_ids, size = [r["input_ids"] for r in rows], args.local_rollout_forward_batch_size
         with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
             model.eval()
@@ -334,6 +341,7 @@ class PPOTrainer:
                     logits, values = model(ids, mask, width)
                     logprobs = ops.logprobs_from_logits(logits, completions.ids, args.temperature)
                 parts["logprobs"].append(logprobs)
+                parts["sampling_logprobs"].append(chunk.logprobs)
                 parts["ref_logprobs"].append(self.reference_logprobs(model, ids, mask, width, completions.ids))
                 parts["values"].append(values[:, width - 1 : -1])
                 for key, value in zip(fields, (chunk.prompt_ids, chunk.prompt_mask, *completions)):
@@ -356,6 +364,7 @@ class PPOTrainer:
             completion_mask=completion_mask,
             terminated=terminated,
             logprobs=cat_padded(parts["logprobs"], 0.0) * completion_mask,
+            sampling_logprobs=cat_padded(parts["sampling_logprobs"], 0.0) * completion_mask,
             ref_logprobs=cat_padded(parts["ref_logprobs"], 0.0) * completion_mask,
             values=cat_padded(parts["values"], 0.0) * completion_mask,
             scores=self.final_scores(outputs, prompts, terminated),
@@ -384,6 +393,7 @@ class PPOTrainer:
         m.add_tensor(M.OBJECTIVE_SCORES_STD, batch.scores)
         m.add(M.OBJECTIVE_RLHF_REWARD, (batch.scores + seq_nsr).sum(), n)
         m.add(M.VAL_NUM_EOS_TOKENS, batch.terminated.sum())
+        m.add_tensor(M.COMPLETIONS_CLIPPED_RATIO, (~batch.terminated).double())
         tokens = mask.sum()
         m.add(M.VAL_MEAN, (batch.values * mask).sum(), tokens)
         m.add_tensor(M.VAL_VAR, batch.values, mask)
@@ -413,17 +423,19 @@ class PPOTrainer:
         args, sizes, run = self.args, self.sizes, self.run
         micro = args.per_device_train_batch_size
         self.run.metrics.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.completion_mask])
-        for _ in range(args.num_ppo_epochs):
+        for epoch in range(args.num_ppo_epochs):
             order = torch.randperm(sizes.local_batch_size, device=batch.prompt_ids.device)
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
                 mini = order[start : start + sizes.local_mini_batch_size]
+                fresh = epoch == 0 and start == 0  # no optimizer step on this batch yet: the sampler's weights
                 for k, micro_start in enumerate(range(0, len(mini), micro)):
                     with run.accumulating(self.model, last=k == sizes.micro_batches_per_mini_batch - 1):
-                        self.micro_step(batch, advantages, returns, mini[micro_start : micro_start + micro])
+                        self.micro_step(batch, advantages, returns, mini[micro_start : micro_start + micro], fresh)
                 run.optimizer_step(self.model, self.optimizer)
 
-    def micro_step(self, batch: GenerationBatch, advantages, returns, idx: torch.Tensor) -> None:
-        """Forward, backward and statistics of one micro-batch (rows `idx`). A method of its own so that its
+    def micro_step(self, batch: GenerationBatch, advantages, returns, idx: torch.Tensor, fresh: bool = False) -> None:
+        """Forward, backward and statistics of one micro-batch (rows `idx`); `fresh`: no optimizer step on the batch
+        yet, so the training log-probs are compared with the sampler's (sampling/*). A method of its own so that its
         activations are released when it returns, before the next micro-batch's forward (lower peak memory)."""
         args, m = self.args, self.run.metrics
         width = batch.prompt_ids.shape[1]
@@ -453,6 +465,8 @@ class PPOTrainer:
             m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
             m.add_tensor(M.VAL_RATIO_VAR, ratio, mask)
             m.add_values(M.POLICY_RATIO_DIST, ratio[mask])
+            if fresh:
+                log_sampling_mismatch(m, new_logprobs, batch.sampling_logprobs[idx], mask)
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -97,3 +97,18 @@ def count_task_success(
     correct = [task.check(prompt, completion) for prompt, completion in zip(prompts, completions)]
     metrics.add(metric, float(sum(correct)), len(correct))
     return correct
+
+
+def log_sampling_mismatch(
+    metrics: MetricAccumulator, logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor
+) -> None:
+    """The sampling/* metrics: how far the training forward's log-probs `logprobs` (B, T) are from the sampler's
+    (B, T) on the same weights, over the tokens of `mask` (B, T) bool. Call it only before any optimizer step on
+    the generation: afterwards the gap includes the update."""
+    gap = (logprobs.detach().double() - sampling_logprobs.double()).masked_fill(~mask, 0.0)
+    metrics.add_tensor(M.SAMPLING_LOGP_DIFFERENCE_MEAN, gap.abs(), mask)
+    metrics.add_tensor(M.SAMPLING_LOGP_DIFFERENCE_MAX, gap.abs(), mask)
+    metrics.add_tensor(M.SAMPLING_MISMATCHED_TOKENS, (gap.abs() > M.MISMATCH_NATS).double(), mask)
+    ratio = gap.exp()
+    for metric in (M.SAMPLING_IS_RATIO_MEAN, M.SAMPLING_IS_RATIO_MIN, M.SAMPLING_IS_RATIO_MAX):
+        metrics.add_tensor(metric, ratio, mask)
