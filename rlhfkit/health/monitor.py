@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +35,10 @@ class Finding:
     metrics: dict[str, float]
     message: str
     advice: str
+    thresholds: dict[str, float] = field(default_factory=dict)  # the threshold each metric was held against
 
     def to_dict(self) -> dict[str, Any]:
-        """The health.jsonl record: {"step", "rule", "severity", "metrics", "message", "advice"}."""
+        """The health.jsonl record: {"step", "rule", "severity", "metrics", "message", "advice", "thresholds"}."""
         return asdict(self)
 
 
@@ -82,7 +83,17 @@ class HealthMonitor:
             state.firing, state.quiet = hit.severity, 0
             if _rank(hit.severity) > _rank(state.reported):  # a new episode, or an escalation
                 state.reported = hit.severity
-                new.append(Finding(step, rule.name, hit.severity, dict(hit.metrics), hit.message, rule.advice))
+                new.append(
+                    Finding(
+                        step,
+                        rule.name,
+                        hit.severity,
+                        dict(hit.metrics),
+                        hit.message,
+                        rule.advice,
+                        dict(hit.thresholds),
+                    )
+                )
         return new
 
     def firing(self) -> dict[str, str]:

@@ -35,14 +35,16 @@ SEVERITIES: tuple[str, ...] = (INFO, WARNING, CRITICAL)  # in increasing order o
 HEALTH_MODES: tuple[str, ...] = ("off", "warn", "stop")
 
 # The metrics the rules read.
-RATIO, VALUE_LOSS = M.VAL_RATIO.name, M.LOSS_VALUE_AVG.name
+RATIO, VALUE_LOSS, VALUE_CLIPFRAC = M.VAL_RATIO.name, M.LOSS_VALUE_AVG.name, M.VAL_CLIPFRAC_AVG.name
 CLIPFRAC, APPROXKL = M.POLICY_CLIPFRAC_AVG.name, M.POLICY_APPROXKL_AVG.name
 PPO_KL, GRPO_KL, KL_COEF = M.OBJECTIVE_KL.name, M.KL.name, M.OBJECTIVE_KL_COEF.name
 ENTROPIES = (M.OBJECTIVE_ENTROPY.name, M.POLICY_ENTROPY_AVG.name, M.ENTROPY.name)
-PPO_REWARD, GRPO_REWARD = M.OBJECTIVE_RLHF_REWARD.name, M.REWARD.name
-REWARD_KL_PAIRS = ((PPO_REWARD, PPO_KL), (GRPO_REWARD, GRPO_KL))
+GRPO_REWARD = M.REWARD.name
 CLIPPED, ZERO_STD = M.COMPLETIONS_CLIPPED_RATIO.name, M.FRAC_REWARD_ZERO_STD.name
 CLIP_REGION = M.CLIP_RATIO_REGION_MEAN.name
+RESPONSE_LENGTH = M.TOKENS_RESPONSES_LEN_MEAN.name  # to put PPO's KL per sequence on GRPO's per-token scale
+LOGP_GAP = M.SAMPLING_LOGP_DIFFERENCE_MEAN.name
+PPO_SCORES_STD, GRPO_REWARD_STD = M.OBJECTIVE_SCORES_STD.name, M.REWARD_STD.name
 # Over-optimisation: the score the policy is trained on (PPO: the reward model's / functions' score; GRPO: the total
 # reward) against the task's true success (its checker), on sampled (rollout/) or greedy eval (eval/) completions.
 PPO_SCORES, TRUE_SUCCESS = M.OBJECTIVE_SCORES.name, (M.ROLLOUT_TASK_SUCCESS.name, M.EVAL_TASK_SUCCESS.name)
@@ -56,8 +58,9 @@ def _knob(default: float | int, help: str) -> Any:
 class Thresholds:
     """Every number the rules compare against, with its default. Units are the metric's own.
 
-    Defaults were calibrated on a healthy 160-update PPO run of the built-in task (no warning, no
-    critical finding); see tests/health/test_rules.py for the margins.
+    Defaults are calibrated on the labelled run set of bench/health (healthy and sick PPO and GRPO runs of the
+    built-in task): no finding on any healthy run, every failure mode caught; docs/health.md has the measurement and
+    tests/health/test_detection.py keeps it true.
     """
 
     # Windows, in observations of the metric concerned.
@@ -66,18 +69,30 @@ class Thresholds:
         10, "A rule that stopped firing must stay quiet this many evaluations before it is reported again."
     )
     # PPO probability ratio.
-    ratio_warning_low: float = _knob(0.5, f"`{RATIO}` below this is a warning.")
-    ratio_warning_high: float = _knob(2.0, f"`{RATIO}` above this is a warning.")
-    ratio_critical_low: float = _knob(0.1, f"`{RATIO}` below this is critical.")
-    ratio_critical_high: float = _knob(10.0, f"`{RATIO}` above this is critical.")
+    ratio_warning_low: float = _knob(0.5, f"`{RATIO}` at or below this is a warning.")
+    ratio_warning_high: float = _knob(2.0, f"`{RATIO}` at or above this is a warning.")
+    ratio_critical_low: float = _knob(0.1, f"`{RATIO}` at or below this is critical.")
+    ratio_critical_high: float = _knob(10.0, f"`{RATIO}` at or above this is critical.")
     # Value loss.
     value_loss_window: int = _knob(
         20, f"Previous observations of `{VALUE_LOSS}` whose median a spike is measured against."
     )
     value_loss_spike_factor: float = _knob(5.0, "A value loss this many times its recent median is a spike.")
+    value_loss_critical_factor: float = _knob(
+        100.0, "A single value loss this many times the run's first is critical (needs no history)."
+    )
+    value_loss_critical_min: float = _knob(
+        1.0, "... and at least this large (squared reward units): a tiny first value loss does not make 0.05 a crisis."
+    )
+    value_clipfrac_warning: float = _knob(
+        0.15, f"`{VALUE_CLIPFRAC}` level (median of smooth_window) at which the value model moves too fast."
+    )
     # Policy update size.
     clipfrac_high: float = _knob(0.3, f"`{CLIPFRAC}` level that counts as high.")
     approxkl_high: float = _knob(0.1, f"`{APPROXKL}` level (nats/token) that counts as high.")
+    approxkl_critical: float = _knob(
+        1.0, f"A single `{APPROXKL}` above this (nats/token) is critical: one update moved the policy that far."
+    )
     # KL to the reference.
     kl_window: int = _knob(20, "Observations per window of the KL checks.")
     kl_negative_below: float = _knob(-0.05, "A KL window mean below this counts as negative.")
@@ -87,27 +102,62 @@ class Thresholds:
     kl_coef_rise_factor: float = _knob(2.0, f"`{KL_COEF}` this many times its first value has risen a lot.")
     kl_coef_window: int = _knob(10, f"Recent changes of `{KL_COEF}` inspected for a steady rise.")
     kl_coef_rise_share: float = _knob(0.8, "Share of those changes that must be increases.")
+    kl_critical: float = _knob(
+        2.0,
+        "A single KL to the reference above this (nats/token; PPO's per sequence divided by the mean completion "
+        "length) is critical.",
+    )
+    kl_level_warning: float = _knob(
+        0.5, "A KL median over kl_window observations above this (nats/token) is a policy far from the reference."
+    )
+    kl_start_warning: float = _knob(
+        0.01,
+        "A KL above this (nats/token) at step 1, before any update, means the reference is not the starting policy.",
+    )
     # Entropy.
     entropy_collapse_fraction: float = _knob(0.1, "Entropy below this fraction of its start level has collapsed.")
-    # Reward against KL.
-    reward_window: int = _knob(50, "Observations compared half against half for the reward-versus-KL trend.")
-    reward_kl_growth_factor: float = _knob(1.5, "KL growth (second half median / first half) that counts as growing.")
+    entropy_critical_fraction: float = _knob(
+        0.05, "A single entropy observation below this fraction of the run's first is critical (needs no window)."
+    )
     # Reward against true success (over-optimisation).
-    overopt_window: int = _knob(
-        20, "Observations of the score and of rollout task success averaged for their start and current levels."
+    overopt_window: int = _knob(3, "Observations of the score and of rollout task success averaged into their levels.")
+    overopt_success_drop: float = _knob(
+        0.05, "The least fall of true success (a fraction) below its best level that counts as over-optimisation."
+    )
+    overopt_success_z: float = _knob(
+        3.0, "The fall of true success must also be this many times the noise of a difference of two levels."
+    )
+    overopt_score_z: float = _knob(
+        1.0, "The score must rise meanwhile by at least this many times the noise of a difference of two levels."
     )
     overopt_eval_window: int = _knob(3, "Latest evaluations of eval/task_success averaged for its current level.")
     overopt_score_rise: float = _knob(
-        0.3, "Rise of the score over its start level (reward units) from which over-optimisation is checked."
+        0.3, "Rise of the score over its start level (reward units) from which eval/task_success is checked."
     )
     overopt_success_gain: float = _knob(
-        0.02, "True success at most this much above its start level (a fraction) counts as flat or falling."
+        0.02, "eval/task_success at most this much above its start level (a fraction) counts as flat or falling."
     )
+    # The trained-on reward itself.
+    reward_collapse_spreads: float = _knob(
+        0.75, "The reward's level this many spreads (its median std) below its best level is a collapse."
+    )
+    reward_history: int = _knob(50, "Observations of the reward and of true success whose levels are compared.")
     # GRPO.
     clipped_ratio_warning: float = _knob(0.5, f"`{CLIPPED}` level that is a warning.")
     clipped_ratio_critical: float = _knob(0.9, f"`{CLIPPED}` level that is critical.")
-    zero_std_warning: float = _knob(0.9, f"`{ZERO_STD}` level that is a warning.")
+    zero_std_warning: float = _knob(0.5, f"`{ZERO_STD}` level that is a warning.")
+    zero_std_critical: float = _knob(0.95, f"`{ZERO_STD}` level that is critical: nearly nothing left to learn from.")
     clip_region_warning: float = _knob(0.2, f"`{CLIP_REGION}` level that is a warning.")
+    # Sampling against training.
+    logprob_gap_warning: float = _knob(
+        0.05, f"`{LOGP_GAP}` (nats/token) above this is a warning: sampling and training disagree."
+    )
+    logprob_gap_critical: float = _knob(0.5, f"`{LOGP_GAP}` (nats/token) above this is critical.")
+    # Reward scale.
+    reward_scale_factor: float = _knob(
+        100.0, "A reward spread (std) this many times its median over the previous observations is a scale jump."
+    )
+    reward_scale_window: int = _knob(10, "Previous observations of the reward spread a jump is measured against.")
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -125,7 +175,7 @@ class Thresholds:
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
         windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
-        return max(*windows, self.reward_window, self.overopt_window)
+        return max(*windows, self.reward_history, self.reward_scale_window + 1)
 
     def start_length(self) -> int:
         """How many first observations of each metric the rules can look at (their start levels)."""
@@ -220,11 +270,13 @@ class History:
 
 
 class Hit(NamedTuple):
-    """A rule firing at one step: how bad, the numbers behind it, and what happened in words."""
+    """A rule firing at one step: how bad, the numbers behind it, what happened in words, and the threshold each
+    metric was held against (the evidence a report draws)."""
 
     severity: str
     metrics: dict[str, float]
     message: str
+    thresholds: Mapping[str, float] = {}
 
 
 @dataclass(frozen=True)
@@ -264,13 +316,14 @@ def check_ratio(h: History, t: Thresholds) -> Hit | None:
     x = h.row.get(RATIO)
     if x is None or not math.isfinite(x):
         return None  # NaN is nonfinite_metric's business
-    if not t.ratio_critical_low <= x <= t.ratio_critical_high:
+    if not t.ratio_critical_low < x < t.ratio_critical_high:
         severity, low, high = CRITICAL, t.ratio_critical_low, t.ratio_critical_high
-    elif not t.ratio_warning_low <= x <= t.ratio_warning_high:
+    elif not t.ratio_warning_low < x < t.ratio_warning_high:
         severity, low, high = WARNING, t.ratio_warning_low, t.ratio_warning_high
     else:
         return None
-    return Hit(severity, {RATIO: x}, f"{RATIO} = {_g(x)}, outside [{low:g}, {high:g}].")
+    crossed = low if x <= low else high
+    return Hit(severity, {RATIO: x}, f"{RATIO} = {_g(x)}, not inside ({low:g}, {high:g}).", {RATIO: crossed})
 
 
 def check_value_loss(h: History, t: Thresholds) -> Hit | None:
@@ -279,6 +332,13 @@ def check_value_loss(h: History, t: Thresholds) -> Hit | None:
         return None
     if not math.isfinite(x):
         return Hit(CRITICAL, {VALUE_LOSS: x}, f"{VALUE_LOSS} is {x}.")
+    first = h.first(VALUE_LOSS)[0]
+    limit = max(t.value_loss_critical_factor * first, t.value_loss_critical_min)
+    if first > 0 and x >= limit:  # a catastrophe needs no window
+        return Hit(
+            CRITICAL, {VALUE_LOSS: x}, f"{VALUE_LOSS} = {_g(x)}, {x / first:.0f}x its first value {_g(first)}.",
+            {VALUE_LOSS: limit},
+        )  # fmt: skip
     previous = h.values(VALUE_LOSS)[:-1][-t.value_loss_window :]  # [-1] is x itself
     if len(previous) < t.smooth_window:
         return None  # too little history for a median worth comparing with
@@ -289,8 +349,22 @@ def check_value_loss(h: History, t: Thresholds) -> Hit | None:
             {VALUE_LOSS: x},
             f"{VALUE_LOSS} = {_g(x)}, {x / median:.1f}x its median {_g(median)} over the previous "
             f"{len(previous)} observations.",
+            {VALUE_LOSS: t.value_loss_spike_factor * median},
         )
     return None
+
+
+def check_value_clipping(h: History, t: Thresholds) -> Hit | None:
+    level = _level(h, VALUE_CLIPFRAC, t.smooth_window)
+    if level is None or level < t.value_clipfrac_warning:
+        return None
+    return Hit(
+        WARNING,
+        {VALUE_CLIPFRAC: level},
+        f"{VALUE_CLIPFRAC} = {_g(level)} (median of the last {t.smooth_window} updates): that share of the value "
+        "predictions moved past cliprange_value in one update.",
+        {VALUE_CLIPFRAC: t.value_clipfrac_warning},
+    )
 
 
 def check_nonfinite(h: History, t: Thresholds) -> Hit | None:
@@ -303,6 +377,12 @@ def check_nonfinite(h: History, t: Thresholds) -> Hit | None:
 
 
 def check_update_size(h: History, t: Thresholds) -> Hit | None:
+    now = h.row.get(APPROXKL)
+    if now is not None and now >= t.approxkl_critical:  # one update that large is a catastrophe: no window
+        return Hit(
+            CRITICAL, {APPROXKL: now}, f"{APPROXKL} = {_g(now)} nats/token in one update (>= {t.approxkl_critical:g}).",
+            {APPROXKL: t.approxkl_critical},
+        )  # fmt: skip
     n = t.smooth_window
     clipfrac, approxkl = h.values(CLIPFRAC)[-n:], h.values(APPROXKL)[-n:]
     if len(clipfrac) < n or len(approxkl) < n:
@@ -314,6 +394,7 @@ def check_update_size(h: History, t: Thresholds) -> Hit | None:
             {CLIPFRAC: c, APPROXKL: k},
             f"median over the last {n} updates: {CLIPFRAC} = {_g(c)} (>= {t.clipfrac_high:g}) and "
             f"{APPROXKL} = {_g(k)} (>= {t.approxkl_high:g}).",
+            {CLIPFRAC: t.clipfrac_high, APPROXKL: t.approxkl_high},
         )
     return None
 
@@ -327,7 +408,10 @@ def check_kl_negative(h: History, t: Thresholds) -> Hit | None:
         window = h.values(name)[-t.kl_window :]
         if len(window) == t.kl_window and statistics.fmean(window) < t.kl_negative_below:
             mean = statistics.fmean(window)
-            return Hit(WARNING, {name: mean}, f"{name} averaged {_g(mean)} over the last {t.kl_window} observations.")
+            return Hit(
+                WARNING, {name: mean}, f"{name} averaged {_g(mean)} over the last {t.kl_window} observations.",
+                {name: t.kl_negative_below},
+            )  # fmt: skip
     return None
 
 
@@ -344,6 +428,7 @@ def check_kl_runaway(h: History, t: Thresholds) -> Hit | None:
                 WARNING,
                 {name: now},
                 f"{name} median rose from {_g(before)} to {_g(now)} between the previous and the last {w} observations.",
+                {name: max(floor, t.kl_growth_factor * max(before, 0.0))},
             )
     return None
 
@@ -362,70 +447,114 @@ def check_kl_coef(h: History, t: Thresholds) -> Hit | None:
             {KL_COEF: now},
             f"{KL_COEF} = {_g(now)}, {now / first[0]:.1f}x its first value {_g(first[0])}, and it rose in "
             f"{rises} of the last {w} updates.",
+            {KL_COEF: t.kl_coef_rise_factor * first[0]},
         )
     return None
 
 
 def check_entropy(h: History, t: Thresholds) -> Hit | None:
     n = t.smooth_window
-    collapsed, parts = {}, []
+    collapsed, limits, parts, severity = {}, {}, [], WARNING
     for name in ENTROPIES:
-        values, first = h.values(name), h.first(name)[:n]
-        # The start level and the current level must not share observations.
-        if name not in h.row or len(first) < n or len(values) < n or h.count(name) < 2 * n:
+        values, first = h.values(name), h.first(name)
+        if name not in h.row or not first or first[0] <= 0:
             continue
-        start, now = statistics.median(first), statistics.median(values[-n:])
-        if start > 0 and now < t.entropy_collapse_fraction * start:
-            collapsed[name] = now
-            parts.append(f"{name} = {_g(now)} ({now / start:.0%} of its start level {_g(start)})")
+        now = h.row[name]
+        if math.isfinite(now) and now < t.entropy_critical_fraction * first[0]:  # a collapse in one step
+            collapsed[name], limits[name], severity = now, t.entropy_critical_fraction * first[0], CRITICAL
+            parts.append(f"{name} = {_g(now)} ({now / first[0]:.0%} of its first value {_g(first[0])})")
+            continue
+        # The start level and the current level must not share observations.
+        if len(first) < n or len(values) < n or h.count(name) < 2 * n:
+            continue
+        start, level = statistics.median(first[:n]), statistics.median(values[-n:])
+        if start > 0 and level < t.entropy_collapse_fraction * start:
+            collapsed[name], limits[name] = level, t.entropy_collapse_fraction * start
+            parts.append(f"{name} median {_g(level)} ({level / start:.0%} of its start level {_g(start)})")
     if not collapsed:
         return None
-    return Hit(WARNING, collapsed, "; ".join(parts) + ".")
+    return Hit(severity, collapsed, "; ".join(parts) + ".", limits)
 
 
-def check_reward_vs_kl(h: History, t: Thresholds) -> Hit | None:
-    w, half = t.reward_window, t.reward_window // 2
-    for reward_name, kl_name in REWARD_KL_PAIRS:
-        if reward_name not in h.row or kl_name not in h.row:
-            continue
-        rewards, kls = h.values(reward_name)[-w:], h.values(kl_name)[-w:]
-        if len(rewards) < w or len(kls) < w:
-            continue
-        gain = statistics.fmean(rewards[half:]) - statistics.fmean(rewards[:half])
-        kl_before, kl_now = statistics.median(kls[:half]), statistics.median(kls[half:])
-        if gain <= 0 and kl_before > 0 and kl_now >= t.reward_kl_growth_factor * kl_before:
-            return Hit(
-                WARNING,
-                {reward_name: rewards[-1], kl_name: kl_now},
-                f"over the last {w} observations {reward_name} changed by {gain:+.3g} (mean of the second half minus "
-                f"the first) while the {kl_name} median grew {kl_now / kl_before:.1f}x ({_g(kl_before)} -> {_g(kl_now)}).",
-            )
-    return None
+def _trailing_means(values: list[float], n: int) -> list[float]:
+    """The mean of each run of n consecutive values, oldest first."""
+    return [statistics.fmean(values[i - n : i]) for i in range(n, len(values) + 1)]
+
+
+def _score_name(h: History) -> str:
+    """The score the policy is trained on: PPO's objective/scores, GRPO's total reward."""
+    return PPO_SCORES if h.count(PPO_SCORES) else GRPO_REWARD
+
+
+def _noise(values: list[float], n: int) -> float:
+    """The standard deviation of a difference of two means of n observations, from the step-to-step noise of the
+    observations: the root mean square of their successive differences over sqrt(2), which a trend or a sudden fall
+    barely inflates (von Neumann's estimator), times sqrt(2 / n)."""
+    diffs = [b - a for a, b in zip(values, values[1:])]
+    return math.sqrt(sum(d * d for d in diffs) / (2 * len(diffs))) * math.sqrt(2 / n)
 
 
 def check_overoptimisation(h: History, t: Thresholds) -> Hit | None:
-    """The trained-on score has risen well above its start while the task's true success has not: the policy
-    exploits the reward. Levels are means: the first and the last overopt_window observations of the score and of
-    rollout success; for eval success the first evaluation (before training) and the last overopt_eval_window."""
+    """True success falls while the trained-on score rises: the policy exploits the reward. Over the last
+    reward_history observations, the mean of the latest overopt_window observations is compared with the window
+    where true success was best (not overlapping the latest); both changes are measured against the step-to-step
+    noise of their own metric, so sampling noise in a small batch does not count as a fall. On evaluations
+    (eval/task_success), the first one (before training) against the mean of the last overopt_eval_window, once the
+    score rose by overopt_score_rise."""
+    score_name, (rollout, evaluation) = _score_name(h), TRUE_SUCCESS
     n = t.overopt_window
-    score_name = PPO_SCORES if h.count(PPO_SCORES) else GRPO_REWARD
-    if h.count(score_name) < 2 * n:
-        return None  # the start and current levels must not share observations
-    score_start, score_now = statistics.fmean(h.first(score_name)[:n]), statistics.fmean(h.values(score_name)[-n:])
-    if score_now - score_start < t.overopt_score_rise:
-        return None
-    rollout, evaluation = TRUE_SUCCESS
-    for name, start_n, now_n in ((rollout, n, n), (evaluation, 1, t.overopt_eval_window)):
-        if name not in h.row or h.count(name) < start_n + now_n:
-            continue
-        start, now = statistics.fmean(h.first(name)[:start_n]), statistics.fmean(h.values(name)[-now_n:])
-        if now - start <= t.overopt_success_gain:
+    success, score = h.values(rollout)[-t.reward_history :], h.values(score_name)[-t.reward_history :]
+    shared = min(len(success), len(score))
+    if rollout in h.row and shared >= 2 * n:
+        success, score = success[-shared:], score[-shared:]
+        success_levels, score_levels = _trailing_means(success, n), _trailing_means(score, n)
+        best = max(range(len(success_levels) - n), key=success_levels.__getitem__)
+        drop, rise = success_levels[best] - success_levels[-1], score_levels[-1] - score_levels[best]
+        needed_drop = max(t.overopt_success_drop, t.overopt_success_z * _noise(success, n))
+        if drop >= needed_drop and rise >= t.overopt_score_z * _noise(score, n):
             return Hit(
                 WARNING,
-                {score_name: score_now, name: now},
-                f"{score_name} rose from {_g(score_start)} to {_g(score_now)} (means of its first and last {n} "
-                f"observations) while {name} went from {_g(start)} to {_g(now)}.",
+                {rollout: success_levels[-1], score_name: score_levels[-1]},
+                f"{rollout} fell from {_g(success_levels[best])} to {_g(success_levels[-1])} while {score_name} rose "
+                f"from {_g(score_levels[best])} to {_g(score_levels[-1])} (means of {n} observations, {shared - n} "
+                "apart at most): the policy earns more reward for worse answers.",
+                {rollout: success_levels[best] - needed_drop, score_name: score_levels[best]},
             )
+    if evaluation not in h.row or h.count(score_name) < 2 * n:
+        return None
+    score_start, score_now = statistics.fmean(h.first(score_name)[:n]), statistics.fmean(h.values(score_name)[-n:])
+    if score_now - score_start < t.overopt_score_rise or h.count(evaluation) < 1 + t.overopt_eval_window:
+        return None
+    start, now = h.first(evaluation)[0], statistics.fmean(h.values(evaluation)[-t.overopt_eval_window :])
+    if now - start <= t.overopt_success_gain:
+        return Hit(
+            WARNING,
+            {score_name: score_now, evaluation: now},
+            f"{score_name} rose from {_g(score_start)} to {_g(score_now)} (means of its first and last {n} "
+            f"observations) while {evaluation} went from {_g(start)} to {_g(now)}.",
+            {score_name: score_start + t.overopt_score_rise, evaluation: start + t.overopt_success_gain},
+        )
+    return None
+
+
+def check_reward_collapse(h: History, t: Thresholds) -> Hit | None:
+    """The trained-on score's level (median of smooth_window observations) reward_collapse_spreads spreads below its
+    best level over the last reward_history observations; the spread is the median of the score's std so far."""
+    score_name = _score_name(h)
+    spread_name = PPO_SCORES_STD if score_name == PPO_SCORES else GRPO_REWARD_STD
+    n, values, spreads = t.smooth_window, h.values(score_name)[-t.reward_history :], h.values(spread_name)
+    if score_name not in h.row or len(values) < 2 * n or not spreads:
+        return None
+    levels = [statistics.median(values[i - n : i]) for i in range(n, len(values) + 1)]
+    best, spread = max(levels), statistics.median(spreads)
+    if spread > 0 and levels[-1] <= best - t.reward_collapse_spreads * spread:
+        return Hit(
+            WARNING,
+            {score_name: levels[-1]},
+            f"{score_name} fell to {_g(levels[-1])} (median of {n} observations) from a best level of {_g(best)}: "
+            f"{(best - levels[-1]) / spread:.1f} times its typical spread {_g(spread)}.",
+            {score_name: best - t.reward_collapse_spreads * spread},
+        )
     return None
 
 
@@ -443,8 +572,9 @@ def check_clipped_completions(h: History, t: Thresholds) -> Hit | None:
     return Hit(
         severity,
         {CLIPPED: level},
-        f"{level:.0%} of completions (median of the last {t.smooth_window} steps) ended at max_completion_length "
+        f"{level:.0%} of completions (median of the last {t.smooth_window} steps) ended at the length limit "
         "without EOS.",
+        {CLIPPED: t.clipped_ratio_critical if severity == CRITICAL else t.clipped_ratio_warning},
     )
 
 
@@ -452,11 +582,15 @@ def check_zero_std(h: History, t: Thresholds) -> Hit | None:
     level = _level(h, ZERO_STD, t.smooth_window)
     if level is None or level < t.zero_std_warning:
         return None
+    severity, limit = (
+        (CRITICAL, t.zero_std_critical) if level >= t.zero_std_critical else (WARNING, t.zero_std_warning)
+    )
     return Hit(
-        WARNING,
+        severity,
         {ZERO_STD: level},
         f"in {level:.0%} of prompt groups (median of the last {t.smooth_window} steps) every completion got the "
-        "same reward.",
+        "same reward: those groups have zero advantage and teach nothing.",
+        {ZERO_STD: limit},
     )
 
 
@@ -469,7 +603,89 @@ def check_clip_region(h: History, t: Thresholds) -> Hit | None:
         {CLIP_REGION: level},
         f"{CLIP_REGION} = {_g(level)} (median of the last {t.smooth_window} steps): that share of tokens hit the "
         "epsilon bounds.",
+        {CLIP_REGION: t.clip_region_warning},
     )
+
+
+def _kl_per_token(h: History, name: str) -> float | None:
+    """The row's KL to the reference in nats/token: GRPO's kl as it is, PPO's objective/kl (per sequence) divided by
+    the mean completion length of the same row."""
+    value = h.row.get(name)
+    if value is None or not math.isfinite(value):
+        return None
+    if name == GRPO_KL:
+        return value
+    length = h.row.get(RESPONSE_LENGTH)
+    return value / length if length and length > 0 else None
+
+
+def _kl_level(h: History, name: str, n: int) -> float | None:
+    """The median of the last n observations of a KL metric in nats/token (PPO's divided by the median completion
+    length over the same observations), or None while there are fewer than n."""
+    values = h.values(name)[-n:]
+    if len(values) < n:
+        return None
+    if name == GRPO_KL:
+        return statistics.median(values)
+    lengths = h.values(RESPONSE_LENGTH)[-n:]
+    length = statistics.median(lengths) if lengths else 0.0
+    return statistics.median(values) / length if length > 0 else None
+
+
+def check_kl_extreme(h: History, t: Thresholds) -> Hit | None:
+    for name in _kl_metrics(h):
+        per_token = _kl_per_token(h, name)
+        if per_token is None:
+            continue
+        if per_token >= t.kl_critical:
+            return Hit(
+                CRITICAL, {name: h.row[name]}, f"{name} = {_g(h.row[name])} ({_g(per_token)} nats/token): the policy "
+                "is far from the reference.", {name: h.row[name] * t.kl_critical / per_token},
+            )  # fmt: skip
+        level = _kl_level(h, name, t.kl_window)
+        if level is not None and level >= t.kl_level_warning:
+            median = statistics.median(h.values(name)[-t.kl_window :])
+            return Hit(
+                WARNING, {name: median}, f"{name} median over the last {t.kl_window} observations {_g(median)} "
+                f"({_g(level)} nats/token): the policy has drifted far from the reference.",
+                {name: median * t.kl_level_warning / level},
+            )  # fmt: skip
+        if h.step is not None and h.step <= 1 and h.count(name) == 1 and per_token >= t.kl_start_warning:
+            return Hit(
+                WARNING, {name: h.row[name]}, f"{name} = {_g(h.row[name])} ({_g(per_token)} nats/token) at step "
+                f"{h.step}, before any update: the reference is not the policy the run started from.",
+                {name: h.row[name] * t.kl_start_warning / per_token},
+            )  # fmt: skip
+    return None
+
+
+def check_logprob_gap(h: History, t: Thresholds) -> Hit | None:
+    gap = h.row.get(LOGP_GAP)
+    if gap is None or not math.isfinite(gap) or gap < t.logprob_gap_warning:
+        return None
+    severity, limit = (
+        (CRITICAL, t.logprob_gap_critical) if gap >= t.logprob_gap_critical else (WARNING, t.logprob_gap_warning)
+    )
+    return Hit(
+        severity, {LOGP_GAP: gap}, f"the training forward's log-probs differ from the sampler's by {_g(gap)} "
+        "nats/token on the same weights.", {LOGP_GAP: limit},
+    )  # fmt: skip
+
+
+def check_reward_scale(h: History, t: Thresholds) -> Hit | None:
+    for name in (PPO_SCORES_STD, GRPO_REWARD_STD):
+        now = h.row.get(name)
+        previous = h.values(name)[:-1][-t.reward_scale_window :]
+        if now is None or not math.isfinite(now) or len(previous) < t.reward_scale_window:
+            continue
+        median = statistics.median(previous)
+        if median > 0 and now >= t.reward_scale_factor * median:
+            return Hit(
+                CRITICAL, {name: now}, f"{name} = {_g(now)}, {now / median:.0f}x its median {_g(median)} over the "
+                f"previous {len(previous)} observations: the rewards changed scale.",
+                {name: t.reward_scale_factor * median},
+            )  # fmt: skip
+    return None
 
 
 RULES: tuple[Rule, ...] = (
@@ -488,8 +704,8 @@ RULES: tuple[Rule, ...] = (
         "ratio_far_from_one",
         (RATIO,),
         (WARNING, CRITICAL),
-        f"`{RATIO}` outside [$ratio_warning_low, $ratio_warning_high] (warning) or outside "
-        "[$ratio_critical_low, $ratio_critical_high] (critical)",
+        f"`{RATIO}` at or outside $ratio_warning_low or $ratio_warning_high (warning), at or outside "
+        "$ratio_critical_low or $ratio_critical_high (critical)",
         "The policy changed a lot between sampling the batch and updating on it. Lower learning_rate, use fewer "
         "num_ppo_epochs or more num_mini_batches. If it happens from the very first update, rollout and training "
         "compute log-probs differently (temperature, padding, position ids, dropout): the ratio on the first "
@@ -501,18 +717,33 @@ RULES: tuple[Rule, ...] = (
         (VALUE_LOSS,),
         (WARNING, CRITICAL),
         f"`{VALUE_LOSS}` at least $value_loss_spike_factor times its median over the previous "
-        "$value_loss_window observations (warning; needs $smooth_window of them), or NaN/inf (critical)",
+        "$value_loss_window observations (warning; needs $smooth_window of them); at least "
+        "$value_loss_critical_factor times its first observation and >= $value_loss_critical_min, or NaN/inf (critical, at "
+        "once)",
         "The value model is diverging or the scale of the returns jumped. Lower learning_rate or vf_coef, tighten "
         "cliprange_value, and check the rewards: a reward model or function that returns huge values, or a "
         "penalty_reward_value far outside the usual score range, produces such spikes.",
         check_value_loss,
     ),
     Rule(
+        "value_updates_clipped",
+        (VALUE_CLIPFRAC,),
+        (WARNING,),
+        f"median of the last $smooth_window observations of `{VALUE_CLIPFRAC}` >= $value_clipfrac_warning",
+        "The value model's predictions move further in one update than cliprange_value allows, so the clipped "
+        "value loss discards much of its gradient: the value model learns too fast to be stable (its learning "
+        "rate, or a jump in the returns' scale) and its advantages turn to noise. Lower the learning rate, check "
+        "the rewards' scale (whiten_rewards), and watch val/var_explained: a healthy value model explains more of "
+        "the returns as training goes on.",
+        check_value_clipping,
+    ),
+    Rule(
         "updates_too_large",
         (CLIPFRAC, APPROXKL),
-        (WARNING,),
+        (WARNING, CRITICAL),
         f"median of the last $smooth_window observations of `{CLIPFRAC}` >= $clipfrac_high and of "
-        f"`{APPROXKL}` >= $approxkl_high, both at once",
+        f"`{APPROXKL}` >= $approxkl_high, both at once (warning); a single `{APPROXKL}` >= $approxkl_critical "
+        "(critical, at once)",
         "Each optimisation step moves the policy so far that the clipped objective discards much of the batch. "
         "Lower learning_rate, use fewer num_ppo_epochs or more num_mini_batches; a larger batch steadies the "
         "advantages.",
@@ -541,6 +772,45 @@ RULES: tuple[Rule, ...] = (
         check_kl_runaway,
     ),
     Rule(
+        "kl_far_from_reference",
+        (PPO_KL, GRPO_KL),
+        (WARNING, CRITICAL),
+        f"a single KL observation (`{GRPO_KL}` per token; `{PPO_KL}` per sequence divided by "
+        f"`{RESPONSE_LENGTH}`) >= $kl_critical nats/token (critical, at once); the median of the last $kl_window "
+        "observations >= $kl_level_warning nats/token (warning); a KL >= $kl_start_warning nats/token at step 1, "
+        "before any update (warning)",
+        "A KL of whole nats per token means the policy no longer resembles the reference: it was destroyed (a "
+        "learning rate far too high) or runs free (kl_coef or beta 0). Half a nat per token held over many steps "
+        "is a policy that has drifted far, usually into what the reward overpays: raise kl_coef or beta, lower "
+        "learning_rate, and compare the score with a true success metric. A large KL at the very first step means the "
+        "reference is not the policy the run started from: check that ref_model (or the adapter-disabled policy) "
+        "loads the same checkpoint as the policy.",
+        check_kl_extreme,
+    ),
+    Rule(
+        "logprob_mismatch",
+        (LOGP_GAP,),
+        (WARNING, CRITICAL),
+        f"`{LOGP_GAP}` >= $logprob_gap_warning (warning) or >= $logprob_gap_critical (critical) nats/token, at once",
+        "The samples are not drawn from the distribution the loss scores them under, so every ratio and KL is "
+        "off: sampling and training use different temperatures, padding or position ids, dropout is on, the "
+        "sampler holds other weights, or precision differs (bf16 sampling against an fp32 loss reaches about "
+        "0.01). Make the sampler's settings the trainer's; with a separate inference engine, correct with "
+        "importance sampling.",
+        check_logprob_gap,
+    ),
+    Rule(
+        "reward_scale_jump",
+        (PPO_SCORES_STD, GRPO_REWARD_STD),
+        (CRITICAL,),
+        f"`{PPO_SCORES_STD}` (PPO) or `{GRPO_REWARD_STD}` (GRPO) >= $reward_scale_factor times its median over "
+        "the previous $reward_scale_window observations",
+        "The rewards changed scale from one step to the next: a reward model's head, a grader's units or a "
+        "weight changed. PPO's value model and an unnormalised advantage (scale_rewards none) take the new scale "
+        "as signal. Find what changed in the reward sources; normalise or clip rewards.",
+        check_reward_scale,
+    ),
+    Rule(
         "kl_coef_rising",
         (KL_COEF,),
         (WARNING,),
@@ -554,41 +824,44 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "entropy_collapse",
         ENTROPIES,
-        (WARNING,),
+        (WARNING, CRITICAL),
         f"median of the last $smooth_window observations of `{M.OBJECTIVE_ENTROPY.name}`, "
         f"`{M.POLICY_ENTROPY_AVG.name}` or `{M.ENTROPY.name}` below $entropy_collapse_fraction times the median of "
-        "its first $smooth_window",
+        "its first $smooth_window (warning); a single observation below $entropy_critical_fraction times the run's "
+        "first (critical, at once)",
         "The policy has become nearly deterministic, so sampling explores little and learning stalls. Lower "
         "learning_rate, raise kl_coef or beta to hold it near the reference, raise the sampling temperature, and "
         "check the samples for one answer repeated for every prompt.",
         check_entropy,
     ),
     Rule(
-        "reward_flat_kl_rising",
-        tuple(name for pair in REWARD_KL_PAIRS for name in pair),
-        (WARNING,),
-        f"over the last $reward_window observations, the mean of `{PPO_REWARD}` (PPO) or `{GRPO_REWARD}` (GRPO) "
-        f"in the second half is not above the first half's, while the KL median (`{PPO_KL}` / `{GRPO_KL}`) grew by "
-        "a factor >= $reward_kl_growth_factor",
-        "The policy spends its KL budget without earning reward: it drifts away from the reference for no gain, or "
-        "exploits something the score does not pay for. Raise kl_coef or beta, lower learning_rate, and check the "
-        "reward on recent samples; with a learned reward model, compare against the task's true success metric.",
-        check_reward_vs_kl,
-    ),
-    Rule(
         "reward_overoptimised",
         (PPO_SCORES, GRPO_REWARD, *TRUE_SUCCESS),
         (WARNING,),
-        f"`{PPO_SCORES}` (PPO) or `{GRPO_REWARD}` (GRPO) has risen by >= $overopt_score_rise (mean of its last "
-        "$overopt_window observations against its first $overopt_window) while the task's true success is at most "
-        f"$overopt_success_gain above its start: `{TRUE_SUCCESS[0]}` (last $overopt_window observations against the "
-        f"first $overopt_window) or `{TRUE_SUCCESS[1]}` (mean of the last $overopt_eval_window evaluations against "
-        "the one before training); only for tasks with a checker",
-        "The policy earns more of the score it is trained on without getting better at the task: it exploits what "
-        "the reward model (or function) overpays, the over-optimisation of Gao et al. 2022. Lower learning_rate, "
-        "raise kl_coef or beta to hold the policy near the reference, and improve the reward model where the "
-        "latest samples show it being fooled (more pairs of the mistakes the policy now makes).",
+        f"`{TRUE_SUCCESS[0]}` (mean of $overopt_window observations) below its best level over the last "
+        "$reward_history observations by at least $overopt_success_drop and $overopt_success_z noise units, while "
+        f"`{PPO_SCORES}` (PPO) or `{GRPO_REWARD}` (GRPO) rose from its level at that best by at least "
+        "$overopt_score_z noise units (a noise unit: the metric's step-to-step noise, the root mean square of its "
+        "successive differences over sqrt(2), times sqrt(2 / $overopt_window)); or `{TRUE_SUCCESS[1]}` (mean of the last $overopt_eval_window "
+        "evaluations) at most $overopt_success_gain above the evaluation before training while the score rose by "
+        ">= $overopt_score_rise; only for tasks with a checker",
+        "The policy earns as much of the score it is trained on (or more) while getting worse at the task: it "
+        "exploits what the reward model (or function) overpays, the over-optimisation of Gao et al. 2022. Read the "
+        "latest samples for what the reward pays for; lower learning_rate, raise kl_coef or beta to hold the policy "
+        "near the reference, and fix the reward (more preference pairs of the mistakes the policy now makes).",
         check_overoptimisation,
+    ),
+    Rule(
+        "reward_collapse",
+        (PPO_SCORES, GRPO_REWARD),
+        (WARNING,),
+        f"the median of the last $smooth_window observations of `{PPO_SCORES}` (PPO) or `{GRPO_REWARD}` (GRPO) "
+        "is $reward_collapse_spreads or more times its typical spread (the median of its std so far) below its best "
+        "such median over the last $reward_history observations",
+        "The score the policy is trained on fell and stayed down: the updates are destroying what the policy had "
+        "learned (a learning rate too high, a broken reward). Lower learning_rate, check the reward sources, and "
+        "resume from a checkpoint taken before the fall.",
+        check_reward_collapse,
     ),
     Rule(
         "completions_clipped",
@@ -604,12 +877,14 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "reward_zero_std",
         (ZERO_STD,),
-        (WARNING,),
-        f"median of the last $smooth_window observations of `{ZERO_STD}` >= $zero_std_warning",
-        "In nearly every group all completions got the same reward, so the group-relative advantages are zero and "
-        "there is nothing to learn from. Match the prompts' difficulty to the model (drop prompts that are always "
-        "or never solved), give partial credit in the reward, or raise num_generations or the temperature for "
-        "more varied completions.",
+        (WARNING, CRITICAL),
+        f"median of the last $smooth_window observations of `{ZERO_STD}` >= $zero_std_warning (warning) or >= "
+        "$zero_std_critical (critical)",
+        "In many groups all completions got the same reward, so their group-relative advantages are zero and they "
+        "teach nothing: the prompts are too easy or too hard for the model, the reward cannot tell completions "
+        "apart, or sampling is so nearly deterministic (a low temperature, a collapsed entropy) that a group's "
+        "completions are the same text. Match the prompts' difficulty to the model (drop prompts that are always "
+        "or never solved), give partial credit in the reward, raise the temperature or num_generations.",
         check_zero_std,
     ),
     Rule(

@@ -1,26 +1,18 @@
-"""docs/health.md is generated from the rules and kept fresh; rules read registered metrics."""
+"""docs/health.md shows every rule with its numbers (tests/test_docs.py keeps it fresh); rules read registered metrics."""
 
 import re
 from dataclasses import fields
-from pathlib import Path
 
 from rlhfkit.health import RULES, SEVERITIES, Thresholds, render_markdown
 from rlhfkit.health.docs import placeholders
 from rlhfkit.metrics.registry import TRAINERS, metrics_for
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def test_docs_health_md_is_fresh():
-    path = ROOT / "docs" / "health.md"
-    assert path.read_text(encoding="utf-8") == render_markdown(), "docs/health.md is stale: run `make docs`"
 
 
 def test_docs_show_each_rule_with_its_default_numbers():
     text = render_markdown()
     for rule in RULES:
         assert f"### `{rule.name}`" in text and rule.advice in text
-    assert "`val/ratio` outside [0.5, 2] (warning) or outside [0.1, 10] (critical)" in text
+    assert "`val/ratio` at or outside 0.5 or 2 (warning), at or outside 0.1 or 10 (critical)" in text
     assert "| `value_loss_spike_factor` | 5 |" in text
 
 

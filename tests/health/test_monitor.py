@@ -83,6 +83,7 @@ def test_finding_json_record():
         "metrics": {"val/ratio": 2.5},
         "message": "val/ratio = 2.5",
         "advice": "Lower learning_rate.",
+        "thresholds": {},
     }
     nan = json.loads(json.dumps(Finding(1, "r", CRITICAL, {"x": math.nan}, "m", "a").to_dict()))
     assert math.isnan(nan["metrics"]["x"])
@@ -91,5 +92,6 @@ def test_finding_json_record():
 def test_finding_carries_the_rules_advice_and_the_numbers():
     (f,) = HealthMonitor().observe(5, {"val/ratio": 0.3})
     assert f.metrics == {"val/ratio": 0.3}
-    assert f.message == "val/ratio = 0.3, outside [0.5, 2]."
+    assert f.message == "val/ratio = 0.3, not inside (0.5, 2)."
+    assert f.thresholds == {"val/ratio": 0.5}
     assert "learning_rate" in f.advice and "num_ppo_epochs" in f.advice
