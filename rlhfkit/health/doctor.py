@@ -1,7 +1,11 @@
-"""``rlhfkit doctor RUN_DIR``: re-run the health rules over a finished or crashed run's metrics.jsonl.
+"""``rlhfkit doctor RUN``: re-run the health rules over a finished or crashed run's logged metrics.
+
+RUN is an rlhfkit run directory (metrics.jsonl), or a run of TRL's trainers (any transformers Trainer) logged to
+TensorBoard or W&B (offline files); ``--trackio PROJECT`` reads a Trackio run (sources.py). Each finding is printed
+with the evidence: the metric's values around it and the threshold it crossed.
 
 Exit status: 0 when no critical finding (warnings allowed), 1 when at least one finding is critical,
-2 when the run directory or its metrics.jsonl is missing or the flags are wrong.
+2 when the run cannot be read or the flags are wrong.
 """
 
 from __future__ import annotations
@@ -16,9 +20,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rlhfkit.health.monitor import Finding, replay
-from rlhfkit.health.output import SEVERITY_STYLES
+from rlhfkit.health.output import SEVERITY_STYLES, evidence_text
 from rlhfkit.health.rules import CRITICAL, WARNING, Thresholds, parse_thresholds
-from rlhfkit.tracking.rundir import METRICS_FILE, read_jsonl
+from rlhfkit.health.sources import Source, read_source, read_trackio
 
 
 class Diagnosis(NamedTuple):
@@ -27,25 +31,27 @@ class Diagnosis(NamedTuple):
     skipped_lines: list[int]  # 1-based line numbers that were not a JSON object (a crash tears the last one)
     last_step: int | None
     firing_at_end: dict[str, str]  # rules still firing at the last row: name -> severity
+    source: Source  # the rows read and where from
 
 
-def doctor(run_dir: str | os.PathLike, thresholds: Thresholds | None = None) -> Diagnosis:
-    """Replay run_dir/metrics.jsonl through a fresh HealthMonitor, exactly as the trainer would have.
+def doctor(
+    run: str | os.PathLike | None, thresholds: Thresholds | None = None, *, source: Source | None = None
+) -> Diagnosis:
+    """Replay the logged rows of `run` (sources.read_source), or `source`'s, through a fresh HealthMonitor, exactly
+    as the trainer would have.
 
-    Raises FileNotFoundError naming the path when the directory or metrics.jsonl is missing.
+    Raises FileNotFoundError naming what was looked for when `run` holds no rows.
     """
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory {str(run_dir)!r} does not exist")
-    path = run_dir / METRICS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"no {METRICS_FILE} in {str(run_dir)!r} (looked for {str(path)!r})")
-    rows, skipped = read_jsonl(path)
-    monitor, findings = replay(rows, thresholds)
-    return Diagnosis(findings, len(rows), skipped, monitor.history.step, monitor.firing())
+    if source is None:
+        path = Path(run)
+        if not path.exists():
+            raise FileNotFoundError(f"run directory {str(path)!r} does not exist")
+        source = read_source(path)
+    monitor, findings = replay(source.rows, thresholds)
+    return Diagnosis(findings, len(source.rows), source.skipped_lines, monitor.history.step, monitor.firing(), source)
 
 
-def _print_report(run_dir: str, d: Diagnosis) -> None:
+def _print_report(name: str, d: Diagnosis) -> None:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -55,16 +61,17 @@ def _print_report(run_dir: str, d: Diagnosis) -> None:
     read = f"{d.rows} rows" + (f" up to step {d.last_step}" if d.last_step is not None else "")
     if d.skipped_lines:
         read += f"; skipped unreadable line(s) {', '.join(map(str, d.skipped_lines))} (a crash cuts the last one)"
-    say(Text(f"rlhfkit doctor {run_dir}: {read}"))
+    say(Text(f"rlhfkit doctor {name}: {read} ({d.source.description})"))
     if not d.findings:
         say(Text("No findings: every health rule stayed quiet.", style="bold green"))
         return
     table = Table(title="Health findings", show_lines=True)
-    for column in ("step", "severity", "rule", "what happened"):
+    for column in ("step", "severity", "rule", "what happened", "evidence"):
         table.add_column(column)
     for f in d.findings:
         style = SEVERITY_STYLES.get(f.severity, "")
-        table.add_row(str(f.step), Text(f.severity, style=style), f.rule, Text(f.message))
+        evidence = evidence_text(d.source.rows, f)
+        table.add_row(str(f.step), Text(f.severity, style=style), f.rule, Text(f.message), Text(evidence))
     console.print(table)
     say(Text("What to try:", style="bold"))
     for rule, advice in dict((f.rule, f.advice) for f in d.findings).items():
@@ -77,13 +84,22 @@ def _print_report(run_dir: str, d: Diagnosis) -> None:
 
 
 def cmd_doctor(argv: Sequence[str]) -> int:
-    """``rlhfkit doctor RUN_DIR [--health_thresholds name=value,...] [--json]``; returns the exit status."""
+    """``rlhfkit doctor RUN_DIR | --trackio PROJECT [--run NAME] [--health_thresholds name=value,...] [--json]``;
+    returns the exit status."""
     parser = argparse.ArgumentParser(
         prog="rlhfkit doctor",
-        description="Check a finished or crashed run's metrics.jsonl with the health rules (see docs/health.md). "
-        "Exit status: 0 no critical finding, 1 at least one critical finding, 2 bad input.",
+        description="Check a finished or crashed run with the health rules (see docs/health.md): an rlhfkit run "
+        "directory, or a TRL (transformers Trainer) run logged to TensorBoard, W&B or Trackio. Exit status: 0 no "
+        "critical finding, 1 at least one critical finding, 2 bad input.",
     )
-    parser.add_argument("run_dir", help="The run directory (output_dir) holding metrics.jsonl.")
+    parser.add_argument(
+        "run_dir",
+        nargs="?",
+        help="An rlhfkit run directory (metrics.jsonl); a TRL output_dir or runs/ directory with TensorBoard event "
+        "files; a W&B offline-run-* directory, its .wandb file or a wandb/ directory holding one.",
+    )
+    parser.add_argument("--trackio", metavar="PROJECT", help="Read a run of this Trackio project instead.")
+    parser.add_argument("--run", metavar="NAME", help="With --trackio: the run (needed when the project has several).")
     parser.add_argument(
         "--health_thresholds",
         default="",
@@ -91,8 +107,12 @@ def cmd_doctor(argv: Sequence[str]) -> int:
     )
     parser.add_argument("--json", action="store_true", help="Print one JSON finding per line instead of a table.")
     ns = parser.parse_args(list(argv))
+    if (ns.run_dir is None) == (ns.trackio is None):
+        parser.error("give a run_dir, or --trackio PROJECT (one of them)")
     try:
-        diagnosis = doctor(ns.run_dir, parse_thresholds(ns.health_thresholds))
+        thresholds = parse_thresholds(ns.health_thresholds)
+        source = read_trackio(ns.trackio, ns.run) if ns.trackio else None
+        diagnosis = doctor(ns.run_dir, thresholds, source=source)
     except (FileNotFoundError, ValueError) as e:
         print(f"rlhfkit doctor: error: {e}", file=sys.stderr)
         return 2
@@ -100,5 +120,5 @@ def cmd_doctor(argv: Sequence[str]) -> int:
         for f in diagnosis.findings:
             print(json.dumps(f.to_dict()))
     else:
-        _print_report(ns.run_dir, diagnosis)
+        _print_report(ns.run_dir or f"--trackio {ns.trackio}", diagnosis)
     return 1 if any(f.severity == CRITICAL for f in diagnosis.findings) else 0

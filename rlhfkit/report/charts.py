@@ -24,6 +24,7 @@ SEVERITY_COLORS = {"info": "#8c8c8c", "warning": "#e69500", "critical": "#c81e1e
 DPI = 110
 SIZE_LARGE = (6.4, 3.3)  # inches: the headline chart
 SIZE = (4.6, 2.9)  # inches: every other metric chart
+EVIDENCE_SIZE = (3.2, 1.6)  # inches: a finding's evidence, beside its row of the findings table
 SPARSE = 30  # curves with at most this many points (evaluations) get a marker per point
 
 
@@ -171,4 +172,24 @@ def health_timeline(
         ax.set_xlim(0, x_max * 1.01)
     if seen:
         ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _png(fig)
+
+
+def evidence_chart(
+    name: str, points: Sequence[tuple[float, float]], step: float, threshold: float | None, severity: str
+) -> bytes:
+    """A health finding's evidence: `name`'s values around the finding's `step` (marked), and the threshold it
+    crossed as a horizontal line."""
+    fig, ax = _figure(EVIDENCE_SIZE)
+    _style(ax, "step")
+    fig.text(0.015, 1 - 0.06 / EVIDENCE_SIZE[1], name, fontsize=8, fontweight="bold", ha="left", va="top")
+    x = np.array([p[0] for p in points], dtype=float)
+    y = np.array([p[1] for p in points], dtype=float)
+    finite = np.isfinite(y)
+    color = SEVERITY_COLORS.get(severity, "#8c8c8c")
+    ax.plot(x[finite], y[finite], color="#4c72b0", linewidth=1.4, marker="o", markersize=2.5)
+    ax.axvline(step, color=color, linestyle="--", linewidth=1.1)
+    if threshold is not None and np.isfinite(threshold):
+        ax.axhline(threshold, color=color, linestyle=":", linewidth=1.2)
+    _plain_ticks(ax)
     return _png(fig)

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from rlhfkit.health.output import evidence
 from rlhfkit.health.rules import SEVERITIES
+from rlhfkit.report import charts
 from rlhfkit.report.charts import SEVERITY_COLORS
 from rlhfkit.report.rundata import Run
 from rlhfkit.report.series import FirstLast, higher_is_better
@@ -68,6 +70,7 @@ td.no { color: #c81e1e; font-weight: 700; text-align: center; }
 .config td { font-family: ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace; font-size: 12.5px;
              max-width: 520px; word-break: break-all; }
 details { margin: 10px 0; } summary { cursor: pointer; color: #1f5fae; }
+td.evidence img { display: block; width: 260px; height: auto; margin: 2px 0; }
 """
 
 
@@ -222,15 +225,35 @@ def charts_section(sections: Sequence[tuple[str, Sequence[Chart]]], subtitle: st
         parts.append(
             '<p class="sub">metrics.jsonl holds no metrics yet (a run that stopped before its first update).</p>'
         )
-    for i, (title, charts) in enumerate(sections):
+    for i, (title, section_charts) in enumerate(sections):
         css = "grid crucial" if i == 0 and title == "Crucial values" else "grid"
-        parts.append(f'<h3>{escape(title)}</h3><div class="{css}">{"".join(chart_card(c) for c in charts)}</div>')
+        parts.append(
+            f'<h3>{escape(title)}</h3><div class="{css}">{"".join(chart_card(c) for c in section_charts)}</div>'
+        )
     parts.append("</section>")
     return "".join(parts)
 
 
 # ----------------------------------------------------------------------------------------------
 # Health
+
+
+MAX_EVIDENCE_FINDINGS = 40  # findings drawn with their evidence (the first, by step); the rest are listed
+
+
+def evidence_charts(rows: Sequence[dict[str, float]], finding: dict[str, Any]) -> str:
+    """A small chart per metric of a finding (two at most): its values around the finding's step, the step dashed
+    and the threshold it crossed dotted."""
+    names = list(finding["metrics"])[:2]
+    around = evidence(rows, finding["step"], names, before=15, after=5)
+    charts_html = []
+    for name, points in around.items():
+        if points:
+            png = charts.evidence_chart(
+                name, points, finding["step"], finding["thresholds"].get(name), finding["severity"]
+            )
+            charts_html.append(png_img(png, f"{name} around step {finding['step']}"))
+    return "".join(charts_html)
 
 
 def health_section(runs: Sequence[Run], timeline_png: bytes | None) -> str:
@@ -249,15 +272,18 @@ def health_section(runs: Sequence[Run], timeline_png: bytes | None) -> str:
         parts.append(f'<figure class="timeline">{png_img(timeline_png, "health timeline")}</figure>')
     show_run = len(runs) > 1
     head = "<tr><th>step</th>" + ("<th>run</th>" if show_run else "")
-    head += "<th>severity</th><th>rule</th><th>metrics</th><th>message</th><th>advice</th></tr>"
+    head += "<th>severity</th><th>rule</th><th>metrics</th><th>message</th><th>evidence</th><th>advice</th></tr>"
     body = []
-    for step, run_name, f in sorted(rows, key=lambda r: (r[0], r[1])):
+    metrics_of = {run.name: run.metrics for run in runs}
+    for i, (step, run_name, f) in enumerate(sorted(rows, key=lambda r: (r[0], r[1]))):
         metrics = ", ".join(f"{escape(str(k))} = {escape(fmt(v))}" for k, v in f["metrics"].items())
+        shown = evidence_charts(metrics_of[run_name], f) if i < MAX_EVIDENCE_FINDINGS else ""
         body.append(
             f'<tr><td class="num">{step}</td>'
             + (f"<td>{escape(run_name)}</td>" if show_run else "")
             + f"<td>{severity_badge(f['severity'])}</td><td><code>{escape(f['rule'])}</code></td>"
-            f'<td class="mono">{metrics}</td><td>{escape(f["message"])}</td><td>{escape(f["advice"])}</td></tr>'
+            f'<td class="mono">{metrics}</td><td>{escape(f["message"])}</td><td class="evidence">{shown}</td>'
+            f"<td>{escape(f['advice'])}</td></tr>"
         )
     parts.append(f'<table class="findings">{head}{"".join(body)}</table></section>')
     return "".join(parts)

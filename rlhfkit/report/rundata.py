@@ -79,6 +79,7 @@ def _clean_finding(row: dict[str, Any]) -> dict[str, Any]:
         "metrics": metrics,
         "message": str(row.get("message", "")),
         "advice": str(row.get("advice", "")),
+        "thresholds": {k: float(v) for k, v in (row.get("thresholds") or {}).items() if _is_number(v)},
     }
 
 

@@ -1,6 +1,8 @@
-"""doctor(): replay a run directory's metrics.jsonl; cmd_doctor(): table, exit status, errors."""
+"""doctor(): replay a run directory's metrics.jsonl or a TRL run's TensorBoard events; cmd_doctor(): table with the
+evidence, exit status, errors."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -23,6 +25,21 @@ def write_run(run_dir: Path, ratios, torn_tail: str | None = None) -> Path:
     text = "\n".join(lines) + "\n" + (torn_tail or "")
     (run_dir / "metrics.jsonl").write_text(text)
     return run_dir
+
+
+def write_trl_tensorboard(output_dir: Path, changes: dict[int, dict[str, float]] | None = None) -> Path:
+    """A TRL GRPO output_dir with TensorBoard events (runs/<name>/, TRL's keys under train/) of 12 healthy steps, with
+    `changes` per step."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    healthy = {"train/loss": 0.01, "train/kl": 0.001, "train/entropy": 0.3, "train/reward": 0.5}
+    healthy |= {"train/reward_std": 0.3, "train/completions/clipped_ratio": 0.0, "train/frac_reward_zero_std": 0.1}
+    writer = SummaryWriter(str(output_dir / "runs" / "Nov25_23-06-20_host"))
+    for step in range(1, 13):
+        for tag, value in {**healthy, **(changes or {}).get(step, {})}.items():
+            writer.add_scalar(tag, value, step)
+    writer.close()
+    return output_dir
 
 
 def test_doctor_on_a_crashed_run_skips_the_torn_last_line(tmp_path):
@@ -63,6 +80,27 @@ def test_cmd_doctor_warnings_only_exit_0_critical_exit_1(tmp_path, capsys):
     assert cmd_doctor([str(write_run(tmp_path / "crit", [1.0, 3.0, 20.0]))]) == 1
     out = capsys.readouterr().out
     assert "1 critical, 1 warning finding(s)" in out and "Still firing at the last row: ratio_far_from_one" in out
+
+
+def test_cmd_doctor_on_trl_tensorboard_events_shows_the_evidence_of_each_finding(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # the table's evidence cells unwrapped
+    out = write_trl_tensorboard(tmp_path / "sick", {5: {"train/loss": math.nan}, 9: {"train/kl": 5.0}})
+    found = [(f.step, f.rule, f.severity) for f in doctor(out).findings]
+    assert (5, "nonfinite_metric", CRITICAL) in found and (9, "kl_far_from_reference", CRITICAL) in found
+    assert cmd_doctor([str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert f"12 rows up to step 12 (TensorBoard events in {out / 'runs' / 'Nov25_23-06-20_host'})" in printed
+    assert "loss: 1: 0.01, 2: 0.01, 3: 0.01, 4: 0.01, [5: nan], 6: 0.01, 7: 0.01 " in printed  # no threshold
+    kl = "kl: 5: 0.001, 6: 0.001, 7: 0.001, 8: 0.001, [9: 5], 10: 0.001, 11: 0.001"
+    assert f"{kl} (threshold {Thresholds().kl_critical:g})" in printed
+
+
+def test_cmd_doctor_on_healthy_trl_tensorboard_events_exit_0(tmp_path, capsys):
+    out = write_trl_tensorboard(tmp_path / "healthy")
+    assert doctor(out).findings == []
+    assert cmd_doctor([str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "12 rows up to step 12 (TensorBoard events in" in printed and "No findings" in printed
 
 
 def test_cmd_doctor_mentions_the_torn_line(tmp_path, capsys):

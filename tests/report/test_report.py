@@ -340,3 +340,31 @@ def test_before_after_opens_the_report_and_escapes_model_output(synthetic_runs, 
     assert "<b>60.0%</b> win rate by task:sort (40 wins, 200 ties, 16 losses; 95% interval 55.0% to 65.0%)" in html
     assert "31&lt;b&gt;" in html and "31<b>" not in html  # model output is escaped
     assert "Before and after" not in build_report([synthetic_runs[0]], tmp_path / "plain").read_text()
+
+
+def test_each_finding_gets_evidence_charts_with_its_threshold(synthetic_runs, tmp_path, monkeypatch):
+    """A finding's row carries a small chart of each metric it names, around its step, with the threshold it was held
+    against (health.jsonl's "thresholds"; findings written before they carried one get the chart without it)."""
+    from rlhfkit.report import charts
+
+    ppo, _ = synthetic_runs
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("metrics.jsonl", "run_config.json"):
+        (run / name).write_bytes((ppo / name).read_bytes())
+    finding = {**fakeruns.PPO_FINDINGS[0], "thresholds": {"val/ratio": 2.0}}
+    (run / "health.jsonl").write_text(json.dumps(finding) + "\n" + json.dumps(fakeruns.PPO_FINDINGS[1]) + "\n")
+    drawn = []
+    original = charts.evidence_chart
+
+    def spy(name, points, step, threshold, severity):
+        drawn.append((name, [s for s, _ in points], step, threshold, severity))
+        return original(name, points, step, threshold, severity)
+
+    monkeypatch.setattr(charts, "evidence_chart", spy)
+    html = build_report([run], tmp_path / "out").read_text(encoding="utf-8")
+    steps = list(range(5, 26))  # 15 observations before step 20, 5 after
+    assert drawn[0] == ("val/ratio", steps, 20, 2.0, "warning")
+    assert drawn[1][0] == "loss/value_avg" and drawn[1][2:] == (40, None, "critical")
+    health = html[html.index('id="health"') :]
+    assert 'alt="val/ratio around step 20"' in health and 'alt="loss/value_avg around step 40"' in health
