@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+HEALTH_RECORDS = ROOT / "bench" / "health" / "records"  # the labelled run set's records (bench/health/build.py)
 
 
 class Page(NamedTuple):
@@ -30,9 +31,10 @@ def _metrics() -> str:
 
 
 def _health() -> str:
+    from rlhfkit.health.detection import load_records
     from rlhfkit.health.docs import render_markdown
 
-    return render_markdown()
+    return render_markdown(records=load_records(HEALTH_RECORDS))
 
 
 def _trl_flags() -> str:

@@ -1,0 +1,219 @@
+"""The labelled run set: healthy runs of the built-in task, and runs with one failure injected each.
+
+Every run is ``rlhfkit ppo`` or ``rlhfkit grpo`` on the built-in task (its built-in settings, then the spec's flags),
+optionally with an injection from inject.py. Its label is ground truth, never the rules' verdict:
+
+* ``mode``: "healthy", or the failure injected (MODES);
+* ``onset``: the step the failure starts: the step of the injected change, or for reward hacking the step at which
+  true success (rollout/task_success) visibly starts to fall (labels.success_fall), which only the task's checker
+  knows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# The failure modes, in the order of the detection table, with what was injected.
+MODES = {
+    "lr_fast": "learning rate far too high (0.5): the policy is destroyed within a few updates",
+    "lr_slow": "learning rate raised 10-20x mid-run: the policy drifts, then collapses",
+    "reward_hacking": "a reward with an exploitable flaw (pays for a repeated digit, or for digits in order whatever "
+    "they are; the learned reward model under a weak KL penalty): the score rises while true success falls",
+    "entropy_collapse": "sampling at temperature 0.2, without a learning-rate error",
+    "kl_runaway": "PPO with kl_coef 0 against the learned reward model",
+    "value_diverges": "PPO's value model takes 1000x the policy's learning rate from step 20",
+    "truncated": "a length limit shorter than the answers (4 tokens): completions are cut off",
+    "zero_spread": "GRPO rewards with no spread within a group (every completion earns 1, or none earns anything)",
+    "reward_scale": "every reward multiplied by 1000 from step 20",
+    "nonfinite_reward": "a reward source returns inf (refused) or 1e308 (the loss overflows) from step 20",
+    "eos_missing": "the stop token is one the model never writes: completions run to the length limit",
+    "logprob_mismatch": "sampling at temperature 1.0 while the losses score at 0.7",
+    "wrong_reference": "a reference model that is not the starting policy (noise of 0.3 of each weight's std)",
+}
+
+# The shorter length of most failure runs: long enough for a slow failure to show, short enough for the set.
+PPO_SHORT = {"total_episodes": 7680}  # 120 updates of 64
+GRPO_SHORT = {"max_steps": 100}
+
+
+class Spec(NamedTuple):
+    name: str
+    algorithm: str  # "ppo" or "grpo"
+    mode: str  # "healthy" or a key of MODES
+    seed: int
+    flags: dict  # flags beyond the built-in settings (values as on the command line, lists for several)
+    injection: tuple = ()  # (name in inject.INJECTIONS, {settings}) or ()
+    onset: int | str = 1  # the step the failure starts, or "success_fall" (labels.success_fall)
+    processes: int = 1
+
+
+def _healthy() -> list[Spec]:
+    ppo = [
+        ("default", {}, (0, 1, 2)),
+        ("kl0.1", {"kl_coef": 0.1}, (0,)),
+        ("kl0.3", {"kl_coef": 0.3}, (1,)),
+        ("lr5e-5", {"learning_rate": 5e-5}, (2,)),
+        ("minibatch2", {"gradient_accumulation_steps": 2, "num_mini_batches": 2}, (0,)),
+        ("batch32", {"per_device_train_batch_size": 32, "local_rollout_forward_batch_size": 32}, (1,)),
+        ("lora", {"use_peft": True, "learning_rate": 3e-4}, (0,)),
+    ]
+    grpo = [
+        ("default", {}, (0, 1, 2)),
+        ("beta0.04", {"beta": 0.04}, (0,)),
+        ("loss-grpo", {"loss_type": "grpo"}, (1,)),
+        ("loss-dr_grpo", {"loss_type": "dr_grpo"}, (2,)),
+        ("loss-bnpo", {"loss_type": "bnpo"}, (0,)),
+        ("lr5e-5", {"learning_rate": 5e-5}, (1,)),
+        ("iterations2", {"num_iterations": 2}, (0,)),
+        ("temperature1", {"temperature": 1.0}, (2,)),
+        ("lora", {"use_peft": True, "learning_rate": 1e-3}, (1,)),
+    ]
+    specs = [
+        Spec(f"healthy-{algorithm}-{variant}-s{seed}", algorithm, "healthy", seed, flags)
+        for algorithm, variants in (("ppo", ppo), ("grpo", grpo))
+        for variant, flags, seeds in variants
+        for seed in seeds
+    ]
+    specs.append(Spec("healthy-ppo-2proc-s0", "ppo", "healthy", 0, {"per_device_train_batch_size": 32}, processes=2))
+    specs.append(Spec("healthy-grpo-2proc-s0", "grpo", "healthy", 0, {"per_device_train_batch_size": 32}, processes=2))
+    return specs
+
+
+def _sick() -> list[Spec]:
+    out = []
+
+    def add(mode, algorithm, variant, flags, seeds=(0, 1), injection=(), onset=1):
+        for seed in seeds:
+            name = f"{mode}-{algorithm}-{variant}-s{seed}"
+            out.append(Spec(name, algorithm, mode, seed, flags, injection, onset))
+
+    # The issue's command: 8 updates of 16 at learning rate 0.5.
+    fast = {"total_episodes": 128, "per_device_train_batch_size": 16, "local_rollout_forward_batch_size": 16}
+    add("lr_fast", "ppo", "lr0.5", {**fast, "learning_rate": 0.5})
+    add("lr_fast", "grpo", "lr0.5", {"max_steps": 20, "learning_rate": 0.5})
+    add(
+        "lr_slow",
+        "ppo",
+        "lr1e-3@30",
+        PPO_SHORT,
+        injection=("learning_rate_from", {"step": 30, "learning_rate": 1e-3}),
+        onset=30,
+    )
+    add(
+        "lr_slow",
+        "grpo",
+        "lr2e-3@30",
+        GRPO_SHORT,
+        injection=("learning_rate_from", {"step": 30, "learning_rate": 2e-3}),
+        onset=30,
+    )
+    hacked = "success_fall"
+    add(
+        "reward_hacking",
+        "ppo",
+        "repeats-kl0",
+        {**PPO_SHORT, "kl_coef": 0.0, "reward_funcs": ["bench.health.rewards:pays_for_repeats"]},
+        onset=hacked,
+    )
+    # The learned reward model under a weak KL penalty: the policy finds the reward model's blind spots.
+    add("reward_hacking", "ppo", "rm-kl0.01", {"kl_coef": 0.01}, onset=hacked)
+    add(
+        "reward_hacking",
+        "grpo",
+        "order",
+        {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:checks_only_order"]},
+        onset=hacked,
+    )
+    add(
+        "reward_hacking",
+        "grpo",
+        "repeats",
+        {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:pays_for_repeats"]},
+        onset=hacked,
+    )
+    add("entropy_collapse", "ppo", "t0.2", {**PPO_SHORT, "temperature": 0.2, "kl_coef": 0.0})
+    add("entropy_collapse", "grpo", "t0.2", {**GRPO_SHORT, "temperature": 0.2})
+    add("kl_runaway", "ppo", "kl0", {"kl_coef": 0.0})  # the built-in length: the KL needs time to run away
+    add(
+        "value_diverges",
+        "ppo",
+        "vlr1000@20",
+        PPO_SHORT,
+        injection=("value_learning_rate_from", {"step": 20, "factor": 1000.0}),
+        onset=20,
+    )
+    add("truncated", "ppo", "len4", {**PPO_SHORT, "response_length": 4})
+    add("truncated", "grpo", "len4", {**GRPO_SHORT, "max_completion_length": 4})
+    add(
+        "zero_spread",
+        "grpo",
+        "always1",
+        {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:always_one"]},
+        seeds=(0,),
+    )
+    add("zero_spread", "grpo", "never", {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:never"]}, seeds=(1,))
+    add(
+        "reward_scale",
+        "ppo",
+        "x1000@20",
+        PPO_SHORT,
+        injection=("scale_rewards_from", {"step": 20, "factor": 1000.0}),
+        onset=20,
+    )
+    add(
+        "reward_scale",
+        "grpo",
+        "x1000@20",
+        {**GRPO_SHORT, "scale_rewards": "none"},
+        injection=("scale_rewards_from", {"step": 20, "factor": 1000.0}),
+        onset=20,
+    )
+    add(
+        "nonfinite_reward",
+        "ppo",
+        "inf@20",
+        PPO_SHORT,
+        seeds=(0,),
+        injection=("reward_value_from", {"step": 20, "value": float("inf")}),
+        onset=20,
+    )
+    add(
+        "nonfinite_reward",
+        "grpo",
+        "overflow@20",
+        GRPO_SHORT,
+        seeds=(0,),
+        injection=("reward_value_from", {"step": 20, "value": 1e308}),
+        onset=20,
+    )
+    add(
+        "nonfinite_reward",
+        "ppo",
+        "overflow@20",
+        PPO_SHORT,
+        seeds=(1,),
+        injection=("reward_value_from", {"step": 20, "value": 1e308}),
+        onset=20,
+    )
+    add("eos_missing", "ppo", "unk", PPO_SHORT, injection=("stop_token", {"token_id": 2}))
+    add("eos_missing", "grpo", "unk", GRPO_SHORT, injection=("stop_token", {"token_id": 2}))
+    add("logprob_mismatch", "ppo", "t1.0", PPO_SHORT, injection=("sample_at_temperature", {"temperature": 1.0}))
+    add(
+        "logprob_mismatch",
+        "grpo",
+        "t1.0",
+        {**GRPO_SHORT, "temperature": 0.7},
+        injection=("sample_at_temperature", {"temperature": 1.0}),
+    )
+    add("wrong_reference", "ppo", "noise0.3", PPO_SHORT, injection=("noisy_reference", {"std": 0.3}))
+    add(
+        "wrong_reference",
+        "grpo",
+        "noise0.3",
+        {**GRPO_SHORT, "beta": 0.04},
+        injection=("noisy_reference", {"std": 0.3}),
+    )
+    return out
+
+
+SPECS: dict[str, Spec] = {spec.name: spec for spec in (*_healthy(), *_sick())}

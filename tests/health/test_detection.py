@@ -1,0 +1,132 @@
+"""The measured detection of docs/health.md: labels from true success (success_fall), verdicts and the table on hand-made
+records, the claims the table makes on the committed run set, and a small subset of the set trained again."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.health import build
+from bench.health.specs import MODES, SPECS
+from rlhfkit.health.detection import Record, load_records, render_markdown, success_fall, verdict
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = load_records(ROOT / "bench" / "health" / "records")
+
+
+def success_rows(values, start=1):
+    return [{"step": start + i, "rollout/task_success": v} for i, v in enumerate(values)]
+
+
+def record(name="r", mode="lr_fast", onset=1, onset_kind="injected", ended=None, rows=()):
+    return Record(name, "ppo", mode, f"{mode} injected", onset, onset_kind, ended or {"ended": "finished"}, list(rows))
+
+
+# --- labels -----------------------------------------------------------------------------------------------------------
+
+
+def test_success_fall_is_the_start_of_a_fall_that_lasts():
+    # 0.4 for 20 steps, then 0.2: the level (mean of the last 10) reaches 0.35 = best - 0.05 at step 23 (three 0.2s:
+    # 0.34), and never comes back within 0.025 of 0.4.
+    assert success_fall(success_rows([0.4] * 20 + [0.2] * 20)) == 23
+    # A dip that recovers is noise; a run that ends only 0.05 below its best has not fallen for good.
+    assert success_fall(success_rows([0.4] * 20 + [0.2] * 10 + [0.4] * 20)) is None
+    assert success_fall(success_rows([0.4] * 20 + [0.35] * 20)) is None
+    # A fall inside the first window is seen from half a window on: 5 steps at 0.4 (level 0.4), then 0.0: the level
+    # of the first 7 is 0.286, 0.114 below the best.
+    assert success_fall(success_rows([0.4] * 5 + [0.0] * 30)) == 6
+    assert success_fall(success_rows([0.4] * 15)) is None  # too short to tell
+
+
+def test_the_run_set_is_labelled_from_outside_the_rules():
+    hacks = [r for r in RECORDS if r.mode == "reward_hacking"]
+    assert hacks and all(r.onset_kind == "true success falls" and r.onset == success_fall(r.rows) for r in hacks)
+    injected = [r for r in RECORDS if r.onset_kind == "injected" and not r.healthy]
+    assert all(r.onset == SPECS[r.name].onset for r in injected)
+    assert {r.mode for r in RECORDS} == {"healthy", *MODES}  # every failure mode has runs
+    assert {r.name for r in RECORDS} == set(SPECS)  # one record per spec, none stale
+
+
+# --- verdicts and the table ---------------------------------------------------------------------------------------------
+
+
+def test_verdict_counts_findings_from_the_onset_and_trainer_stops():
+    nan_at_5 = [{"step": s, "loss": 0.1} for s in range(1, 5)] + [{"step": 5, "loss": float("nan")}]
+    v = verdict(record(onset=3, rows=nan_at_5))
+    assert (v.flagged_at, v.flagged_by, v.critical_at, v.delay) == (5, "nonfinite_metric", 5, 2)
+    # The same finding before an injected onset is a false alarm, and the run is not flagged.
+    v = verdict(record(onset=6, rows=nan_at_5))
+    assert [f.rule for f in v.false_alarms] == ["nonfinite_metric"] and v.flagged_at is None
+    # A trainer that refused the input at step 4 flagged it first.
+    v = verdict(record(onset=3, rows=nan_at_5, ended={"ended": "RewardFunctionError", "step": 4}))
+    assert (v.flagged_at, v.flagged_by, v.critical_at) == (4, "the trainer's reward check (exit 2)", 4)
+    # In a healthy run every finding is a false alarm.
+    v = verdict(record(mode="healthy", onset=None, rows=nan_at_5))
+    assert len(v.false_alarms) == 1 and v.flagged_at is None
+
+
+def test_table_of_hand_made_records():
+    quiet = [{"step": s, "loss": 0.1} for s in range(1, 6)]
+    nan = [*quiet, {"step": 6, "loss": float("nan")}]
+    records = [
+        record("healthy-a", "healthy", None, rows=quiet),
+        record("healthy-b", "healthy", None, rows=nan),  # one critical false alarm
+        record("sick-a", onset=2, rows=nan),  # flagged 4 steps after its onset
+        record("sick-b", onset=2, rows=quiet),  # missed
+        record("hack-a", "reward_hacking", None, "true success falls", rows=nan),  # never hurt: in no rate
+    ]
+    text = render_markdown(records)
+    assert (
+        "- **Recall:** 1 of 2 runs with a failure flagged (50%); failure modes with at least one rule that fires: 1 of 1."
+        in text
+    )
+    assert (
+        "- **False alarms:** 1 finding(s) over 2 healthy runs (1 critical); 0 before the onset of a sick run." in text
+    )
+    assert "| **lr_fast**: lr_fast injected | 2 | 1 | 1 | 4 | `nonfinite_metric` (1) |" in text
+    assert "1 reward-hacking run(s) whose true success never fell" in text
+    assert "| hack-a | never | 6 | `nonfinite_metric` | - | - |" in text
+
+
+# --- what docs/health.md claims of the committed run set ----------------------------------------------------------------
+
+
+def test_healthy_runs_of_the_set_give_no_finding():
+    healthy = [r for r in RECORDS if r.healthy]
+    assert len(healthy) >= 20
+    assert {r.name: [(f.step, f.rule) for f in verdict(r).findings] for r in healthy} == {r.name: [] for r in healthy}
+
+
+def test_every_failure_mode_is_flagged_and_recall_is_at_least_90_percent():
+    sick = [verdict(r) for r in RECORDS if not r.healthy and not r.unhurt]
+    flagged = {v.record.mode for v in sick if v.flagged_at is not None}
+    assert flagged == set(MODES)
+    assert sum(v.flagged_at is not None for v in sick) >= 0.9 * len(sick)
+
+
+def test_the_issues_learning_rate_is_critical_within_two_updates():
+    for r in RECORDS:
+        if r.name.startswith("lr_fast-ppo"):
+            assert verdict(r).critical_at is not None and verdict(r).critical_at <= 2, r.name
+
+
+# --- a subset of the set, trained again --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["lr_fast-ppo-lr0.5-s0"])
+def test_a_spec_trained_again_gets_its_records_verdict(name, tmp_path):
+    """The committed record still describes what the spec trains today: the same findings at the same steps (the
+    numbers of a run this unstable may differ in the last digits across machines, the verdict may not)."""
+    spec = SPECS[name]
+    _, _, status = build.train(spec, tmp_path / name)
+    assert status == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    again = verdict(
+        Record(
+            **{field: value for field, value in build.record(spec, tmp_path / name).items() if field in Record._fields}
+        )
+    )
+    committed = verdict(next(r for r in RECORDS if r.name == name))
+    assert [(f.step, f.rule, f.severity) for f in again.findings] == [
+        (f.step, f.rule, f.severity) for f in committed.findings
+    ]
+    assert json.loads((tmp_path / name / "outcome.json").read_text()) == committed.record.ended
