@@ -104,8 +104,9 @@ def record(spec: Spec, out: Path | None = None) -> dict:
 
 def write_record(rec: dict) -> None:
     RECORDS.mkdir(parents=True, exist_ok=True)
-    with gzip.open(RECORDS / f"{rec['name']}.json.gz", "wt", encoding="utf-8") as f:
-        json.dump(rec, f, separators=(",", ":"))
+    # mtime 0: a record written again from the same run is the same bytes (a clean git diff).
+    with gzip.GzipFile(RECORDS / f"{rec['name']}.json.gz", "wb", mtime=0) as f:
+        f.write(json.dumps(rec, separators=(",", ":")).encode("utf-8"))
 
 
 def main(argv: list[str]) -> int:
