@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from rlhfkit.config import GRPOConfig, PPOConfig, ppo_batch_sizes
-from rlhfkit.config.rules import Rule
+from rlhfkit.config.rules import Rule, field_rule
 from rlhfkit.data import PROMPT_OVERFLOW
 from rlhfkit.errors import ConfigError
 from rlhfkit.health.rules import HEALTH_MODES
@@ -141,16 +141,16 @@ def test_values_at_the_edges_of_their_rules_are_accepted(cls, kwargs):
 def test_every_field_has_a_rule_shown_in_help_where_it_says_more_than_the_type():
     for cls in (PPOConfig, GRPOConfig):
         for f in fields(cls):
-            rule = f.metadata["rule"]
+            rule = field_rule(f)
             assert isinstance(rule, Rule), f.name
             assert (f"Valid: {rule.text}." in f.metadata["help"]) == rule.in_help, f.name
 
 
 def test_allowed_values_come_from_the_modules_that_implement_them():
-    rules = {f.name: f.metadata["rule"] for f in fields(GRPOConfig)}
+    rules = {f.name: field_rule(f) for f in fields(GRPOConfig)}
     assert rules["loss_type"].values is LOSS_TYPES and rules["scale_rewards"].values is GROUP_SCALES
     assert rules["health"].values is HEALTH_MODES and rules["prompt_overflow"].values is PROMPT_OVERFLOW
-    kl = next(f for f in fields(PPOConfig) if f.name == "kl_estimator").metadata["rule"]
+    kl = field_rule(next(f for f in fields(PPOConfig) if f.name == "kl_estimator"))
     assert set(kl.values) == {"k1", "k3"} < set(KL_ESTIMATORS)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rlhfkit.config import GRPOConfig, PPOConfig
 from rlhfkit.config.parse import parse_config
-from rlhfkit.config.rules import ListOf, Number, OrNone
+from rlhfkit.config.rules import ListOf, Number, OrNone, field_rule
 from rlhfkit.errors import ConfigError, UsageError
 
 PROGS = {PPOConfig: "rlhfkit ppo", GRPOConfig: "rlhfkit grpo"}
@@ -42,7 +42,7 @@ IDS = [f"{cls.__name__}.{name}" for cls, name in CASES]
 
 
 def number_rule(cls, name) -> Number:
-    rule = next(f for f in fields(cls) if f.name == name).metadata["rule"]
+    rule = field_rule(next(f for f in fields(cls) if f.name == name))
     while isinstance(rule, (OrNone, ListOf)):
         rule = rule.rule if isinstance(rule, OrNone) else rule.entry
     return rule

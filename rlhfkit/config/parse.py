@@ -11,10 +11,9 @@ never read as unknown flags; the few accepted and ignored ones are dropped here,
 
 from __future__ import annotations
 
-import copy
+import argparse
 import os
 from collections.abc import Sequence
-from types import MappingProxyType
 
 from rlhfkit.config import trl_flags
 from rlhfkit.config.train import config_field_names
@@ -130,7 +129,8 @@ def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
 
 def _parser(cls: type, prog: str):
     """An HfArgumentParser for `cls` that raises UsageError instead of exiting, and leaves judging values to the
-    config's rules (the rule of each field is in its metadata, which argparse must not see)."""
+    config's rules; every on/off field also gets ``--no_NAME`` (HfArgumentParser adds it only for those that default
+    to true)."""
     from transformers import HfArgumentParser
 
     class Parser(HfArgumentParser):
@@ -140,25 +140,34 @@ def _parser(cls: type, prog: str):
 
         @staticmethod
         def _parse_dataclass_field(parser, field):
-            # HfArgumentParser passes every metadata key to add_argument; hand it a copy without the rule.
-            plain = copy.copy(field)
-            plain.metadata = MappingProxyType({key: value for key, value in field.metadata.items() if key != "rule"})
-            HfArgumentParser._parse_dataclass_field(parser, plain)
+            HfArgumentParser._parse_dataclass_field(parser, field)
             action = parser._option_string_actions[f"--{field.name}"]
             if action.type in (int, float):
                 action.type = _number_or_text(action.type)
                 parser.numeric_options.update(action.option_strings)
-            if field.type in ("bool | None", bool | None) and action.nargs is None:
+            if field.type not in (bool, bool | None):
+                return
+            if action.nargs is None:
                 # An unset-by-default flag (--bf16): HfArgumentParser wants a value after it; `--bf16` alone means
                 # true, as for every other on/off flag (and as TRL's docs write it).
                 action.nargs, action.const = "?", True
+            if f"--no_{field.name}" not in parser._option_string_actions:
+                parser.add_argument(
+                    f"--no_{field.name}",
+                    f"--no-{field.name.replace('_', '-')}",
+                    action="store_false",
+                    dest=field.name,
+                    default=argparse.SUPPRESS,
+                    help=f"Same as --{field.name} false.",
+                )
 
         def error(self, message: str):
             raise UsageError(f"{message.rstrip('.')}. See '{self.prog} --help'.")
 
     epilog = (
         f"TRL's and transformers' flags that {prog} does not take exit with status 2 and the reason: see "
-        f"{trl_flags.DOC}."
+        f"{trl_flags.DOC}. --num_processes N and --accelerate_config FILE (also as keys of --config) start the run "
+        "under accelerate launch, as the trl command does."
     )
     return Parser(cls, prog=prog, epilog=epilog)
 

@@ -1,7 +1,11 @@
 """The field-rule engine of rlhfkit's configs: what values a field accepts, declared next to the field.
 
 A field's metadata (:func:`meta`) holds its ``help`` (the ``--help`` text of the CLI, ending with the valid values
-where its type does not say them) and its ``rule``. A config's ``__post_init__`` calls :func:`check_fields`, so a bad
+where its type does not say them); its rule rides on the metadata as an attribute, ``rule``, not as a key:
+transformers' ``HfArgumentParser`` (and TRL's ``TrlParser``) hand every metadata *key* to argparse's
+``add_argument``, which would refuse a ``rule`` keyword. A dataclass wraps the metadata in a read-only
+``mappingproxy``; the proxy's ``copy()`` returns a :class:`FieldMeta` copy, rule included, which is how
+:func:`field_rule` reads it back. So any HfArgumentParser parses rlhfkit's configs, and the rules still run. A config's ``__post_init__`` calls :func:`check_fields`, so a bad
 value fails with a :class:`~rlhfkit.errors.ConfigError` naming the field, the value, the valid range and a fix,
 whether it came from a flag, a YAML file or Python. :func:`inherited` declares a parent's field again in a subclass
 with another default (or help text), keeping the parent's rule.
@@ -239,16 +243,38 @@ def _json_object_complaint(value: Any) -> str | None:
 JSON_OBJECT = Checked("a JSON object", _json_object_complaint)
 
 
-def meta(text: str, rule: Rule) -> dict:
+class FieldMeta(dict):
+    """A field's metadata: ``{"help": ...}`` (all that argparse sees) and the field's rule as the attribute ``rule``.
+
+    ``dict(metadata)`` (transformers' HfArgumentParser) keeps the keys alone; ``metadata.copy()`` (TRL's copy of
+    it, and :func:`field_rule` through the dataclass's read-only proxy) keeps the rule too."""
+
+    def __init__(self, help: str, rule: Rule):
+        super().__init__(help=help)
+        self.rule = rule
+
+    def copy(self) -> FieldMeta:
+        return FieldMeta(self["help"], self.rule)
+
+
+def meta(text: str, rule: Rule) -> FieldMeta:
     """Field metadata: the --help text, ending with the valid values where the type does not say them, and the rule."""
-    return {"help": f"{text} Valid: {rule.text}." if rule.in_help else text, "rule": rule}
+    return FieldMeta(f"{text} Valid: {rule.text}." if rule.in_help else text, rule)
+
+
+def field_rule(f: Field) -> Rule:
+    """The rule of field `f` (declared with :func:`meta`)."""
+    metadata = f.metadata.copy()  # the proxy's copy() is FieldMeta.copy(): the rule comes along
+    if not isinstance(metadata, FieldMeta):
+        raise TypeError(f"field {f.name!r} has no rule: declare its metadata with rlhfkit.config.rules.meta()")
+    return metadata.rule
 
 
 def inherited(parent: type, name: str, default: Any = MISSING, help: str | None = None) -> Any:
     """Field `name` of the dataclass `parent`, declared again in a subclass: another `default` and/or `help` text,
     the parent's rule (and its help when `help` is None)."""
     own = parent.__dataclass_fields__[name]
-    rule = own.metadata["rule"]
+    rule = field_rule(own)
     metadata = own.metadata if help is None else meta(help, rule)
     return field(default=own.default if default is MISSING else default, metadata=metadata)
 
@@ -261,13 +287,13 @@ def default_of(f: Field) -> Any:
 
 def rule_of(f: Field) -> Rule:
     """The field's rule, without its OrNone wrapper."""
-    rule = f.metadata["rule"]
+    rule = field_rule(f)
     return rule.rule if isinstance(rule, OrNone) else rule
 
 
 def check_field(f: Field, value: Any) -> None:
     """Raise a ConfigError if `value` breaks field `f`'s rule: field, value, valid range and a fix."""
-    rule: Rule = f.metadata["rule"]
+    rule = field_rule(f)
     problem = rule.problem(value)
     if problem is None:
         return

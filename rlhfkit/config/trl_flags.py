@@ -23,7 +23,7 @@ from functools import cache
 
 from rlhfkit.config.grpo import GRPOConfig
 from rlhfkit.config.ppo import PPOConfig
-from rlhfkit.config.rules import OneOf
+from rlhfkit.config.rules import OneOf, field_rule
 from rlhfkit.config.train import config_field_names
 
 SUPPORTED_NOT, NOT_YET, IGNORED = "not supported", "not supported yet", "accepted and ignored"
@@ -446,7 +446,7 @@ def render_markdown() -> str:
         "|---|---|---|",
     ]
     for f in fields(GRPOConfig):
-        rule = f.metadata["rule"]
+        rule = field_rule(f)
         if isinstance(rule, OneOf) and rule.unsupported is not None:
             others = {value: why for value, why in rule.unsupported().items() if value not in rule.values}
             reasons: dict[str, list[str]] = {}
