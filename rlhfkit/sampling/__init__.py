@@ -19,7 +19,7 @@ from rlhfkit.sampling.completions import (
     truncate_completions,
 )
 from rlhfkit.sampling.decoders import Generated
-from rlhfkit.sampling.padding import cat_padded, left_pad, right_pad
+from rlhfkit.sampling.padding import cat_padded, embeddable_ids, left_pad, model_pad_id, right_pad
 from rlhfkit.sampling.settings import sampling_config, terminator_ids
 
 __all__ = [
@@ -31,8 +31,10 @@ __all__ = [
     "complete",
     "complete_texts",
     "decode",
+    "embeddable_ids",
     "generate",
     "left_pad",
+    "model_pad_id",
     "right_pad",
     "sampling_config",
     "terminator_ids",

@@ -8,6 +8,7 @@ True = a real token.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -24,7 +25,7 @@ from rlhfkit.sampling.fallback import (
     options_beyond_the_lean_loop,
     remember_refusal,
 )
-from rlhfkit.sampling.padding import left_pad
+from rlhfkit.sampling.padding import left_pad, model_pad_id
 from rlhfkit.sampling.settings import sampling_config, stop_ids, terminator_ids
 
 
@@ -119,8 +120,15 @@ def complete(
     device: torch.device | str = "cpu",
 ) -> Iterator[Chunk]:
     """Generate completions to prompts (their token ids) with `config` in chunks of `batch_size`, truncated after
-    their first terminator (the config's eos_token_id) and padded with its pad_token_id."""
-    stops, pad_token_id = stop_ids(config), config.pad_token_id
+    their first terminator (the config's eos_token_id) and padded with its pad_token_id, or with 0 where the model
+    cannot embed that id (padding.model_pad_id: TRL's ppo.py adds a [PAD] token beyond the embeddings): the chunks'
+    ids are fed to forwards as they are (the trainers' log-probs, values and reward models), so every id in them is
+    one the model can embed. Masks say which tokens are real, whatever the padding."""
+    pad_token_id = model_pad_id(model, config.pad_token_id)
+    if pad_token_id != config.pad_token_id:
+        config = copy.copy(config)  # a shallow copy: the sampling settings stay shared, only the pad id differs
+        config.pad_token_id = pad_token_id
+    stops = stop_ids(config)
     for i in range(0, len(prompt_token_ids), batch_size):
         ids, mask = (t.to(device) for t in left_pad(prompt_token_ids[i : i + batch_size], pad_token_id))
         raw = generate(model, ids, mask, config)
