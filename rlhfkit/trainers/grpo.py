@@ -61,6 +61,7 @@ from rlhfkit.models import (
 from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, GRPOLossOutput
 from rlhfkit.rewards import RewardOutput, RewardSources, reward_sources
 from rlhfkit.sampling import Completions, complete, decode, sampling_config, terminator_ids
+from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -92,14 +93,16 @@ class GenerationBatch:
     sampling_logprobs: torch.Tensor | None = None  # (N, T) the sampler's log-probs of the completion tokens
 
 
-class GRPOTrainer:
+class GRPOTrainer(TRLTrainerAPI):
     """GRPO trainer; see the module docstring for the exact variant. ``train()`` runs the whole loop.
 
     model: a causal LM or the hub id or local path of one. reward_funcs: one or a list of callables
     ``f(prompts, completions, **columns) -> list[float | None]``, reward-model paths, or sequence-classification
     models. processing_class: the policy's tokenizer (default: loaded from the model's path).
     reward_processing_classes: tokenizers of reward models given as modules (default: from their paths).
-    task: a built-in ``Task`` whose checker measures true success (rollout/ and eval/task_success).
+    task: a built-in ``Task`` whose checker measures true success (rollout/ and eval/task_success). The other
+    arguments and the methods are TRL 1.16's (api.py: callbacks, state, save_model, evaluate, log, ...; peft_config
+    is a LoRA config, which sets --use_peft and the lora_* fields; quantization_config a BitsAndBytesConfig).
     """
 
     def __init__(
@@ -111,9 +114,14 @@ class GRPOTrainer:
         eval_dataset: Dataset | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
         reward_processing_classes: Sequence[PreTrainedTokenizerBase | None] | None = None,
+        callbacks: Sequence | None = None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
         task=None,
     ):
         self.args = args = args or GRPOConfig()
+        trl_constructor_arguments(args, peft_config, quantization_config, optimizers)
         if train_dataset is None:
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
@@ -146,7 +154,9 @@ class GRPOTrainer:
         sizes = self.sizes
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
-        run.start(self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends)  # restores a checkpoint
+        run.start(
+            self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks
+        )  # restores a checkpoint
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -181,7 +191,8 @@ class GRPOTrainer:
         return self.accelerator.unwrap_model(self.model)
 
     # ------------------------------------------------------------------------------------------------
-    def train(self) -> None:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> None:
+        self.check_resume_argument(resume_from_checkpoint)
         args, sizes, run = self.args, self.sizes, self.run
         progress, accumulation = run.progress, args.gradient_accumulation_steps
         # Every process draws the same prompts (the whole generation batch) and keeps its slice of the completions.
@@ -447,7 +458,7 @@ class GRPOTrainer:
         self.run.logger.log_table("completions", columns, rows, step=step, console_rows=console_rows)
 
     @torch.inference_mode()
-    def evaluate(self, step: int) -> None:
+    def evaluation(self, step: int) -> dict[str, float]:
         """Completions of the eval prompts (one greedy each, or num_generations_eval sampled as in training): mean
         total reward and, with a task, true success."""
         args, tok = self.args, self.tokenizer
@@ -467,4 +478,4 @@ class GRPOTrainer:
             total = self.rewards.total(self.rewards.score(part.rows, prompts, texts, sequence, completion), prompts)
             metrics.add_tensor(M.EVAL_REWARD, total[: part.own])
             count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])
-        self.run.logger.log(metrics.reduce(self.accelerator).scalars, step=step)
+        return metrics.reduce(self.accelerator).scalars

@@ -65,6 +65,7 @@ from rlhfkit.rewards import (
     reward_sources,
 )
 from rlhfkit.sampling import cat_padded, complete, decode, sampling_config, terminator_ids
+from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -122,10 +123,11 @@ class GenerationBatch:
         return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
 
-class PPOTrainer:
+class PPOTrainer(TRLTrainerAPI):
     """PPO trainer; see the module docstring for the exact variant. ``train()`` runs the whole loop.
 
-    TRL's arguments, plus: reward_model optional when reward_funcs are given; reward_funcs: one or a list of
+    TRL 1.12's arguments and methods (api.py: callbacks, state, save_model, evaluate, log, ...; peft_config is a
+    LoRA config, which sets --use_peft and the lora_* fields), plus: reward_model optional when reward_funcs are given; reward_funcs: one or a list of
     callables ``f(prompts, completions, **columns) -> list[float | None]``, reward-model paths or sequence-
     classification models with their own tokenizer (as GRPOTrainer takes them), scored beside reward_model and
     weighted by args.reward_weights (functions, then reward_model); reward_processing_classes: the tokenizers of
@@ -143,11 +145,16 @@ class PPOTrainer:
         reward_model: nn.Module | None = None,
         train_dataset: Dataset | None = None,
         value_model: nn.Module | None = None,
+        data_collator=None,
         eval_dataset: Dataset | None = None,
+        optimizers=(None, None),
+        callbacks: Sequence | None = None,
+        peft_config=None,
         task=None,
         reward_funcs: Callable | str | nn.Module | Sequence[Callable | str | nn.Module] | None = None,
         reward_processing_classes: Sequence[PreTrainedTokenizerBase | None] | None = None,
     ):
+        trl_constructor_arguments(args, peft_config, optimizers=optimizers, data_collator=data_collator)
         if train_dataset is None:
             raise ConfigError("PPOTrainer needs a train_dataset with a prompt column.")
         if reward_model is None and reward_funcs is None:
@@ -192,7 +199,7 @@ class PPOTrainer:
         # Per-source rewards/<name>/mean|std only with reward functions: a reward model alone logs TRL's keys alone.
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
-        run.start(self, num_updates, extra_metrics, unit="update", epoch_ends=epoch_ends)  # restores a checkpoint
+        run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks)  # restores a checkpoint
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -273,7 +280,8 @@ class PPOTrainer:
         return ops.logprobs_from_logits(logits, completion_ids, self.args.temperature)
 
     # ------------------------------------------------------------------------------------------------
-    def train(self) -> None:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> None:
+        self.check_resume_argument(resume_from_checkpoint)
         args, sizes, run, acc = self.args, self.sizes, self.run, self.accelerator
         prompts = endless_batches(
             len(self.train_dataset),
@@ -470,8 +478,9 @@ class PPOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def evaluate(self, step: int) -> None:
-        """Greedy completions of the eval prompts: a samples table and, with a task, true success."""
+    def evaluation(self, step: int) -> dict[str, float]:
+        """Greedy completions of the eval prompts: a samples table and, with a task, true success (returned, for the
+        run to log)."""
         args, tok = self.args, self.tokenizer
         metrics, table = MetricAccumulator(), []  # its own: the training window's metrics keep accumulating
         size = args.per_device_eval_batch_size
@@ -493,7 +502,18 @@ class PPOTrainer:
             for i, (q, text, s, raw) in enumerate(zip(prompt_texts, shown, score.tolist(), sources)):
                 row = [q, text, s, *[None if v != v else v for v in raw]]  # NaN: the source did not apply
                 table.append(row if correct is None else [*row, correct[i]])
-        self.run.logger.log(metrics.reduce(self.accelerator).scalars, step=step)
+        scalars = metrics.reduce(self.accelerator).scalars
         columns = ["query", "model response", "score", *(self.rewards.names if self.log_sources else [])]
         columns += ["correct"] if self.task is not None else []
         self.run.logger.log_table("completions", columns, table[: min(size, 16)], step=step)
+        return scalars
+
+    def generate_completions(self, sampling: bool = False) -> None:
+        """TRL 1.12's name for an evaluation: greedy completions of the eval prompts, their table and scores logged at
+        the step training has reached (as every --num_sample_generations evaluation is)."""
+        if sampling:
+            raise ConfigError(
+                "generate_completions(sampling=True): rlhfkit's evaluation completes the eval prompts greedily, so "
+                "that evaluations compare. Call generate_completions() (greedy)."
+            )
+        self.evaluate()

@@ -63,6 +63,7 @@ from rlhfkit.optim import lr_schedule, set_lr
 from rlhfkit.tracking.logger import RunLogger
 from rlhfkit.tracking.rundir import CONFIG_FILE, MERGED_DIR, METRICS_FILE, holds_run, read_config
 from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
+from rlhfkit.trainers.callbacks import Callbacks
 from rlhfkit.trainers.guards import InterruptGuard, StepGuard
 from rlhfkit.trainers.schedule import Schedule
 
@@ -113,8 +114,9 @@ class Trainee(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    def evaluate(self, step: int) -> None:
-        """Evaluate on eval_dataset and log it at `step` (on the --eval_strategy schedule)."""
+    def evaluation(self, step: int) -> Mapping[str, float]:
+        """Evaluate on eval_dataset at `step`: log its tables and return its scalars (registry names), which the run
+        logs (on the --eval_strategy schedule and on trainer.evaluate())."""
 
 
 @dataclass
@@ -212,17 +214,30 @@ class TrainingRun:
         extra_metrics: Sequence[M.Metric] = (),
         unit="step",
         epoch_ends: Collection[int] = (),
+        callbacks: Sequence | None = None,
     ) -> None:
         """Restore the checkpoint being resumed (if any), then open the run directory, trackers and health watch.
 
         num_steps: steps of the whole run. extra_metrics: template expansions the trainer logs (per-reward-function
         metrics). unit: what the progress bar counts ("update" for PPO). epoch_ends: the steps that end a pass over
-        the prompts (schedule.epoch_end_steps), for the epoch strategies; the last step always counts."""
+        the prompts (schedule.epoch_end_steps), for the epoch strategies; the last step always counts. callbacks:
+        transformers TrainerCallbacks (classes or instances), called as callbacks.py says."""
         args = self.args
         self.trainer, self.num_steps, self.unit = trainer, num_steps, unit
         self.metrics = MetricAccumulator(extra_metrics)
         self.schedule = Schedule(args, num_steps, epoch_ends)
         self.lr_at = lr_schedule(args, num_steps)
+        acc = self.accelerator
+        self.callbacks = Callbacks(
+            args,
+            callbacks,
+            model=trainer.model,
+            processing_class=trainer.tokenizer,
+            optimizer=trainer.optimizer,
+            max_steps=num_steps,
+            is_local_process_zero=acc.is_local_main_process,
+            is_world_process_zero=acc.is_main_process,
+        )
         if self.resume is not None:
             self._restore(self.resume)
         self.logger = RunLogger(
@@ -239,7 +254,9 @@ class TrainingRun:
         )
         resume_step = self.progress.step if self.resume is not None else None
         self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator, resume_step)
-        acc = self.accelerator
+        if resume_step is not None:
+            self.callbacks.read_history(args.output_dir, resume_step)
+            self.callbacks.at_step(resume_step, self.resume.state.get("epoch"))
         if acc.is_main_process:  # `accelerate launch` without a multi-process config trains one process: say so
             processes = f"{acc.num_processes} process{'es' if acc.num_processes > 1 else ''}"
             self.logger.console.print(
@@ -249,6 +266,7 @@ class TrainingRun:
                 highlight=False,
                 soft_wrap=True,
             )
+        self.callbacks.event("on_init_end")
 
     def _restore(self, resume: Resume) -> None:
         """Weights, optimizer, the trainer's own state, the unfinished logging window, counters and RNG states
@@ -265,15 +283,21 @@ class TrainingRun:
             load_optimizer(self.trainer.optimizer, resume.path)
         self.trainer.load_state_dict(extra["trainer"])
         self.metrics.load_state_dict(extra["window"])
+        self.callbacks.load_state_dict(extra.get("callbacks", {}))
         self.guard.load_state_dict(resume.state["nonfinite"])
         self.progress = Progress(**resume.state["progress"])
 
     def save_checkpoint(self, step: int) -> str:
         """The whole training state after `step` in output_dir/checkpoint-<step> (atomic; oldest pruned)."""
         path = checkpoint_path(self.args.output_dir, step)
-        extra = {"trainer": self.trainer.state_dict(), "window": self.metrics.state_dict()}
+        extra = {
+            "trainer": self.trainer.state_dict(),
+            "window": self.metrics.state_dict(),
+            "callbacks": self.callbacks.state_dict(),
+        }
         state = {
             "progress": asdict(self.progress),
+            "epoch": self.callbacks.state.epoch,
             "nonfinite": self.guard.state_dict(),
             "tracker_ids": self.logger.tracker_ids(),
             "engine": str(self.engine),
@@ -284,6 +308,7 @@ class TrainingRun:
         save_engine = self.accelerator.save_state if sharded else None
         write = self._model_writer()
         save_checkpoint(self.accelerator, path, write, optimizer, state, extra, limit, save_engine)
+        self.callbacks.event("on_save")
         return path
 
     def _model_writer(self):
@@ -331,6 +356,7 @@ class TrainingRun:
         # accelerate's autocast of --bf16 / --fp16 (nothing without), so the log-probs of sampling and of the
         # update agree as closely as that precision allows.
         autocast = self.accelerator.autocast
+        self.callbacks.event("on_train_begin")
         if self.progress.step == 0 and self.schedule.evaluates_first():
             with autocast():
                 self._evaluate(step=0)
@@ -342,14 +368,18 @@ class TrainingRun:
                 self._lr = self.lr_at(step)
                 set_lr(self.trainer.optimizer, self._lr)
                 self._step_start = time.perf_counter()
+                self.callbacks.event("on_step_begin")
                 yield step
-        self.save_checkpoint(self.num_steps)
+                if self.callbacks.control.should_training_stop:  # a callback made this step the last
+                    break
+        self.save_checkpoint(self.progress.step)
         save_into(self.accelerator, args.output_dir, self._model_writer())
         self.logger.finish()
         # After the final checkpoint and save, which keep the adapter; the run (its process group too) has ended, so
         # the main process writes it alone.
         if args.merge_adapter and self.accelerator.is_main_process:
             write_merged(self.trainer.policy, self.trainer.tokenizer, os.path.join(args.output_dir, MERGED_DIR))
+        self.callbacks.event("on_train_end")
 
     def sampling_logprobs_exact(self, model: torch.nn.Module) -> bool:
         """Whether the log-probs computed while sampling (KV cache, one token at a time) can stand for a full
@@ -401,19 +431,25 @@ class TrainingRun:
         On a logging step the window's metrics are reduced, checked by the health rules and logged; on a sample step
         the trainer evaluates; then the run stops cleanly if asked (signal, critical finding with --health stop,
         too many non-finite steps) or checkpoints on schedule."""
+        scalars = scalars or {}
         self.metrics.add(M.STEP_TIME, time.perf_counter() - self._step_start, 1)
         self.progress.step, self.progress.elapsed = step, time.time() - self._start
+        self.callbacks.at_step(step, scalars.get(M.EPOCH.name))
+        control = self.callbacks.event(
+            "on_step_end"
+        )  # a callback may ask for a row, an evaluation, a checkpoint, a stop
+        last = control.should_training_stop
         finding = None
-        if self.schedule.is_log_step(step):
-            finding = self._log_window(step, scalars or {})
+        if self.schedule.is_log_step(step) or control.should_log or last:
+            finding = self._log_window(step, scalars)
         elif self.args.logging_strategy == "no":  # no row will ever pool this window: drop it rather than grow it
             self.metrics.clear()
             self.guard.take_skipped()
         self.logger.progress(step, self.num_steps, {**self._row, **self._counters()}, unit=self.unit)
-        if self.schedule.is_eval_step(step):
+        if self.schedule.is_eval_step(step) or control.should_evaluate:
             self._evaluate(step)
         self._stop_if_asked(step, finding)
-        if self.schedule.is_save_step(step):
+        if (self.schedule.is_save_step(step) or control.should_save) and not last:  # the last: steps() saves it
             self.save_checkpoint(step)
 
     def _counters(self) -> dict[str, float]:
@@ -421,9 +457,23 @@ class TrainingRun:
         eps = progress.episode / progress.elapsed if progress.elapsed > 0 else 0.0
         return {M.EPS.name: eps, M.EPISODE.name: progress.episode}
 
-    def _evaluate(self, step: int) -> None:
-        if self.trainer.eval_dataset is not None:
-            self.trainer.evaluate(step)
+    def _evaluate(self, step: int) -> dict[str, float]:
+        """The trainer's evaluation at `step`, logged; its metrics under transformers' names (on_evaluate's)."""
+        if self.trainer.eval_dataset is None:
+            return {}
+        scalars = dict(self.trainer.evaluation(step))
+        self.log(scalars, step)
+        return self.callbacks.evaluated(scalars)
+
+    def evaluate(self) -> dict[str, float]:
+        """An evaluation now, at the step training has reached (trainer.evaluate())."""
+        with self.accelerator.autocast():
+            return self._evaluate(self.progress.step)
+
+    def log(self, values: Mapping[str, float], step: int) -> None:
+        """A row of `values` at `step`: metrics.jsonl, the trackers, state.log_history and on_log."""
+        self.logger.log(values, step=step)
+        self.callbacks.logged(step, values)
 
     def _log_window(self, step: int, scalars: Mapping[str, float]):
         """Reduce the window into one row; health checks; log it. Returns a finding that should stop training."""
@@ -436,7 +486,7 @@ class TrainingRun:
             M.NONFINITE_STEPS.name: self.guard.take_skipped(),
         }
         finding = self.health.observe(step, row)
-        self.logger.log(row, step=step)
+        self.log(row, step)
         self.logger.log_histograms(reduced.histograms, step=step)
         self._row = row
         return finding

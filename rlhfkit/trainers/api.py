@@ -1,0 +1,220 @@
+"""TRL's trainer methods on rlhfkit's trainers, with TRL's names and meanings, over the run both trainers hold
+(run.py): a TRL script calls ``trainer.train()``, ``trainer.save_model()``, ``trainer.state``, callbacks and the rest,
+and gets what transformers' Trainer would give it.
+
+Also what both constructors do with TRL's arguments that rlhfkit takes in another form (``peft_config``,
+``quantization_config``, ``optimizers``): :func:`trl_constructor_arguments`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState
+
+from rlhfkit.checkpoint import save_into
+from rlhfkit.errors import ConfigError
+from rlhfkit.trainers.run import TrainingRun
+
+
+class TRLTrainerAPI:
+    """The methods and attributes of TRL's trainers (transformers' Trainer) that a TRL script uses. A trainer has
+    ``self.run`` (its TrainingRun) and ``self.args``."""
+
+    run: TrainingRun
+
+    # State and callbacks (callbacks.py says when each event fires).
+    @property
+    def state(self) -> TrainerState:
+        return self.run.callbacks.state
+
+    @property
+    def control(self) -> TrainerControl:
+        return self.run.callbacks.control
+
+    @property
+    def callback_handler(self):
+        return self.run.callbacks.handler
+
+    def add_callback(self, callback: TrainerCallback | type) -> None:
+        self.run.callbacks.handler.add_callback(callback)
+
+    def pop_callback(self, callback: TrainerCallback | type) -> TrainerCallback | None:
+        return self.run.callbacks.handler.pop_callback(callback)
+
+    def remove_callback(self, callback: TrainerCallback | type) -> None:
+        self.run.callbacks.handler.remove_callback(callback)
+
+    def is_world_process_zero(self) -> bool:
+        return self.run.accelerator.is_main_process
+
+    def is_local_process_zero(self) -> bool:
+        return self.run.accelerator.is_local_main_process
+
+    # What a script calls around train().
+    def check_resume_argument(self, resume_from_checkpoint: bool | str | None) -> None:
+        """train(resume_from_checkpoint=...): rlhfkit restores a checkpoint while the trainer is built (the models and
+        optimizer are restored before the first step), so the argument must name what the config named."""
+        if resume_from_checkpoint in (None, False):
+            return
+        wanted = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
+        given = self.args.resume_from_checkpoint
+        if given is not None and (wanted == given or self.run.resume is not None and _same(wanted, self.run)):
+            return
+        raise ConfigError(
+            f"train(resume_from_checkpoint={resume_from_checkpoint!r}) but the trainer was built with "
+            f"resume_from_checkpoint={given!r}: rlhfkit restores the checkpoint while the trainer is built. Set "
+            f"args.resume_from_checkpoint={wanted!r} (--resume_from_checkpoint {wanted}) before building the trainer, "
+            "and call train() (or train(resume_from_checkpoint=args.resume_from_checkpoint), as TRL's scripts do)."
+        )
+
+    def log(self, logs: Mapping[str, float], start_time: float | None = None) -> None:
+        """Log `logs` at the step training has reached: metrics.jsonl, the trackers, state.log_history, on_log."""
+        self.run.log(dict(logs), self.run.progress.step)
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate now on the eval dataset and log it; its metrics under transformers' names (eval_task_success)."""
+        if eval_dataset is not None:
+            raise ConfigError(
+                "evaluate(eval_dataset=...): rlhfkit evaluates on the eval_dataset the trainer was built with (its "
+                "prompts are tokenized then). Pass it to the trainer's constructor."
+            )
+        if getattr(self, "eval_dataset", None) is None:
+            raise ConfigError(
+                "evaluate() needs an evaluation dataset: pass eval_dataset= to the trainer (or --dataset_test_split)."
+            )
+        return self.run.evaluate()
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save the models and the tokenizer into `output_dir` (default args.output_dir), as checkpoints and the end
+        of training save them (the policy loads on its own; with LoRA the adapter)."""
+        save_into(self.run.accelerator, output_dir or self.args.output_dir, self.run._model_writer())
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs: Any):
+        """Upload output_dir to the hub repository --hub_model_id (default: the output_dir's name under your user)."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+        repo_id = getattr(self.args, "hub_model_id", None) or os.path.basename(os.path.abspath(self.args.output_dir))
+        self.run.accelerator.wait_for_everyone()
+        if not self.is_world_process_zero():
+            return None
+        api = HfApi(token=getattr(self.args, "hub_token", None))
+        try:
+            api.create_repo(repo_id, private=getattr(self.args, "hub_private_repo", None), exist_ok=True)
+            return api.upload_folder(
+                repo_id=repo_id, folder_path=self.args.output_dir, commit_message=commit_message, run_as_future=False
+            )
+        except (OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
+            raise ConfigError(
+                f"push_to_hub could not upload {self.args.output_dir} to the hub repository {repo_id}: {e}. The "
+                "trained model is saved in output_dir; upload it later with `hf upload "
+                f"{repo_id} {self.args.output_dir}` once the hub is reachable and you are logged in (`hf auth login`)."
+            ) from None
+
+    @property
+    def hub_model_id(self) -> str | None:
+        return getattr(self.args, "hub_model_id", None)
+
+    def end(self) -> None:
+        """Finish the trackers (train() already did) and end the process group of a multi-process launch."""
+        self.run.logger.finish()
+        self.run.accelerator.end_training()
+
+
+def _same(wanted: str, run: TrainingRun) -> bool:
+    from rlhfkit.checkpoint import resolve_checkpoint
+
+    try:
+        return resolve_checkpoint(wanted, run.args.output_dir) == run.resume.path
+    except ConfigError:
+        return False
+
+
+def trl_constructor_arguments(
+    args, peft_config=None, quantization_config=None, optimizers=(None, None), data_collator=None
+) -> None:
+    """TRL's constructor arguments that rlhfkit takes as config fields, moved into `args` (or refused with the reason):
+    a peft LoraConfig becomes --use_peft and its lora_* fields; a BitsAndBytesConfig --load_in_4bit/8bit; a custom
+    optimizer or data collator cannot be used."""
+    if optimizers is not None and any(o is not None for o in optimizers):
+        raise ConfigError(
+            "optimizers=(optimizer, scheduler): rlhfkit builds the optimizer over every trained parameter (PPO: the "
+            "policy and the value model) and sets each step's learning rate itself. Choose them with --optim, "
+            "--learning_rate, --weight_decay, --lr_scheduler_type and --lr_scheduler_kwargs, and pass (None, None)."
+        )
+    if data_collator is not None:
+        raise ConfigError(
+            "data_collator: rlhfkit pads the prompts itself (left, with the tokenizer's pad token). Pass None."
+        )
+    if peft_config is not None:
+        _apply_peft_config(args, peft_config)
+    if quantization_config is not None:
+        _apply_quantization_config(args, quantization_config)
+
+
+# LoraConfig field -> the config field that carries it (and LoraConfig's value that needs no field).
+_LORA_FIELDS = {
+    "r": "lora_r",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "target_modules": "lora_target_modules",
+    "modules_to_save": "lora_modules_to_save",
+    "use_rslora": "use_rslora",
+    "use_dora": "use_dora",
+}
+
+
+def _apply_peft_config(args, peft_config) -> None:
+    try:
+        from peft import LoraConfig
+    except ImportError as e:
+        raise ConfigError("peft_config needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
+    if not isinstance(peft_config, LoraConfig):
+        raise ConfigError(
+            f"peft_config is a {type(peft_config).__name__}: rlhfkit trains LoRA adapters only (its reference "
+            "model is the policy with the adapter disabled). Pass a peft LoraConfig or use --use_peft."
+        )
+    default = LoraConfig()
+    ignored = {"task_type", "peft_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping"}
+    carried = set(_LORA_FIELDS)
+    other = sorted(
+        name
+        for name in vars(default)
+        if name not in carried | ignored and getattr(peft_config, name, None) != getattr(default, name)
+    )
+    if other:
+        raise ConfigError(
+            f"peft_config sets {', '.join(other)}, which rlhfkit's LoRA does not take (it carries "
+            f"{', '.join(sorted(carried))}). Leave them at peft's defaults, or use --use_peft with --lora_* flags."
+        )
+    values = {field: getattr(peft_config, name) for name, field in _LORA_FIELDS.items()}
+    targets = values["lora_target_modules"]
+    if isinstance(targets, str):
+        values["lora_target_modules"] = [targets]
+    elif targets is not None:
+        values["lora_target_modules"] = sorted(targets)
+    if values["lora_modules_to_save"] is not None:
+        values["lora_modules_to_save"] = list(values["lora_modules_to_save"])
+    args.use_peft = True
+    for field, value in values.items():
+        setattr(args, field, value)
+    args.__post_init__()  # the config's rules, on the values moved in
+
+
+def _apply_quantization_config(args, quantization_config) -> None:
+    load_in_4bit = bool(getattr(quantization_config, "load_in_4bit", False))
+    load_in_8bit = bool(getattr(quantization_config, "load_in_8bit", False))
+    if not (load_in_4bit or load_in_8bit):
+        raise ConfigError(
+            f"quantization_config {type(quantization_config).__name__} asks for neither 4-bit nor 8-bit weights: "
+            "rlhfkit quantises the policy with bitsandbytes (--load_in_4bit / --load_in_8bit). Pass None or a "
+            "BitsAndBytesConfig."
+        )
+    args.load_in_4bit, args.load_in_8bit = load_in_4bit, load_in_8bit
+    if load_in_4bit:
+        args.bnb_4bit_quant_type = getattr(quantization_config, "bnb_4bit_quant_type", args.bnb_4bit_quant_type)
+        args.use_bnb_nested_quant = bool(getattr(quantization_config, "bnb_4bit_use_double_quant", False))
+    args.__post_init__()  # the config's rules, on the values moved in

@@ -1,0 +1,147 @@
+"""transformers' callbacks in an rlhfkit run: a ``TrainerState`` and ``TrainerControl`` kept as transformers'
+``Trainer`` keeps them, and its events sent at the same points of the loop (run.py), through transformers' own
+``CallbackHandler``.
+
+Where each event fires:
+
+==================  ===============================================================================================
+on_init_end         the trainer is built
+on_train_begin      ``train()`` starts, before the step-0 evaluation
+on_step_begin       before each step (a PPO update, a GRPO optimizer step); resets should_log/evaluate/save
+on_step_end         after the step's optimisation, before its row, evaluation and checkpoint
+on_log              each row written to metrics.jsonl (training window, evaluation, ``trainer.log``), as ``logs``
+on_evaluate         after each evaluation, with ``metrics`` under transformers' names (``eval_task_success``)
+on_save             after each checkpoint
+on_train_end        after the final checkpoint and the models saved in output_dir
+==================  ===============================================================================================
+
+What a callback's ``control`` does, set at on_step_end (or earlier in the step): ``should_log``,
+``should_evaluate`` and ``should_save`` add a row, an evaluation or a checkpoint at that step to the run's own
+schedule (--logging_steps, --eval_strategy, --save_strategy: the schedule transformers' DefaultFlowCallback would
+set, which is therefore not installed); ``should_training_stop`` makes the step the run's last: its window is
+logged, the final checkpoint written and the models saved, as at the end of a full run.
+
+``state.log_history`` holds every row of metrics.jsonl, in order, each with its ``step`` (a resumed run reads the rows
+up to its checkpoint back from metrics.jsonl); ``state.global_step`` and ``state.epoch`` follow the run's progress.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState
+from transformers.trainer_callback import CallbackHandler, ExportableState
+
+from rlhfkit.tracking.rundir import METRICS_FILE, read_jsonl
+
+
+class _Handler(CallbackHandler):
+    """transformers' CallbackHandler without its warning that DefaultFlowCallback is missing: the run's Schedule
+    plays that part (module docstring)."""
+
+    def __init__(self, callbacks: Sequence, model, processing_class, optimizer):
+        self.callbacks = []
+        for callback in callbacks:
+            self.add_callback(callback)
+        self.model, self.processing_class, self.optimizer = model, processing_class, optimizer
+        self.lr_scheduler = None  # rlhfkit sets each step's learning rate itself (optim.lr_schedule)
+        self.train_dataloader = self.eval_dataloader = None
+
+
+def _steps(interval: float, max_steps: int) -> int:
+    """An interval in steps as TrainerState holds it: a share of the run below 1 (transformers' reading)."""
+    return math.ceil(interval * max_steps) if 0 < interval < 1 else int(interval)
+
+
+def eval_metric_names(scalars: Mapping[str, float]) -> dict[str, float]:
+    """An evaluation's metrics under transformers' names: ``eval/task_success`` -> ``eval_task_success``, the form
+    ``Trainer.evaluate`` returns and ``--metric_for_best_model`` reads (``task_success`` or ``eval_task_success``)."""
+    return {f"eval_{name.removeprefix('eval/')}": value for name, value in scalars.items()}
+
+
+class Callbacks:
+    """The run's TrainerState, TrainerControl and callbacks (module docstring)."""
+
+    def __init__(
+        self,
+        args,
+        callbacks: Sequence[TrainerCallback | type] | None,
+        *,
+        model,
+        processing_class,
+        optimizer,
+        max_steps: int,
+        is_local_process_zero: bool,
+        is_world_process_zero: bool,
+    ):
+        self.args = args
+        self.handler = _Handler(callbacks or [], model, processing_class, optimizer)
+        self.state = TrainerState(
+            max_steps=max_steps,
+            train_batch_size=args.per_device_train_batch_size,
+            is_local_process_zero=is_local_process_zero,
+            is_world_process_zero=is_world_process_zero,
+            stateful_callbacks=[cb for cb in self.handler.callbacks if isinstance(cb, ExportableState)],
+            logging_steps=_steps(args.logging_steps, max_steps),
+            eval_steps=_steps(args.eval_steps or args.logging_steps, max_steps),  # transformers' fallback
+            save_steps=_steps(args.save_steps, max_steps),
+        )
+        self.control = TrainerControl()
+
+    def event(self, name: str, **kwargs: Any) -> TrainerControl:
+        """Send event `name` (``on_step_end``, ...) to every callback; returns the control they leave."""
+        self.control = getattr(self.handler, name)(self.args, self.state, self.control, **kwargs)
+        return self.control
+
+    def at_step(self, step: int, epoch: float | None) -> None:
+        self.state.global_step = step
+        if epoch is not None and math.isfinite(epoch):
+            self.state.epoch = epoch
+
+    def logged(self, step: int, row: Mapping[str, float]) -> None:
+        """A row was written to metrics.jsonl at `step`: into log_history, then on_log."""
+        self.state.log_history.append({"step": step, **row})
+        self.event("on_log", logs=dict(row))
+
+    def evaluated(self, scalars: Mapping[str, float]) -> dict[str, float]:
+        """An evaluation ended with `scalars` (registry names): on_evaluate with transformers' names, returned."""
+        metrics = eval_metric_names(scalars)
+        self.event("on_evaluate", metrics=metrics)
+        return metrics
+
+    def read_history(self, output_dir: str, up_to_step: int) -> None:
+        """A resumed run's log_history: the rows of metrics.jsonl up to the checkpoint's step."""
+        path = Path(output_dir) / METRICS_FILE
+        if path.is_file():
+            rows, _ = read_jsonl(path)
+            self.state.log_history = [row for row in rows if row.get("step", 0) <= up_to_step]
+
+    # What a checkpoint keeps of the callbacks: the best metric and the state of callbacks that export one.
+    def state_dict(self) -> dict[str, Any]:
+        state = self.state
+        exported = [
+            {"name": type(cb).__name__, **cb.state()}
+            for cb in self.handler.callbacks
+            if isinstance(cb, ExportableState)
+        ]
+        return {
+            "best_metric": state.best_metric,
+            "best_global_step": state.best_global_step,
+            "best_model_checkpoint": state.best_model_checkpoint,
+            "callbacks": exported,
+        }
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        state = self.state
+        state.best_metric = saved.get("best_metric")
+        state.best_global_step = saved.get("best_global_step")
+        state.best_model_checkpoint = saved.get("best_model_checkpoint")
+        exporting = [cb for cb in self.handler.callbacks if isinstance(cb, ExportableState)]
+        for callback, exported in zip(exporting, saved.get("callbacks", [])):
+            if type(callback).__name__ != exported["name"]:
+                continue  # a different callback list than the checkpointed run's: start that one fresh
+            for key, value in exported.get("attributes", {}).items():
+                setattr(callback, key, value)

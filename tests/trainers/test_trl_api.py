@@ -1,0 +1,253 @@
+"""TRL's trainer surface (trainers/api.py, trainers/callbacks.py): transformers callbacks with a real TrainerState and
+TrainerControl, log_history equal to metrics.jsonl, and TRL's constructor arguments and methods."""
+
+import json
+import os
+
+import pytest
+from datasets import load_from_disk
+from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from rlhfkit import GRPOTrainer, PPOConfig, PPOTrainer
+from rlhfkit.errors import ConfigError
+from rlhfkit.models import load_reward_model
+from tests.trainers import grpo_rewards
+from tests.trainers.test_grpo import grpo_config
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+class Recorder(TrainerCallback):
+    """Every event with the step it saw; stops training after `stop_at` (if given)."""
+
+    def __init__(self, stop_at=None):
+        self.events, self.logs, self.evaluations, self.stop_at = [], [], [], stop_at
+
+    def on_init_end(self, args, state, control, **kwargs):
+        self.events.append(("init_end", state.global_step))
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.events.append(("train_begin", state.global_step))
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.events.append(("step_begin", state.global_step))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.events.append(("step_end", state.global_step))
+        assert kwargs["model"] is not None and kwargs["optimizer"] is not None
+        if state.global_step == self.stop_at:
+            control.should_training_stop = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        self.logs.append((state.global_step, dict(logs)))
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        self.evaluations.append((state.global_step, dict(metrics)))
+
+    def on_save(self, args, state, control, **kwargs):
+        self.events.append(("save", state.global_step))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.events.append(("train_end", state.global_step))
+
+
+def grpo_trainer(tiny_assets, tmp_path, callbacks, **overrides):
+    args = grpo_config(tiny_assets, tmp_path, **overrides)
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    return GRPOTrainer(
+        model=str(tiny_assets / "sft"),
+        reward_funcs=grpo_rewards.recorded_length,
+        args=args,
+        train_dataset=dataset["train"],
+        eval_dataset=dataset["test"],
+        callbacks=callbacks,
+    )
+
+
+def test_a_callback_stops_training_at_step_3_and_sees_every_row(tiny_assets, tmp_path):
+    recorder = Recorder(stop_at=3)
+    trainer = grpo_trainer(tiny_assets, tmp_path, [recorder, PrinterCallback], max_steps=6, logging_steps=2)
+    trainer.train()
+    rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
+    assert trainer.state.global_step == 3 and max(row["step"] for row in rows) == 3
+    assert trainer.state.log_history == rows  # every row, eval rows included, in order, each with its step
+    assert [step for step, _ in recorder.logs] == [row["step"] for row in rows]
+    assert [logs for _, logs in recorder.logs] == [{k: v for k, v in row.items() if k != "step"} for row in rows]
+    # Rows at the schedule's step 2 and at the stop (3, off the schedule: the stop logs its window).
+    assert [row["step"] for row in rows if "loss" in row] == [2, 3]
+    names = [name for name, _ in recorder.events]
+    assert names[:2] == ["init_end", "train_begin"]
+    assert names.count("step_begin") == 3 and names.count("step_end") == 3
+    assert names[-2:] == ["save", "train_end"] and recorder.events[-1] == ("train_end", 3)
+    # The final checkpoint is the stop's, and the models are saved in output_dir.
+    assert os.path.isdir(os.path.join(trainer.args.output_dir, "checkpoint-3"))
+    assert os.path.isfile(os.path.join(trainer.args.output_dir, "model.safetensors"))
+    assert trainer.state.epoch > 0
+
+
+def test_control_asks_for_a_row_an_evaluation_and_a_checkpoint(tiny_assets, tmp_path):
+    class AtStep2(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                control.should_log = control.should_evaluate = control.should_save = True
+
+    recorder = Recorder()
+    trainer = grpo_trainer(tiny_assets, tmp_path, [AtStep2(), recorder], max_steps=3, logging_steps=10)
+    trainer.train()
+    rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
+    assert [row["step"] for row in rows if "loss" in row] == [2, 3]  # the callback's row, then the last step's
+    assert [step for step, _ in recorder.evaluations] == [2]
+    (metrics,) = [metrics for _, metrics in recorder.evaluations]
+    assert set(metrics) == {"eval_reward"}  # eval/reward under transformers' name
+    assert [row["eval/reward"] for row in rows if "eval/reward" in row] == [metrics["eval_reward"]]
+    assert os.path.isdir(os.path.join(trainer.args.output_dir, "checkpoint-2"))
+    assert ("save", 2) in recorder.events
+
+
+def test_methods_a_trl_script_calls(tiny_assets, tmp_path):
+    trainer = grpo_trainer(tiny_assets, tmp_path, None, max_steps=2)
+    recorder = Recorder()
+    trainer.add_callback(recorder)
+    assert trainer.is_world_process_zero() and trainer.is_local_process_zero()
+    trainer.train(resume_from_checkpoint=None)
+    metrics = trainer.evaluate()
+    assert set(metrics) == {"eval_reward"} and recorder.evaluations[-1] == (2, metrics)
+    trainer.log({"custom/value": 1.5})
+    rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
+    assert rows[-1] == {"step": 2, "custom/value": 1.5} and trainer.state.log_history == rows
+    elsewhere = tmp_path / "saved"
+    trainer.save_model(str(elsewhere))
+    assert AutoModelForCausalLM.from_pretrained(elsewhere).config.vocab_size > 0
+    assert AutoTokenizer.from_pretrained(elsewhere) is not None
+    trainer.remove_callback(recorder)
+    assert recorder not in trainer.callback_handler.callbacks
+    trainer.end()
+
+
+def test_train_refuses_a_checkpoint_the_trainer_was_not_built_with(tiny_assets, tmp_path):
+    trainer = grpo_trainer(tiny_assets, tmp_path, None, max_steps=1)
+    with pytest.raises(ConfigError, match="resume_from_checkpoint='latest'.*before building the trainer"):
+        trainer.train(resume_from_checkpoint=True)
+
+
+class Counter(TrainerCallback, ExportableState):
+    """Counts the steps it has seen; its count is part of a checkpoint (ExportableState)."""
+
+    def __init__(self):
+        self.count = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.count += 1
+
+    def state(self):
+        return {"args": {}, "attributes": {"count": self.count}}
+
+
+def test_resumed_run_continues_log_history_and_callback_state(tiny_assets, tmp_path):
+    first = grpo_trainer(tiny_assets, tmp_path, [Counter(), Recorder(stop_at=2)], max_steps=4, save_steps=1)
+    first.train()
+    args = grpo_config(tiny_assets, tmp_path, max_steps=4, save_steps=1, resume_from_checkpoint="latest")
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    counter = Counter()
+    second = GRPOTrainer(
+        str(tiny_assets / "sft"),
+        grpo_rewards.recorded_length,
+        args,
+        train_dataset=dataset["train"],
+        callbacks=[counter],
+    )
+    assert second.state.global_step == 2 and counter.count == 2
+    assert second.state.log_history == read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    second.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    assert second.state.global_step == 4 and counter.count == 4
+    assert second.state.log_history == read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+
+
+def test_constructor_arguments_rlhfkit_takes_otherwise(tiny_assets, tmp_path):
+    import torch
+    from peft import LoraConfig, PrefixTuningConfig
+
+    dataset = load_from_disk(str(tiny_assets / "prompts"))["train"]
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    args = grpo_config(tiny_assets, tmp_path, max_steps=1)
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), grpo_rewards.recorded_length, args, dataset, peft_config=lora)
+    assert args.use_peft and args.lora_r == 4 and args.lora_alpha == 8
+    assert args.lora_target_modules == ["q_proj", "v_proj"]
+    assert sum(p.numel() for n, p in trainer.policy.named_parameters() if "lora_" in n) > 0
+    with pytest.raises(ConfigError, match="LoRA adapters only"):
+        GRPOTrainer(
+            str(tiny_assets / "sft"),
+            grpo_rewards.recorded_length,
+            grpo_config(tiny_assets, tmp_path / "b"),
+            dataset,
+            peft_config=PrefixTuningConfig(num_virtual_tokens=2),
+        )
+    with pytest.raises(ConfigError, match="bias.*which rlhfkit's LoRA does not take"):
+        GRPOTrainer(
+            str(tiny_assets / "sft"),
+            grpo_rewards.recorded_length,
+            grpo_config(tiny_assets, tmp_path / "c"),
+            dataset,
+            peft_config=LoraConfig(r=4, bias="all"),
+        )
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="--optim"):
+        GRPOTrainer(
+            str(tiny_assets / "sft"),
+            grpo_rewards.recorded_length,
+            grpo_config(tiny_assets, tmp_path / "d"),
+            dataset,
+            optimizers=(torch.optim.SGD(model.parameters(), lr=0.1), None),
+        )
+
+
+def test_ppo_generate_completions_and_save_model(tiny_assets, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets / "tokenizer")
+    policy = AutoModelForCausalLM.from_pretrained(tiny_assets / "sft")
+    reward_model, _ = load_reward_model(str(tiny_assets / "reward"), tokenizer, torch_dtype(), flag="reward")
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    args = PPOConfig(
+        output_dir=str(tmp_path / "ppo"),
+        report_to=["none"],
+        total_episodes=16,
+        per_device_train_batch_size=8,
+        num_mini_batches=1,
+        response_length=8,
+        num_sample_generations=0,
+        save_steps=0,
+        logging_steps=1,
+        per_device_eval_batch_size=16,
+    )
+    recorder = Recorder()
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tokenizer,
+        model=policy,
+        ref_model=None,
+        reward_model=reward_model,
+        train_dataset=dataset["train"],
+        value_model=None,
+        eval_dataset=dataset["test"].select(range(16)),
+        callbacks=[recorder],
+        peft_config=None,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2
+    trainer.generate_completions()
+    assert recorder.evaluations[-1][0] == 2 and "eval_scores" in recorder.evaluations[-1][1]
+    samples = read_jsonl(os.path.join(args.output_dir, "samples.jsonl"))
+    assert any(row["step"] == 2 and row["key"] == "completions" for row in samples)
+    trainer.save_model(str(tmp_path / "saved"))
+    assert os.path.isfile(tmp_path / "saved" / "value_model" / "model.safetensors")
+    assert trainer.state.log_history == read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+
+
+def torch_dtype():
+    import torch
+
+    return torch.float32
