@@ -119,6 +119,6 @@ def test_sampled_evaluation_with_num_generations_eval(tiny_assets, tmp_path):
         return original(rows, prompts, *rest)
 
     trainer.rewards.score = score
-    trainer.evaluate(0)
+    trainer.evaluate()
     eval_prompts = [p for c in calls for p in c]
     assert len(eval_prompts) == 3 * len(trainer.eval_dataset)  # three samples of every eval prompt
