@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rlhfkit.errors import DataError
+from rlhfkit.errors import ConfigError, DataError
 
 if TYPE_CHECKING:  # datasets and transformers take ~1.5 s to import; rlhfkit.config reads PROMPT_OVERFLOW from here
     import pyarrow as pa
@@ -87,19 +87,40 @@ def _is_empty_saved_dataset(path: str) -> bool:
 
 
 def load_prompt_splits(
-    name: str, train_split: str, test_split: str | None, config: str | None = None
+    name: str,
+    train_split: str,
+    test_split: str | None,
+    config: str | None = None,
+    required_by: str | None = None,
 ) -> tuple[Dataset, Dataset | None]:
     """The train split and the test split (None when the dataset has none of that name) of :func:`load_splits`. A
-    dataset saved as a single split is the train split."""
+    dataset saved as a single split is the train split.
+
+    required_by: the flags that asked for an evaluation on the test split (e.g. "--eval_strategy steps"); then a
+    missing test split is a ConfigError naming it, the splits there are and the fix, instead of no evaluation."""
     from datasets import Dataset
 
     data = load_splits(name, config)
     if isinstance(data, Dataset):
+        if required_by:
+            raise ConfigError(
+                f"{required_by} asks for an evaluation on --dataset_test_split {test_split!r}, but --dataset_name "
+                f"{name!r} is a single split (used for training), so there is nothing to evaluate on. Give a "
+                "dataset with a test split (a directory or hub id with train and test splits), or drop "
+                f"{required_by} (the default schedule evaluates only when a test split exists)."
+            )
         return data, None
     if train_split not in data:
         raise DataError(
             f"--dataset_train_split {train_split!r} is not a split of {name!r} (splits: {', '.join(data)}): pass "
             "one of them."
+        )
+    if required_by and test_split not in data:
+        others = [split for split in data if split != train_split] or list(data)
+        raise ConfigError(
+            f"{required_by} asks for an evaluation on --dataset_test_split {test_split!r}, but {name!r} has no such "
+            f"split (splits: {', '.join(data)}). Pass --dataset_test_split with one of {', '.join(others)}, or drop "
+            f"{required_by} (the default schedule evaluates only when the test split exists)."
         )
     test = data[test_split] if test_split and test_split in data else None
     return data[train_split], test
@@ -116,6 +137,11 @@ def tokenize_prompts(
     num_proc: int | None = None,
 ) -> Dataset:
     """Adds ``input_ids`` (prompt tokens, no padding). num_proc: processes for the map/filter (--dataset_num_proc).
+
+    A dataset already tokenized (an ``input_ids`` column, as TRL's examples/scripts/ppo/ppo.py prepares it, which
+    keeps that column alone) keeps its ids as given; when it has no `text_field` column, the prompt text that reward
+    functions, the task's checker and the completions tables read is decoded from the ids (special tokens skipped)
+    into one, so every row has both.
 
     Rows longer than ``max_prompt_length`` are dropped (overflow="drop") or keep their last max_prompt_length
     tokens (overflow="truncate": the end of a prompt, next to the completion, matters most); either way the
@@ -135,6 +161,8 @@ def tokenize_prompts(
         # As TRL: a chat template already writes the special tokens it wants, and text prompts are used as given.
         texts = [prompt_text(prompt, tokenizer) for prompt in prompts]
         dataset = dataset.add_column("input_ids", _token_ids(tokenizer, texts))
+    elif text_field not in dataset.column_names:
+        dataset = dataset.add_column(text_field, _decoded(tokenizer, dataset["input_ids"], flag_prefix))
     if max_prompt_length is not None:
         too_long = sum(len(ids) > max_prompt_length for ids in dataset["input_ids"])
         if too_long and overflow == "truncate":
@@ -169,6 +197,23 @@ def _token_ids(tokenizer: PreTrainedTokenizerBase, texts: list[str], chunk: int 
     for start in range(0, len(texts), chunk):
         ids += tokenizer(texts[start : start + chunk], add_special_tokens=False)["input_ids"]
     return pa.array(ids, type=pa.list_(pa.int64()), memory_pool=pa.system_memory_pool())
+
+
+def _decoded(tokenizer: PreTrainedTokenizerBase, ids: list, flag_prefix: str, chunk: int = 256) -> list[str]:
+    """The text of each row's prompt token ids, special tokens skipped (a DataError names a row whose ids are not a
+    list of token ids)."""
+    bad = [i for i, row in enumerate(ids) if not isinstance(row, list) or not all(isinstance(t, int) for t in row)]
+    if bad:
+        rows = ", ".join(f"row {i}: {_describe(ids[i])}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        raise DataError(
+            f"The {flag_prefix}dataset's 'input_ids' column must hold the prompts' token ids (lists of integers), but "
+            f"{len(bad)} of {len(ids)} rows do not ({rows}). Fix those rows, or drop the column and give the prompts "
+            "as text."
+        )
+    texts: list[str] = []
+    for start in range(0, len(ids), chunk):
+        texts += tokenizer.batch_decode(ids[start : start + chunk], skip_special_tokens=True)
+    return texts
 
 
 def is_conversational(prompt: object) -> bool:

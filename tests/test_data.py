@@ -7,7 +7,7 @@ import pytest
 from datasets import Dataset, DatasetDict
 
 from rlhfkit.data import _token_ids, as_completions, load_prompt_splits, prompt_text, tokenize_prompts
-from rlhfkit.errors import DataError
+from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.models import load_tokenizer
 from rlhfkit.rewards import RewardModelFunction
 from tests.hub_cache import CHAT_TEMPLATE
@@ -92,3 +92,37 @@ def test_prompts_tokenized_in_chunks_get_the_ids_of_one_call(chat_tokenizer):
     assert _token_ids(chat_tokenizer, texts, chunk=3).to_pylist() == one_call  # chunks of 3, 3 and 1
     dataset = tokenize_prompts(Dataset.from_dict({"prompt": texts}), chat_tokenizer, "prompt", None)
     assert dataset["input_ids"] == one_call and dataset.features["input_ids"].feature.dtype == "int64"
+
+
+def test_an_evaluation_asked_for_without_its_split_names_the_splits_there(tmp_path):
+    DatasetDict({"train": Dataset.from_list(ROWS[:4]), "valid": Dataset.from_list(ROWS[4:])}).save_to_disk(
+        tmp_path / "saved"
+    )
+    saved = str(tmp_path / "saved")
+    with pytest.raises(ConfigError) as error:
+        load_prompt_splits(saved, "train", "test", required_by="--eval_strategy steps")
+    message = str(error.value)
+    assert "--eval_strategy steps" in message and "--dataset_test_split 'test'" in message
+    assert "(splits: train, valid)" in message and "Pass --dataset_test_split with one of valid" in message
+    assert load_prompt_splits(saved, "train", "valid", required_by="--eval_strategy steps")[1]["answer"] == ["4", "5"]
+    one_file = write_jsonl(tmp_path / "one.jsonl", ROWS)  # a single split: nothing to evaluate on
+    with pytest.raises(ConfigError, match="is a single split"):
+        load_prompt_splits(str(one_file), "train", "test", required_by="--eval_on_start")
+    assert load_prompt_splits(str(one_file), "train", "test")[1] is None  # not asked: no evaluation, no error
+
+
+def test_an_input_ids_only_dataset_gets_its_prompt_text_decoded_and_keeps_its_ids(chat_tokenizer):
+    """TRL's ppo.py keeps only input_ids (its prepare_dataset removes the text column)."""
+    texts = ["sort 21=", "sort 3412=", "sort 1="]
+    ids = [chat_tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    with_eos = [ids[0] + [chat_tokenizer.eos_token_id], *ids[1:]]  # special tokens are skipped in the text
+    dataset = tokenize_prompts(Dataset.from_dict({"input_ids": with_eos}), chat_tokenizer, "prompt", None)
+    assert dataset["prompt"] == texts and dataset["input_ids"] == with_eos  # the ids as given
+    cut = tokenize_prompts(
+        Dataset.from_dict({"input_ids": ids}), chat_tokenizer, "prompt", 8, overflow="truncate", log=lambda _: None
+    )
+    assert cut["input_ids"] == [i[-8:] for i in ids] and cut["prompt"] == texts  # the text is the whole prompt
+    dropped = tokenize_prompts(Dataset.from_dict({"input_ids": ids}), chat_tokenizer, "prompt", 8, log=lambda _: None)
+    assert dropped["prompt"] == ["sort 21=", "sort 1="] and dropped["input_ids"] == [ids[0], ids[2]]
+    with pytest.raises(DataError, match=r"'input_ids' column must hold .* 2 of 2 rows do not \(row 0: list"):
+        tokenize_prompts(Dataset.from_dict({"input_ids": [["1"], ["2", "3"]]}), chat_tokenizer, "prompt", None)

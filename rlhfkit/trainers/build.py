@@ -3,8 +3,6 @@ given, then the data and the task (a bad dataset fails before any model loads), 
 
 from __future__ import annotations
 
-import warnings
-
 from rlhfkit.config import GRPOConfig, PPOConfig, TrainConfig
 from rlhfkit.data import load_prompt_splits
 from rlhfkit.errors import ConfigError
@@ -92,17 +90,51 @@ def apply_builtin_task(
             setattr(args, name, value)
 
 
-def _load_data_and_task(args: TrainConfig):
-    """The prompt dataset's splits and the task, loaded before any model (a bad dataset fails fast)."""
+def asked_evaluation(args: TrainConfig, explicit: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """The flags by which the user asked for evaluation on the test split, as they would read them (None: nothing
+    asked). The default schedule (num_sample_generations, TRL PPO's) evaluates when the dataset has a test split and
+    is quietly skipped when it has none; an evaluation asked for in so many words must not be: --eval_strategy
+    steps|epoch, --eval_on_start, an explicit --num_sample_generations N > 0, or an explicit --dataset_test_split
+    with any schedule that evaluates."""
+    asked = []
+    if args.eval_strategy != "no":
+        asked.append(f"--eval_strategy {args.eval_strategy}")
+    if args.eval_on_start:
+        asked.append("--eval_on_start")
+    if "num_sample_generations" in explicit and args.num_sample_generations and args.eval_strategy == "no":
+        asked.append(f"--num_sample_generations {args.num_sample_generations}")
+    evaluates = args.eval_strategy != "no" or args.eval_on_start or bool(args.num_sample_generations)
+    if "dataset_test_split" in explicit and evaluates:
+        asked.append(f"--dataset_test_split {args.dataset_test_split}")
+    return " and ".join(asked) or None
+
+
+def _load_data_and_task(args: TrainConfig, explicit: set[str] | frozenset[str] = frozenset()):
+    """The prompt dataset's splits and the task, loaded before any model (a bad dataset fails fast). An evaluation
+    the user asked for (asked_evaluation) with no test split to run on is a ConfigError, not a silent skip."""
     if args.dataset_name is None:
         raise ConfigError(
             "Model flags were given but no --dataset_name: pass the prompt dataset to train on (a hub id, a local "
             "directory or a .json/.jsonl/.csv/.parquet file). Without model flags, rlhfkit runs its built-in task."
         )
     train, test = load_prompt_splits(
-        args.dataset_name, args.dataset_train_split, args.dataset_test_split, args.dataset_config
+        args.dataset_name,
+        args.dataset_train_split,
+        args.dataset_test_split,
+        args.dataset_config,
+        required_by=asked_evaluation(args, explicit),
     )
     return train, test, load_task(args.task) if args.task else None
+
+
+def grpo_reward_sources(args: GRPOConfig, task) -> list:
+    """GRPOTrainer's reward_funcs from the command line, in `trl grpo`'s order (trl/scripts/grpo.py): the reward
+    models (--reward_model_path, then --reward_model_name_or_path) first, then the --reward_funcs, so --reward_weights
+    weigh them in that order. Without --reward_funcs and without a reward model, the task's rule-based rewards."""
+    models = list(args.reward_model_path or [])
+    if args.reward_funcs or not models:
+        return models + resolve_reward_funcs(args.reward_funcs, task)
+    return models
 
 
 def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
@@ -113,13 +145,10 @@ def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = f
         if "reward_funcs" not in explicit:
             args.reward_funcs = ["correctness", "partial_credit"]
     check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
-    train, test, task = _load_data_and_task(args)
-    reward_funcs = list(args.reward_model_path or [])
-    if args.reward_funcs or not reward_funcs:
-        reward_funcs = resolve_reward_funcs(args.reward_funcs, task) + reward_funcs
+    train, test, task = _load_data_and_task(args, explicit)
     return GRPOTrainer(
         model=args.model_name_or_path,
-        reward_funcs=reward_funcs,
+        reward_funcs=grpo_reward_sources(args, task),
         args=args,
         train_dataset=train,
         eval_dataset=test,
@@ -132,7 +161,15 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
     if uses_builtin_task(args):
         apply_builtin_task(args, explicit)
     check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
-    train, test, task = _load_data_and_task(args)
+    if args.reward_model_path is None and not args.reward_funcs:
+        # TRL 1.12's ppo.py defaulted the reward model to EleutherAI/pythia-160m, a causal LM with a fresh score head:
+        # a random reward. rlhfkit does not train against one without being told which reward to use.
+        raise ConfigError(
+            "PPO needs a reward: pass --reward_model_path PATH (a sequence-classification reward model with the "
+            "policy's vocabulary) and/or --reward_funcs NAME (a built-in reward with --task, one of TRL's, or "
+            "'module:function'). Without model flags, rlhfkit runs its built-in task with its reward model."
+        )
+    train, test, task = _load_data_and_task(args, explicit)
     hub = Hub.from_args(args)
     sft_path = args.sft_model_path or args.model_name_or_path
     sft_flag = "sft_model_path" if args.sft_model_path else "model_name_or_path"
@@ -140,21 +177,14 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
     tokenizer = load_tokenizer(args.model_name_or_path or sft_path, tokenizer_flag, hub)
     dtype = weight_dtype(args.dtype)
     policy = load_trained_policy(sft_path, args, sft_flag, hub)
+    # PPOTrainer scores the reward functions, then the reward model: --reward_weights weigh them in that order (TRL
+    # 1.12's PPO had a reward model alone; `trl grpo` puts its reward models first).
     reward_funcs = resolve_reward_funcs(args.reward_funcs, task) if args.reward_funcs else None
     reward_model = None
-    if args.reward_model_path is None and reward_funcs is None:
-        warnings.warn(
-            "No --reward_model_path nor --reward_funcs: scoring with a randomly initialised head on the SFT model. "
-            "This only checks that training runs (like TRL's example with a dummy reward model); pass a trained "
-            "reward model or reward functions for real use.",
-            stacklevel=2,
-        )
-    if args.reward_model_path is not None or reward_funcs is None:
-        reward_path = args.reward_model_path or sft_path
-        reward_flag = "reward_model_path" if args.reward_model_path else sft_flag
+    if args.reward_model_path is not None:
         # Scored with the policy's token ids: the reward model reads the policy's tokenizer (checked just below).
-        reward_model, _ = load_reward_model(reward_path, tokenizer, dtype, hub, reward_flag)
-        check_same_vocabulary(tokenizer, reward_path, reward_model, reward_flag, hub)
+        reward_model, _ = load_reward_model(args.reward_model_path, tokenizer, dtype, hub, "reward_model_path")
+        check_same_vocabulary(tokenizer, args.reward_model_path, reward_model, "reward_model_path", hub)
     value_model = None
     if args.value_model_path:
         value_model = load_scalar_model(args.value_model_path, dtype, "value_model_path", hub)
