@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -24,6 +25,7 @@ from rlhfkit.errors import ConfigError, RewardFunctionError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import DEFAULT_HUB, Hub, load_reward_model, token_values
+from rlhfkit.sampling import embeddable_ids
 from rlhfkit.trl_rewards import TRL_REWARDS, trl_reward_function
 
 
@@ -36,6 +38,7 @@ def reward_model_scores(
     input_ids, attention_mask: (B, L); attention_mask bool, True = real token. With a left-padded query and a
     right-padded completion, the last real token is the completion's terminator (or its last token if truncated).
     """
+    input_ids = embeddable_ids(reward_model, input_ids, attention_mask)  # a [PAD] beyond its embeddings (TRL's ppo.py)
     values = token_values(reward_model, input_ids, attention_mask)
     last = ops.last_true_index(attention_mask)
     return values.gather(1, last.clamp(min=0)[:, None]).squeeze(1)
@@ -296,12 +299,12 @@ def check_unique_names(names: list[str]) -> None:
 
 
 def reward_weights(weights: Sequence[float] | None, names: list[str]) -> list[float]:
-    """One float weight per reward source (default all 1), in the order of `names` (functions, then models)."""
+    """One float weight per reward source (default all 1), in the order of `names`."""
     weights = list(weights) if weights is not None else [1.0] * len(names)
     if len(weights) != len(names):
         raise ConfigError(
             f"reward_weights has {len(weights)} values for {len(names)} reward functions ({', '.join(names)}): give "
-            "one weight per reward function, in the same order (functions, then reward models)."
+            "one weight per reward function, in that order."
         )
     return [float(w) for w in weights]
 
@@ -315,8 +318,12 @@ def score_completions(
     sequence: tuple[torch.Tensor, torch.Tensor],
     completion: tuple[torch.Tensor, torch.Tensor],
     text_field: str,
+    trainer_kwargs: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[RewardOutput]:
     """Every reward source's RewardOutput for N completions, in the order of `funcs`.
+
+    trainer_kwargs: aligned with `funcs`, what else each function gets (TRL 1.16's trainer_state, log_extra and
+    log_metric: RewardSources.score passes those a function takes).
 
     rows: the dataset rows, one per completion; their other columns reach the functions as keyword arguments (TRL's
     convention), with completion_ids. As in TRL, functions get the dataset's prompts as they are (text, or lists of
@@ -333,9 +340,10 @@ def score_completions(
     n = len(completions)
     outputs: list[RewardOutput | None] = []
     pending: dict[int, Awaitable] = {}  # the async functions' awaitables, by position
+    trainer_kwargs = trainer_kwargs or [{}] * len(funcs)
     try:
         for i, (name, fn) in enumerate(zip(names, funcs)):
-            extra = {"sequence_ids": sequence} if isinstance(fn, RewardModelFunction) else {}
+            extra = {"sequence_ids": sequence} if isinstance(fn, RewardModelFunction) else dict(trainer_kwargs[i])
             kwargs = {**columns, "prompts": prompts, "completions": completions, "completion_ids": completion_ids}
             out = _invoke(name, fn, {**kwargs, **extra})
             if inspect.isawaitable(out):
@@ -353,23 +361,142 @@ def score_completions(
     return outputs
 
 
+TRAINER_KWARGS = ("trainer_state", "log_extra", "log_metric")
+
+
+def takes_trainer_kwargs(fn: Callable) -> frozenset[str]:
+    """Which of TRAINER_KWARGS reward function `fn` receives: all of them when it takes **kwargs (TRL's convention,
+    TRL passes them to every function), else those its signature names; a function without them keeps working."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (some builtins): give nothing it might not take
+        return frozenset()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return frozenset(TRAINER_KWARGS)
+    names = {p.name for p in params if p.kind is not inspect.Parameter.VAR_POSITIONAL}
+    return frozenset(k for k in TRAINER_KWARGS if k in names)
+
+
 class RewardSources:
     """The reward functions and reward models a trainer scores completions with, their weights and metrics.
 
-    names, funcs: aligned, functions first, then reward models (the order of reward_weights). text_field: the dataset
-    column of the prompts (the other columns reach the functions as keyword arguments)."""
+    names, funcs: aligned, in the order of reward_weights (GRPOTrainer: its reward_funcs as given; the command line
+    puts reward models first, as `trl grpo`; PPOTrainer: its reward_funcs, then reward_model). text_field: the dataset
+    column of the prompts (the other columns reach the functions as keyword arguments).
+
+    As TRL 1.16, a function also gets ``trainer_state`` (the trainer's transformers TrainerState, as given to
+    :meth:`score`), ``log_extra(column, values)`` (one value per completion of the call, shown as a column of the
+    completions table) and ``log_metric(name, value)`` (a scalar, averaged per logging window as TRL does): those
+    its signature takes (takes_trainer_kwargs). What they log is held here until the trainer takes it
+    (:meth:`take_logged`)."""
 
     def __init__(self, names: list[str], funcs: list[Callable], weights: Sequence[float] | None, text_field: str):
         check_unique_names(names)
         self.names, self.funcs, self.text_field = names, funcs, text_field
         self.weights = reward_weights(weights, names)
         self.metrics = [(M.expand(M.REWARDS_FUNC_MEAN, n), M.expand(M.REWARDS_FUNC_STD, n)) for n in names]
+        self.takes = [frozenset() if isinstance(f, RewardModelFunction) else takes_trainer_kwargs(f) for f in funcs]
+        self.takes_log_metric = any("log_metric" in t for t in self.takes)  # the same on every process
+        self._extra: dict[str, list] = {}  # log_extra columns, one value per completion scored since take_logged
+        self._logged: dict[str, list[float]] = {}  # log_metric values since take_logged
+        self._rows = 0  # completions scored since take_logged
 
-    def score(self, rows: list[dict], prompts: list, completions: list[str], sequence, completion):
-        """Each source's RewardOutput (score_completions)."""
-        return score_completions(
-            self.names, self.funcs, rows, prompts, completions, sequence, completion, self.text_field
+    def score(self, rows: list[dict], prompts: list, completions: list[str], sequence, completion, trainer_state=None):
+        """Each source's RewardOutput (score_completions). trainer_state: the trainer's TrainerState, passed to the
+        functions that take it (TRL 1.16's `trainer_state`)."""
+        n = len(completions)
+        call_extra: dict[str, tuple[list, list[str]]] = {}  # column -> (values, the functions that logged them)
+        call_metrics: dict[str, list[float]] = {}
+        trainer_kwargs = []
+        for name, takes in zip(self.names, self.takes):
+            given = {
+                "trainer_state": trainer_state,
+                "log_extra": functools.partial(self._log_extra, call_extra, name),
+                "log_metric": functools.partial(self._log_metric, call_metrics, name),
+            }
+            trainer_kwargs.append({k: v for k, v in given.items() if k in takes})
+        outputs = score_completions(
+            self.names, self.funcs, rows, prompts, completions, sequence, completion, self.text_field, trainer_kwargs
         )
+        for column, (values, by) in call_extra.items():
+            if len(values) != n:
+                raise RewardFunctionError(
+                    f"reward function {' and '.join(dict.fromkeys(by))!r} logged {len(values)} values of column "
+                    f"{column!r} (log_extra) for {n} completions: give one value per completion, in order, once per "
+                    "call."
+                )
+        for column in self._extra.keys() - call_extra.keys():  # columns of earlier calls: None for these rows
+            self._extra[column] += [None] * n
+        for column, (values, _) in call_extra.items():
+            self._extra.setdefault(column, [None] * self._rows).extend(values)
+        for metric, values in call_metrics.items():
+            self._logged.setdefault(metric, []).extend(values)
+        self._rows += n
+        return outputs
+
+    def _log_extra(self, call_extra: dict, function: str, column: str, values) -> None:
+        """log_extra(column, values) as reward function `function` calls it."""
+        if not isinstance(column, str) or not column:
+            raise RewardFunctionError(f"log_extra: the column name must be a non-empty str, not {column!r}.")
+        if (
+            isinstance(values, (str, bytes, Mapping))
+            or not isinstance(values, Sequence)
+            and not hasattr(values, "tolist")
+        ):
+            raise RewardFunctionError(
+                f"log_extra({column!r}, ...): values must be a list with one value per completion, not "
+                f"{type(values).__name__}."
+            )
+        values = values.tolist() if hasattr(values, "tolist") else list(values)
+        logged, by = call_extra.setdefault(column, ([], []))
+        logged.extend(values)
+        by.append(function)
+
+    def _log_metric(self, call_metrics: dict, function: str, name: str, value) -> None:
+        """log_metric(name, value) as reward function `function` calls it."""
+        own = {m.name for pair in self.metrics for m in pair}
+        if not isinstance(name, str) or not name:
+            raise RewardFunctionError(f"log_metric: the metric name must be a non-empty str, not {name!r}.")
+        if name in M.REGISTRY or name in own:
+            raise RewardFunctionError(
+                f"log_metric({name!r}, ...): {name!r} is a metric rlhfkit logs itself; a reward function's metric "
+                "would replace it in the logged row. Give it a name of its own (e.g. 'rewards_extra/...')."
+            )
+        try:
+            number = _as_number(value)
+        except TypeError:
+            number = None
+        if number is None:
+            raise RewardFunctionError(
+                f"log_metric({name!r}, {value!r}): the value must be a real number ({type(value).__name__} given)."
+            )
+        call_metrics.setdefault(name, []).append(number)
+
+    def take_logged(self) -> tuple[dict[str, list], dict[str, list[float]]]:
+        """What the reward functions logged since the last call, and forget it: (extra columns, each with one value
+        per completion scored since, in scoring order, None where a call did not log that column; log_metric's
+        values by name, in call order)."""
+        logged = (self._extra, self._logged)
+        self._extra, self._logged, self._rows = {}, {}, 0
+        return logged
+
+    def pool_metrics(self, metrics: Mapping[str, Sequence[float]], accelerator) -> dict[str, float]:
+        """One value per name of one generation's log_metric values (take_logged's second part), as TRL 1.16:
+        their sum and count over every process, total / count (NaN if one was NaN). The names are those any process
+        logged, sorted, so every process reduces the same ones in the same order. A collective: every process calls
+        it once per generation; none is needed (and {} is returned) when no function takes log_metric."""
+        if not self.takes_log_metric:
+            return {}
+        names = sorted(metrics)
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            names = sorted(set(gather_object(names)))
+        if not names:
+            return {}
+        local = [[float(sum(metrics.get(n, ()))), float(len(metrics.get(n, ())))] for n in names]
+        pooled = accelerator.reduce(torch.tensor(local, dtype=torch.float64, device=accelerator.device), "sum")
+        return {n: total / count for n, (total, count) in zip(names, pooled.tolist()) if count > 0}
 
     def total(self, outputs: list[RewardOutput], prompts: list) -> torch.Tensor:
         """(N,) float64 weighted sum of the sources that apply to each completion (weighted_total)."""
@@ -387,6 +514,29 @@ class RewardSources:
         for (mean, std), out in zip(self.metrics, outputs):
             metrics.add_tensor(mean, out.values, out.applicable)
             metrics.add_tensor(std, out.values, out.applicable)
+
+
+class LoggedMetricsWindow:
+    """The reward functions' log_metric values of one logging window, averaged as TRL 1.16 averages its metrics:
+    one value per generation (RewardSources.pool_metrics), then the mean of the window's generations, NaN left out;
+    a name with no finite value in the window is left out of the row (TRL logs None)."""
+
+    def __init__(self) -> None:
+        self._values: dict[str, list[float]] = {}
+
+    def add(self, generation: Mapping[str, float]) -> None:
+        for name, value in generation.items():
+            self._values.setdefault(name, []).append(float(value))
+
+    def reduce(self) -> dict[str, float]:
+        """The window's means by name (sorted), and a fresh window."""
+        means = {}
+        for name in sorted(self._values):
+            valid = [v for v in self._values[name] if not math.isnan(v)]
+            if valid:
+                means[name] = sum(valid) / len(valid)
+        self._values = {}
+        return means
 
 
 # ------------------------------------------------------------------------------------------------
