@@ -65,6 +65,30 @@ def _wandb_table_key(key: str, step: int) -> str:
 GLOBAL_STEP = "train/global_step"
 
 
+def with_columns(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    extra: Mapping[str, Sequence[Any]],
+    before: str | None = None,
+) -> tuple[list[str], list[list[Any]]]:
+    """`columns` and `rows` with the `extra` columns (name -> one value per row) inserted before column `before`
+    (after the last when None or not a column). A name already among the columns, or a column whose number of values
+    is not the number of rows, is a ValueError naming it: a table must not silently drop or misalign a column."""
+    columns = [str(c) for c in columns]
+    names = [str(name) for name in extra]
+    for name, values in zip(names, extra.values()):
+        if name in columns:
+            raise ValueError(
+                f"extra column {name!r} is already a column of the table ({', '.join(columns)}): give it another name"
+            )
+        if len(values) != len(rows):
+            raise ValueError(f"extra column {name!r} has {len(values)} values for {len(rows)} rows: give one per row")
+    at = columns.index(before) if before in columns else len(columns)
+    cells = [to_jsonable(list(values)) for values in extra.values()]
+    out = [[*row[:at], *(column[i] for column in cells), *row[at:]] for i, row in enumerate(rows)]
+    return [*columns[:at], *names, *columns[at:]], out
+
+
 def tracker_key(name: str) -> str:
     """The key a metric has in the trackers: TRL's, as transformers' callbacks rewrite its logs (eval/* as named,
     everything else under train/), so TRL and rlhfkit runs share charts. The run directory keeps the bare name."""
@@ -251,10 +275,16 @@ class RunLogger:
         rows: Sequence[Sequence[Any]],
         step: int,
         console_rows: int | None = None,
+        extra_columns: Mapping[str, Sequence[Any]] | None = None,
+        extra_before: str | None = None,
     ) -> None:
         """Show a table of completions at `step`: console, samples.jsonl and every tracker that can show one.
 
         console_rows: print only the first this many rows (all are logged); None prints every row.
+        extra_columns: more columns, one value per row each (what reward functions logged with TRL's log_extra),
+        inserted before column `extra_before` (TRL puts them before "advantage"), else after the last; a name that
+        is already a column, or a column with another number of values than rows, is a ValueError (with_columns).
+        Cells may be any JSON-able value (None where a row has none); the trackers get tables that allow mixed types.
 
         Every tracker gets the table under `key` at `step` (TRL's key is "completions"): Trackio keeps each
         step's table, TensorBoard gets a markdown table as text; W&B, whose table panel shows the latest table of a
@@ -263,11 +293,16 @@ class RunLogger:
         if not self.is_main:
             return
         columns = [str(c) for c in columns]
-        if {"step", "key"} & set(columns):
-            raise ValueError("table columns 'step' and 'key' are reserved for samples.jsonl")
         rows = [to_jsonable(list(row)) for row in rows]
         if any(len(row) != len(columns) for row in rows):
             raise ValueError(f"every row of table {key!r} must have {len(columns)} cells ({columns})")
+        if extra_columns:
+            columns, rows = with_columns(columns, rows, extra_columns, extra_before)
+        if {"step", "key"} & set(columns):
+            raise ValueError("table columns 'step' and 'key' are reserved for samples.jsonl")
+        duplicates = sorted({c for c in columns if columns.count(c) > 1})
+        if duplicates:  # samples.jsonl and the trackers would keep one of them
+            raise ValueError(f"table {key!r} has the column {duplicates[0]!r} twice ({columns})")
 
         shown = rows if console_rows is None else rows[:console_rows]
         if shown:
@@ -283,13 +318,14 @@ class RunLogger:
         if (run := self._tracker("wandb")) is not None:
             import wandb
 
-            table = wandb.Table(columns=columns, data=rows)
+            table = wandb.Table(columns=columns, data=rows, allow_mixed_types=True)
             tables = {key: table, _wandb_table_key(key, step): table, GLOBAL_STEP: step}
             self._guarded("wandb", lambda: run.log(tables, step=step))
         if (run := self._tracker("trackio")) is not None:
             import trackio
 
-            self._guarded("trackio", lambda: run.log({key: trackio.Table(columns=columns, data=rows)}, step=step))
+            table = trackio.Table(columns=columns, data=rows, allow_mixed_types=True)
+            self._guarded("trackio", lambda: run.log({key: table}, step=step))
 
     def tracker_ids(self) -> dict[str, str]:
         """Identifiers a resumed run needs to continue the same tracker runs (W&B's run id)."""

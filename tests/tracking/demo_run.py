@@ -37,7 +37,8 @@ def main(spec_path: str) -> None:
         logger.log({k: np.float32(v) for k, v in entry["scalars"].items()}, step)
         logger.log_histograms({k: np.asarray(v) for k, v in entry["histograms"].items()}, step)
         table = entry["table"]
-        logger.log_table(table["key"], table["columns"], table["rows"], step)
+        extra = {"extra_columns": table["extra"], "extra_before": table["extra_before"]} if "extra" in table else {}
+        logger.log_table(table["key"], table["columns"], table["rows"], step, **extra)
     logger.finish()
 
 

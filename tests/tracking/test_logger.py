@@ -53,6 +53,30 @@ def test_report_to_must_match_the_accelerator_trackers(tmp_path):
         RunLogger(Accelerator(), tmp_path, {}, project="p", run_name="r", report_to=["tensorboard"])
 
 
+def test_extra_columns_go_where_asked_and_never_replace_or_misalign_a_column(tmp_path):
+    logger = RunLogger(Accelerator(), tmp_path, {}, project="p", run_name="r", report_to=None)
+    columns, rows = ["prompt", "completion", "advantage"], [["a", "b", 0.5], ["c", "d", -0.5]]
+    logger.log_table("completions", columns, rows, 1, extra_columns={"judge": [True, None]}, extra_before="advantage")
+    logger.log_table("completions", columns, rows, 2, extra_columns={"len": np.array([1, 2])})  # after the last
+    samples = read_jsonl(tmp_path / "samples.jsonl")
+    assert [list(s) for s in samples] == [
+        ["step", "key", "prompt", "completion", "judge", "advantage"],
+        ["step", "key", "prompt", "completion", "judge", "advantage"],
+        ["step", "key", "prompt", "completion", "advantage", "len"],
+        ["step", "key", "prompt", "completion", "advantage", "len"],
+    ]
+    assert [s.get("judge", s.get("len")) for s in samples] == [True, None, 1, 2]
+    with pytest.raises(ValueError, match="extra column 'advantage' is already a column"):
+        logger.log_table("completions", columns, rows, 3, extra_columns={"advantage": [1, 2]})
+    with pytest.raises(ValueError, match="extra column 'judge' has 1 values for 2 rows"):
+        logger.log_table("completions", columns, rows, 3, extra_columns={"judge": [1]})
+    with pytest.raises(ValueError, match="reserved"):
+        logger.log_table("completions", columns, rows, 3, extra_columns={"step": [1, 2]})
+    with pytest.raises(ValueError, match="column 'prompt' twice"):
+        logger.log_table("completions", ["prompt", "prompt"], [["a", "b"]], 3)
+    assert len(read_jsonl(tmp_path / "samples.jsonl")) == 4  # nothing written by the refused tables
+
+
 def test_table_rows_must_match_the_columns(tmp_path):
     logger = RunLogger(Accelerator(), tmp_path, {}, project="p", run_name="r", report_to=None)
     with pytest.raises(ValueError, match="2 cells"):
@@ -77,9 +101,29 @@ STEPS = [
         "step": 2,
         "scalars": {"objective/kl": 0.75, "episode": 16.0},
         "histograms": {"env/reward_dist": [2.0, 3.0, 4.0, 5.0, 6.0]},
-        "table": {"key": "completions", "columns": COLUMNS, "rows": [["2+2=", "4", 1.5], ["3+3=", "5", -1.0]]},
+        "table": {
+            "key": "completions",
+            "columns": COLUMNS,
+            "rows": [["2+2=", "4", 1.5], ["3+3=", "5", -1.0]],
+            # What reward functions logged with log_extra: any JSON-able value, None where a row has none, types
+            # mixed within a column.
+            "extra": {"verdict": ["right", None], "detail": [{"n": 1}, 2]},
+            "extra_before": "score",
+        },
     },
 ]
+
+
+def full_table(table: dict) -> tuple[list, list]:
+    """The columns and rows a tracker shows for a table of STEPS: its extra columns before `extra_before`."""
+    if "extra" not in table:
+        return table["columns"], table["rows"]
+    at = table["columns"].index(table["extra_before"])
+    extra = list(table["extra"].values())
+    rows = [[*row[:at], *(c[i] for c in extra), *row[at:]] for i, row in enumerate(table["rows"])]
+    return [*table["columns"][:at], *table["extra"], *table["columns"][at:]], rows
+
+
 CONFIG = {"learning_rate": 0.001, "report_to": ["wandb"], "nested": {"kl_coef": 0.05, "stop": None}}
 FLAT_CONFIG = {"learning_rate": 0.001, "report_to": '["wandb"]', "nested/kl_coef": 0.05, "nested/stop": "None"}
 
@@ -123,9 +167,13 @@ def test_real_run_directory(demo_run):
     out, _, stdout = demo_run
     assert read_jsonl(out / "metrics.jsonl") == [{"step": e["step"], **e["scalars"]} for e in STEPS]
     assert read_jsonl(out / "samples.jsonl") == [
-        {"step": e["step"], "key": "completions", **dict(zip(COLUMNS, row))}
+        {"step": e["step"], "key": "completions", **dict(zip(full_table(e["table"])[0], row))}
         for e in STEPS
-        for row in e["table"]["rows"]
+        for row in full_table(e["table"])[1]
+    ]
+    assert list(read_jsonl(out / "samples.jsonl")[-1]) == ["step", "key", "query", "model response", "verdict"] + [
+        "detail",
+        "score",
     ]
     assert json.loads((out / "run_config.json").read_text()) == CONFIG
     assert "completions (step 2)" in stdout and "wandb sync" in stdout
@@ -153,6 +201,12 @@ def test_tensorboard_reads_back(demo_run):
         "| query | model response | score |",
         "|---|---|---|",
         "| 1+1= | 2 \\| [PAD]<br>x | 0.5 |",
+    ]
+    assert texts[1].tensor_proto.string_val[0].decode().splitlines() == [
+        "| query | model response | verdict | detail | score |",
+        "|---|---|---|---|---|",
+        "| 2+2= | 4 | right | {'n': 1} | 1.5 |",
+        "| 3+3= | 5 | None | 2 | -1 |",
     ]
 
 
@@ -192,7 +246,8 @@ def test_wandb_offline_run_reads_back(demo_run):
         for key in ("completions", f"completions/step_{entry['step']:06d}"):
             assert row[f"{key}._type"] == "table-file"
             table = json.loads((run_dir / "files" / row[f"{key}.path"]).read_text())
-            assert table["columns"] == COLUMNS and table["data"] == entry["table"]["rows"]
+            columns, rows = full_table(entry["table"])
+            assert table["columns"] == columns and table["data"] == rows
 
 
 def test_trackio_store_reads_back(demo_run):
@@ -227,4 +282,5 @@ def test_trackio_store_reads_back(demo_run):
         # Trackio keeps every step's table under the same key.
         (table,) = [log["completions"] for log in at_step if "completions" in log]
         assert table["_type"] == "trackio.table"
-        assert table["_value"] == [dict(zip(COLUMNS, row)) for row in entry["table"]["rows"]]
+        columns, rows = full_table(entry["table"])
+        assert table["_value"] == [dict(zip(columns, row)) for row in rows]
