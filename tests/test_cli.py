@@ -175,7 +175,7 @@ def test_non_dividing_batch_sizes_fail_naming_the_flags(tiny_assets, tmp_path):
 def test_missing_model_directory_is_a_clear_error(tiny_assets, tmp_path):
     result = rlhfkit(
         "ppo", "--model_name_or_path", str(tmp_path / "nope"), "--dataset_name", str(tiny_assets / "prompts"),
-        "--output_dir", str(tmp_path / "run"),
+        "--reward_model_path", str(tiny_assets / "reward"), "--output_dir", str(tmp_path / "run"),
     )  # fmt: skip
     assert result.returncode == 2 and "--model_name_or_path" in result.stderr and "Traceback" not in result.stderr
 
@@ -199,6 +199,8 @@ def test_getting_started_command_runs_on_local_checkpoints(tiny_assets, tmp_path
         "--total_episodes",
         "64",
         "--model_name_or_path",
+        str(tiny_assets / "sft"),
+        "--reward_model_path",  # TRL's command names the SFT model as the reward model too (a random head)
         str(tiny_assets / "sft"),
         "--non_eos_penalty",
         "--dataset_name",
