@@ -457,10 +457,11 @@ class RewardSources:
         own = {m.name for pair in self.metrics for m in pair}
         if not isinstance(name, str) or not name:
             raise RewardFunctionError(f"log_metric: the metric name must be a non-empty str, not {name!r}.")
-        if name in M.REGISTRY or name in own:
+        if name in own or {name, f"eval/{name}"} & M.REGISTRY.keys():  # an evaluation logs it as eval/<name>
             raise RewardFunctionError(
-                f"log_metric({name!r}, ...): {name!r} is a metric rlhfkit logs itself; a reward function's metric "
-                "would replace it in the logged row. Give it a name of its own (e.g. 'rewards_extra/...')."
+                f"log_metric({name!r}, ...): {name!r} is a metric rlhfkit logs itself (or eval/{name} is); a reward "
+                "function's metric would replace it in the logged row. Give it a name of its own (e.g. "
+                "'rewards_extra/...')."
             )
         try:
             number = _as_number(value)

@@ -124,6 +124,13 @@ def test_a_metric_named_like_one_rlhfkit_logs_is_refused():
     with pytest.raises(RewardFunctionError, match=r"'reward' is a metric rlhfkit logs itself"):
         score(sources(shadow))
 
+    def evaluated(prompts, completions, **kwargs):
+        kwargs["log_metric"]("task_success", 1.0)  # an evaluation would log it as eval/task_success, rlhfkit's own
+        return [1.0] * len(completions)
+
+    with pytest.raises(RewardFunctionError, match=r"or eval/task_success is"):
+        score(sources(evaluated))
+
     def own(prompts, completions, **kwargs):
         kwargs["log_metric"]("rewards/own/mean", 1.0)
         return [1.0] * len(completions)
