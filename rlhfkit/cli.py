@@ -28,10 +28,26 @@ Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see traceback
 """
 
 
+LAUNCHED = "RLHFKIT_LAUNCHED"  # set in the processes rlhfkit started under accelerate launch: they must not relaunch
+
+
 def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
-    """``rlhfkit ppo|grpo FLAGS``: parse the algorithm's config, build its trainer, train."""
+    """``rlhfkit ppo|grpo FLAGS``: parse the algorithm's config, build its trainer, train; with --num_processes or
+    --accelerate_config, run that under ``accelerate launch`` instead, as the ``trl`` command does."""
     from rlhfkit.config import GRPOConfig, PPOConfig
-    from rlhfkit.config.parse import parse_config
+    from rlhfkit.config.parse import launch_arguments, parse_config
+
+    # The launched processes parse the command line (GRPO's batch shape is checked for their number of processes).
+    launch = launch_arguments(algorithm, argv)
+    if launch is not None and not os.environ.get(LAUNCHED):
+        if "LOCAL_RANK" not in os.environ:
+            return relaunch(launch)
+        from rlhfkit.config.train import note
+
+        note(
+            "--num_processes and --accelerate_config have no effect here: this process was already started by a "
+            "launcher (accelerate launch or torchrun), whose settings apply."
+        )
     from rlhfkit.trainers.build import build_trainer
 
     config_cls = {"ppo": PPOConfig, "grpo": GRPOConfig}[algorithm]
@@ -40,6 +56,22 @@ def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
     trainer.train()
     if trainer.accelerator.is_main_process:
         print(f"Run directory: {args.output_dir}")
+    return 0
+
+
+def relaunch(launch_args: Sequence[str]) -> int:
+    """Run ``accelerate launch LAUNCH_ARGS`` (config.parse.launch_arguments) as TRL's command does: accelerate's own
+    launch parser and launch_command; the processes it starts know from $RLHFKIT_LAUNCHED not to relaunch."""
+    import subprocess
+
+    from accelerate.commands.launch import launch_command, launch_command_parser
+
+    args = launch_command_parser().parse_args(list(launch_args))
+    os.environ[LAUNCHED] = "1"
+    try:
+        launch_command(args)
+    except subprocess.CalledProcessError as e:  # a process failed; it has printed why
+        return e.returncode or 1
     return 0
 
 

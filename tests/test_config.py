@@ -63,8 +63,8 @@ def test_older_trl_api_aliases():
         (PPOConfig, {"lam": math.nan}, "lam=nan: must be a number in [0, 1]."),
         (PPOConfig, {"num_train_epochs": 0}, "num_train_epochs=0: must be a finite number > 0."),
         (GRPOConfig, {"num_train_epochs": math.inf}, "num_train_epochs=inf: must be a finite number > 0."),
-        (PPOConfig, {"save_steps": -1}, "save_steps=-1: must be an integer >= 0."),
-        (PPOConfig, {"logging_steps": 0}, "logging_steps=0: must be an integer >= 1."),
+        (PPOConfig, {"save_steps": -1}, "save_steps=-1: must be an integer >= 0, or a number in (0, 1) for that share of the run's steps."),
+        (PPOConfig, {"logging_steps": 0}, "logging_steps=0: must be an integer >= 1, or a number in (0, 1) for that share of the run's steps."),
         (PPOConfig, {"weight_decay": math.nan}, "weight_decay=nan: must be a finite number >= 0."),
         (PPOConfig, {"adam_epsilon": 0}, "adam_epsilon=0: must be a finite number > 0."),
         (PPOConfig, {"max_grad_norm": -1}, "max_grad_norm=-1: must be a finite number >= 0. Pass e.g. "
@@ -104,7 +104,8 @@ def test_older_trl_api_aliases():
         (GRPOConfig, {"scale_rewards": "std"}, "scale_rewards='std': must be one of group, batch, none."),
         (GRPOConfig, {"reward_weights": [1.0, math.inf]}, "reward_weights=[1.0, inf]: entry 1 (inf) must be a finite"),
         (GRPOConfig, {"reward_funcs": ["a", "b"], "reward_weights": [1.0]}, "needs one weight per reward"),
-        (PPOConfig, {"eval_steps": 0}, "eval_steps=0: must be an integer >= 1. Pass e.g. --eval_steps 100, or leave "
+        (PPOConfig, {"eval_steps": 0}, "eval_steps=0: must be an integer >= 1, or a number in (0, 1) for that share of the run's steps. "
+         "Pass e.g. --eval_steps 100, or leave "
          "it out."),
         (GRPOConfig, {"logging_strategy": "never"}, "logging_strategy='never': must be one of steps, epoch, no."),
         (GRPOConfig, {"eval_strategy": "best"}, "eval_strategy='best': must be one of no, steps, epoch."),

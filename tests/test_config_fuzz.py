@@ -37,7 +37,9 @@ def numeric_fields(cls) -> list[str]:
     return [f.name for f in fields(cls) if _number_type(hints[f.name]) is not None]
 
 
-CASES = [(cls, name) for cls in PROGS for name in numeric_fields(cls)]
+# A count of steps or a share of the run's steps (rules other than Number): tests/test_config_steps.py.
+STEP_FIELDS = ("logging_steps", "save_steps", "eval_steps")
+CASES = [(cls, name) for cls in PROGS for name in numeric_fields(cls) if name not in STEP_FIELDS]
 IDS = [f"{cls.__name__}.{name}" for cls, name in CASES]
 
 

@@ -60,8 +60,8 @@ def test_every_listed_flag_is_a_trl_flag_that_some_command_refuses():
         (["grpo", "--entropy_coef", "0.01"], "--entropy_coef is a TRL/transformers flag that rlhfkit does not "
          "support yet: TRL 1.16's off-policy sequence mask"),
         (["ppo", "--no_remove_unused_columns"], "--remove_unused_columns is a TRL/transformers flag"),
-        (["ppo", "--max_steps", "10"], "--max_steps is a TRL/transformers flag that rlhfkit does not support: a PPO "
-         "run's length is --total_episodes"),
+        (["ppo", "--ddp_backend", "gloo"], "--ddp_backend is a TRL/transformers flag that rlhfkit does not support: "
+         "devices, processes and sharding come from accelerate"),
     ],
 )  # fmt: skip
 def test_a_trl_flag_exits_2_with_its_reason(capsys, tmp_path, argv, needle):

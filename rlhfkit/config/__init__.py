@@ -26,6 +26,9 @@ from rlhfkit.config.train import (
 )
 from rlhfkit.errors import ConfigError
 
+# trl_flags explains the TRL keywords the configs do not take (train.set_keyword_screen): loaded with the configs.
+from rlhfkit.config import trl_flags  # noqa: E402, F401  (isort: skip)
+
 __all__ = [
     "EVAL_STRATEGIES",
     "LOGGING_STRATEGIES",

@@ -43,6 +43,8 @@ def ppo_batch_sizes(args, world_size: int, dataset_size: int) -> PPOBatchSizes:
         "(each mini-batch is a whole number of per_device_train_batch_size micro-batches)",
     )
     batch_size = local_batch_size * world_size
+    if getattr(args, "max_steps", -1) > 0:  # PPO updates; it wins over a total_episodes set after the checks
+        return PPOBatchSizes(local_batch_size, batch_size, local_mini, micro, args.max_steps)
     total = args.total_episodes
     if total is None:
         total = int(args.num_train_epochs * dataset_size)

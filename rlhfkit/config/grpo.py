@@ -6,13 +6,26 @@ import os
 from dataclasses import dataclass, field
 
 from rlhfkit.config.batch_sizes import grpo_generation_shape
-from rlhfkit.config.rules import FLAG, JSON_OBJECT, PATH, ListOf, OneOf, OrNone, inherited, integer, meta, number
+from rlhfkit.config.rules import (
+    FLAG,
+    JSON_OBJECT,
+    PATH,
+    ListOf,
+    OneOf,
+    OrNone,
+    inherited,
+    integer,
+    meta,
+    number,
+    on_off_flags,
+)
 from rlhfkit.config.train import TrainConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.advantages import GROUP_SCALES
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 
 
+@on_off_flags
 @dataclass
 class GRPOConfig(TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.GRPOTrainer` (names, meanings and defaults as in TRL's ``GRPOConfig``).
@@ -28,6 +41,12 @@ class GRPOConfig(TrainConfig):
             "reward_funcs.",
             OrNone(ListOf(PATH)),
         ),
+    )
+    reward_weights: list[float] | None = inherited(
+        TrainConfig,
+        "reward_weights",
+        help="Weight of each reward, in `trl grpo`'s order: the reward models (reward_model_path, then "
+        "reward_model_name_or_path), then reward_funcs. Default: all 1.",
     )
     reward_model_name_or_path: str | None = field(
         default=None,
@@ -263,8 +282,14 @@ class GRPOConfig(TrainConfig):
             self.scale_rewards = "group" if str(scale).lower() == "true" else "none"
         super()._apply_aliases()
 
+    REWARD_ORDER = "reward_model_path, then reward_funcs (as trl grpo)"
+
     def reward_model_paths(self) -> list[str]:
         return list(self.reward_model_path or [])
+
+    def weighted_rewards(self) -> list[str]:
+        """`trl grpo`'s order (trl/scripts/grpo.py): the reward models first, then the functions."""
+        return [*self.reward_model_paths(), *(self.reward_funcs or [])]
 
     def _check_combinations(self) -> None:
         super()._check_combinations()

@@ -6,17 +6,19 @@ end numbers that do not parse reach the rules as text ("2.5" for an integer fiel
 with a message that has no valid range.
 
 TRL's flags that rlhfkit does not take (config/trl_flags.py) are refused before parsing with their reason, so they
-never read as unknown flags; the few accepted and ignored ones are dropped here, with their values.
+never read as unknown flags; the few accepted and ignored ones are dropped here, with their values, and one note
+each. ``--num_processes N`` and ``--accelerate_config FILE`` (flags, or keys of the --config file) are the
+launcher's, as in the ``trl`` command: :func:`launch_arguments` turns them into ``accelerate launch`` arguments
+(rlhfkit.cli relaunches with them) and :func:`parse_config` leaves them out.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from collections.abc import Sequence
 
 from rlhfkit.config import trl_flags
-from rlhfkit.config.train import config_field_names
+from rlhfkit.config.train import config_field_names, note
 from rlhfkit.errors import UsageError
 
 
@@ -40,6 +42,9 @@ def parse_config(cls: type, argv: Sequence[str], prog: str):
     """
     argv = list(argv)
     file_values = _read_config_file(argv, cls, prog)  # removes --config FILE from argv
+    _, argv = _launch_flags(argv)  # the launcher's (rlhfkit.cli has used them)
+    for key in LAUNCH_FLAGS:
+        file_values.pop(key, None)
     argv = _refuse_trl_flags(argv, cls)
     parser = _parser(cls, prog)
     parser.set_defaults(**file_values)
@@ -56,6 +61,62 @@ def parse_config(cls: type, argv: Sequence[str], prog: str):
     return config, explicit_flags(argv, config_field_names(cls)) | set(file_values)
 
 
+LAUNCH_FLAGS = ("num_processes", "accelerate_config")  # accelerate launch's, as the `trl` command takes them
+
+
+def _launch_flags(argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """The launcher's flags in `argv` (``--num_processes 2``, ``--accelerate_config=FILE``) and `argv` without them."""
+    found, rest, argv = {}, [], list(argv)
+    i = 0
+    while i < len(argv):
+        name = _flag_name(argv[i]) if argv[i].startswith("--") else ""
+        if name in LAUNCH_FLAGS:
+            if "=" in argv[i]:
+                found[name] = argv[i].split("=", 1)[1]
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                found[name] = argv[i + 1]
+                i += 1
+            else:
+                raise UsageError(f"--{name} needs a value.")
+        else:
+            rest.append(argv[i])
+        i += 1
+    return found, rest
+
+
+def launch_arguments(command: str, argv: Sequence[str]) -> list[str] | None:
+    """The ``accelerate launch`` arguments that run ``rlhfkit COMMAND ARGV`` as `trl COMMAND` would: from
+    ``--num_processes N`` and ``--accelerate_config FILE`` (flags win over the --config file's keys), then
+    ``-m rlhfkit COMMAND`` and `argv` without those flags. None when neither is given."""
+    settings, rest = _launch_flags(argv)
+    if "--config" in rest and rest.index("--config") + 1 < len(rest):
+        path = rest[rest.index("--config") + 1]
+        if os.path.isfile(path):
+            import yaml
+
+            with open(path) as f:
+                values = yaml.safe_load(f)
+            if isinstance(values, dict):
+                settings = {key: str(values[key]) for key in LAUNCH_FLAGS if key in values} | settings
+    if not settings:
+        return None
+    launch = []
+    if "accelerate_config" in settings:
+        path = settings["accelerate_config"]
+        if not os.path.isfile(path):
+            raise UsageError(
+                f"--accelerate_config {path!r} is not a file: pass an accelerate config file, e.g. "
+                "examples/accelerate_configs/multi_gpu.yaml."
+            )
+        launch += ["--config_file", path]
+    if "num_processes" in settings:
+        count = settings["num_processes"]
+        if not count.isdigit() or int(count) < 1:
+            raise UsageError(f"--num_processes {count!r}: must be an integer >= 1. Pass e.g. --num_processes 2.")
+        launch += ["--num_processes", count]
+    return [*launch, "-m", "rlhfkit", command, *rest]
+
+
 def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
     """Raise a UsageError naming each TRL/transformers flag in `argv` that rlhfkit does not take, with the reason;
     return `argv` without the flags rlhfkit accepts and ignores (and their values)."""
@@ -65,7 +126,7 @@ def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
         # Only rlhfkit's own flags: TRL's list, which imports transformers' TrainingArguments (+11 MB), is not needed.
         return list(argv)
     refused = trl_flags.not_taken(trl_flags.command_of(cls), fields)
-    kept, errors, value_of = [], [], ""
+    kept, errors, ignored, value_of = [], [], [], ""
     for arg in argv:
         if value_of:  # the previous argument was an ignored flag: drop its value too
             name, value_of = value_of, ""
@@ -79,8 +140,12 @@ def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
             kept.append(arg)
         elif group.status != trl_flags.IGNORED:
             errors.append(trl_flags.message(name, group))
-        elif "=" not in arg and not arg[2:].startswith(("no_", "no-")):
-            value_of = name
+        else:
+            ignored.append(name)
+            if "=" not in arg and not arg[2:].startswith(("no_", "no-")):
+                value_of = name
+    for name in dict.fromkeys(ignored) if not errors else ():
+        note(trl_flags.ignored_note(f"--{name}", refused[name]))
     if errors:
         raise UsageError("\n".join(dict.fromkeys(errors)))
     return kept
@@ -112,11 +177,12 @@ def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
         values = yaml.safe_load(f) or {}
     if not isinstance(values, dict):
         raise UsageError(f"--config {path!r} must hold a mapping of field: value.")
-    unknown = sorted(set(values) - set(config_field_names(cls)))
+    unknown = sorted(set(values) - set(config_field_names(cls)) - set(LAUNCH_FLAGS))
     refused = trl_flags.not_taken(trl_flags.command_of(cls), set(config_field_names(cls)))
     for key in [key for key in unknown if key in refused]:
         if refused[key].status == trl_flags.IGNORED:
             del values[key]
+            note(trl_flags.ignored_note(f"{key} (in --config {path})", refused[key]))
         else:
             raise UsageError(f"--config {path!r} has the key {key}: {trl_flags.message(key, refused[key])}")
     unknown = [key for key in unknown if key not in refused]
@@ -129,8 +195,8 @@ def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
 
 def _parser(cls: type, prog: str):
     """An HfArgumentParser for `cls` that raises UsageError instead of exiting, and leaves judging values to the
-    config's rules; every on/off field also gets ``--no_NAME`` (HfArgumentParser adds it only for those that default
-    to true)."""
+    config's rules. (The fields' metadata already gives any HfArgumentParser ``--no_NAME`` of every on/off field:
+    rules.on_off_flags.)"""
     from transformers import HfArgumentParser
 
     class Parser(HfArgumentParser):
@@ -145,21 +211,6 @@ def _parser(cls: type, prog: str):
             if action.type in (int, float):
                 action.type = _number_or_text(action.type)
                 parser.numeric_options.update(action.option_strings)
-            if field.type not in (bool, bool | None):
-                return
-            if action.nargs is None:
-                # An unset-by-default flag (--bf16): HfArgumentParser wants a value after it; `--bf16` alone means
-                # true, as for every other on/off flag (and as TRL's docs write it).
-                action.nargs, action.const = "?", True
-            if f"--no_{field.name}" not in parser._option_string_actions:
-                parser.add_argument(
-                    f"--no_{field.name}",
-                    f"--no-{field.name.replace('_', '-')}",
-                    action="store_false",
-                    dest=field.name,
-                    default=argparse.SUPPRESS,
-                    help=f"Same as --{field.name} false.",
-                )
 
         def error(self, message: str):
             raise UsageError(f"{message.rstrip('.')}. See '{self.prog} --help'.")

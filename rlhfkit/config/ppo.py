@@ -5,7 +5,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rlhfkit.config.rules import FLAG, JSON_OBJECT, PATH, TEXT, OneOf, OrNone, inherited, integer, meta, number
+from rlhfkit.config.rules import (
+    FLAG,
+    JSON_OBJECT,
+    PATH,
+    TEXT,
+    OneOf,
+    OrNone,
+    inherited,
+    integer,
+    meta,
+    number,
+    on_off_flags,
+)
 from rlhfkit.config.train import TrainConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.kl import KL_ESTIMATORS
@@ -14,6 +26,7 @@ from rlhfkit.ops.kl import KL_ESTIMATORS
 PPO_KL_ESTIMATORS = tuple(e for e in KL_ESTIMATORS if e != "k2")
 
 
+@on_off_flags
 @dataclass
 class PPOConfig(TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.PPOTrainer` (names and meanings as in TRL's ``PPOConfig``)."""
@@ -58,8 +71,18 @@ class PPOConfig(TrainConfig):
     total_episodes: int | None = field(
         default=None,
         metadata=meta(
-            "Total prompts to train on. Default: num_train_epochs x dataset size.",
+            "Total prompts to train on (the run has ceil(total_episodes / rollouts per update) PPO updates). "
+            "Default: num_train_epochs x dataset size. Set at most one of this and max_steps.",
             OrNone(integer(ge=1, example=10000)),
+        ),
+    )
+    max_steps: int = field(
+        default=-1,
+        metadata=meta(
+            "PPO updates to train for (each: one rollout batch, num_ppo_epochs x num_mini_batches optimizer steps); "
+            "total_episodes then follows from it. -1: total_episodes decides. TRL 1.12's PPO ignores max_steps, so "
+            "rlhfkit refuses it together with total_episodes.",
+            integer(ge=1, also=(-1,)),
         ),
     )
     local_rollout_forward_batch_size: int = field(
@@ -141,6 +164,12 @@ class PPOConfig(TrainConfig):
 
     def _check_combinations(self) -> None:
         super()._check_combinations()
+        if self.max_steps > 0 and self.total_episodes is not None:
+            raise ConfigError(
+                f"max_steps={self.max_steps} and total_episodes={self.total_episodes}: both set the length of a PPO "
+                "run (max_steps counts PPO updates, total_episodes prompts) and TRL's PPO has no rule for which wins. "
+                "Pass only one of --max_steps and --total_episodes."
+            )
         # A mini-batch, per_device x GA / num_mini_batches rollouts, must be a whole number of per_device
         # micro-batches: GA a multiple of num_mini_batches (ppo_batch_sizes relies on it).
         accumulation, mini_batches = self.gradient_accumulation_steps, self.num_mini_batches

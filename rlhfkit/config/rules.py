@@ -13,6 +13,7 @@ with another default (or help text), keeping the parent's rule.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import numbers
@@ -20,6 +21,7 @@ import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
+from types import MappingProxyType
 from typing import Any
 
 from rlhfkit.errors import ConfigError
@@ -209,6 +211,7 @@ class Checked(Rule):
 
     description: str
     complaint: Callable[[Any], str | None]
+    example: Any = None
 
     @property
     def text(self) -> str:
@@ -244,17 +247,41 @@ JSON_OBJECT = Checked("a JSON object", _json_object_complaint)
 
 
 class FieldMeta(dict):
-    """A field's metadata: ``{"help": ...}`` (all that argparse sees) and the field's rule as the attribute ``rule``.
+    """A field's metadata: ``{"help": ...}`` (with, for on/off fields, the ``aliases`` and ``action`` of
+    :func:`on_off_flags`: all keys argparse takes) and the field's rule as the attribute ``rule``.
 
     ``dict(metadata)`` (transformers' HfArgumentParser) keeps the keys alone; ``metadata.copy()`` (TRL's copy of
     it, and :func:`field_rule` through the dataclass's read-only proxy) keeps the rule too."""
 
-    def __init__(self, help: str, rule: Rule):
-        super().__init__(help=help)
+    def __init__(self, help: str, rule: Rule, **argparse_keys: Any):
+        super().__init__(help=help, **argparse_keys)
         self.rule = rule
 
     def copy(self) -> FieldMeta:
-        return FieldMeta(self["help"], self.rule)
+        return FieldMeta(**self, rule=self.rule)
+
+
+class OnOff(argparse.Action):
+    """argparse action of an on/off field: ``--NAME`` (true), ``--NAME true|false`` (the value; HfArgumentParser
+    converts it), ``--no_NAME`` (false)."""
+
+    def __init__(self, option_strings, dest, nargs=None, const=None, **kwargs):
+        super().__init__(option_strings, dest, nargs="?", const=True, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, False if option_string and option_string.startswith("--no") else values)
+
+
+def on_off_flags(cls: type) -> type:
+    """Class decorator, above ``@dataclass``: every on/off field gets ``--no_NAME`` in any HfArgumentParser (which
+    adds it itself only for fields that default to true), and ``--NAME`` alone means true also where the default is
+    unset (``--bf16``). It puts argparse's ``aliases`` and ``action`` into the field's metadata."""
+    for f in fields(cls):
+        if f.default is True or "action" in f.metadata or field_rule(f) not in (FLAG, OrNone(FLAG)):
+            continue
+        aliases = [f"--no_{f.name}", f"--no-{f.name.replace('_', '-')}"]
+        f.metadata = MappingProxyType(FieldMeta(**f.metadata, rule=field_rule(f), aliases=aliases, action=OnOff))
+    return cls
 
 
 def meta(text: str, rule: Rule) -> FieldMeta:

@@ -6,7 +6,11 @@ then the rules that tie fields together, before anything is loaded or written.
 
 from __future__ import annotations
 
+import difflib
 import math
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -19,11 +23,13 @@ from rlhfkit.config.rules import (
     ListOf,
     OneOf,
     OrNone,
+    check_field,
     check_fields,
     decode_json_fields,
     integer,
     meta,
     number,
+    on_off_flags,
 )
 from rlhfkit.data import PROMPT_OVERFLOW
 from rlhfkit.errors import ConfigError
@@ -59,6 +65,76 @@ def _report_to_complaint(value: Any) -> str | None:
     return None
 
 
+def _steps_complaint(zero: bool):
+    """A step interval as transformers reads it: an integer >= 1 (or 0 where `zero`: never), or a share of the run's
+    steps in (0, 1) (ceil(share x steps) steps: rlhfkit.trainers.schedule.interval)."""
+    low = 0 if zero else 1
+
+    def complaint(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"must be {STEPS_TEXT[zero]}"
+        if 0 < value < 1 or (value >= low and float(value).is_integer()):
+            return None
+        return f"must be {STEPS_TEXT[zero]}"
+
+    return complaint
+
+
+STEPS_TEXT = {
+    False: "an integer >= 1, or a number in (0, 1) for that share of the run's steps",
+    True: "an integer >= 0, or a number in (0, 1) for that share of the run's steps",
+}
+
+
+def _steps(zero: bool = False, example: Any = None) -> Checked:
+    return Checked(STEPS_TEXT[zero], _steps_complaint(zero), example)
+
+
+def note(text: str) -> None:
+    """One line on stderr about a setting that has no effect or was renamed (printed by the main process only)."""
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        print(f"rlhfkit: note: {text}", file=sys.stderr)
+
+
+class FieldNotTakenError(ConfigError, TypeError):
+    """A keyword that the config does not take: a TRL/transformers field rlhfkit does not support (the message says
+    why, as the command line does), or a misspelt name. A TypeError too, as Python's own unexpected-keyword error."""
+
+
+class _TakesTRLNames(type):
+    """Metaclass of the configs: a keyword the dataclass's __init__ does not take is explained before Python's bare
+    "unexpected keyword argument": TRL's fields rlhfkit refuses get the command line's reason, the accepted-and-ignored
+    ones are dropped with one note (config/trl_flags.py screen_keyword), other names get a close match."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        taken = {f.name for f in fields(cls) if f.init}
+        for name in [name for name in kwargs if name not in taken]:
+            if _keyword_screen is not None:
+                _keyword_screen(cls, name, sorted(taken))  # raises, or returns for a keyword to drop
+            else:
+                unexpected_keyword(cls, name, sorted(taken))
+            del kwargs[name]
+        return super().__call__(*args, **kwargs)
+
+
+# config/trl_flags.py's screen_keyword, set by set_keyword_screen when it is imported (it imports the configs, so this
+# module cannot import it; rlhfkit.config's __init__ imports it, so it is set before any config is built).
+_keyword_screen: Callable[[type, str, list[str]], None] | None = None
+
+
+def set_keyword_screen(screen: Callable[[type, str, list[str]], None]) -> None:
+    global _keyword_screen
+    _keyword_screen = screen
+
+
+def unexpected_keyword(cls: type, name: str, taken: list[str]) -> None:
+    """Raise FieldNotTakenError for a keyword of `cls` that is no field and no TRL field: Python's message, and the
+    closest field name."""
+    close = difflib.get_close_matches(name, taken, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise FieldNotTakenError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}.{hint}")
+
+
 def _thresholds_complaint(value: Any) -> str | None:
     try:
         parse_thresholds(value)
@@ -67,8 +143,9 @@ def _thresholds_complaint(value: Any) -> str | None:
     return None
 
 
+@on_off_flags
 @dataclass
-class TrainConfig:
+class TrainConfig(metaclass=_TakesTRLNames):
     """Fields shared by every trainer (names and meanings as TRL's / transformers' TrainingArguments)."""
 
     # --- where things go -------------------------------------------------------------------------
@@ -108,9 +185,13 @@ class TrainConfig:
             FLAG,
         ),
     )
-    logging_steps: int = field(
+    logging_steps: float = field(
         default=1,
-        metadata=meta("Log metrics every this many training steps (logging_strategy steps).", integer(ge=1)),
+        metadata=meta(
+            "Log metrics every this many training steps (logging_strategy steps); a number in (0, 1) is that share "
+            "of the run's steps, rounded up (as in transformers).",
+            _steps(),
+        ),
     )
     logging_strategy: str = field(
         default="steps",
@@ -134,12 +215,13 @@ class TrainConfig:
             OneOf(SAVE_STRATEGIES, unsupported=_best_checkpoint),
         ),
     )
-    save_steps: int = field(
+    save_steps: float = field(
         default=500,
         metadata=meta(
-            "Save a checkpoint every this many training steps with save_strategy steps (0: none during training); "
-            "the final checkpoint and the model are saved at the end either way.",
-            integer(ge=0),
+            "Save a checkpoint every this many training steps with save_strategy steps (0: none during training; a "
+            "number in (0, 1): that share of the run's steps, rounded up, as in transformers); the final checkpoint "
+            "and the model are saved at the end either way.",
+            _steps(zero=True),
         ),
     )
     save_total_limit: int | None = field(
@@ -283,7 +365,7 @@ class TrainConfig:
     reward_weights: list[float] | None = field(
         default=None,
         metadata=meta(
-            "Weight of each reward: reward_funcs, then the reward models (reward_model_path). Default: all 1.",
+            "Weight of each reward, in the order PPO scores them: reward_funcs, then reward_model_path. Default: all 1.",
             OrNone(ListOf(number(), example=[1.0, 0.5])),
         ),
     )
@@ -473,11 +555,12 @@ class TrainConfig:
             OneOf(EVAL_STRATEGIES),
         ),
     )
-    eval_steps: int | None = field(
+    eval_steps: float | None = field(
         default=None,
         metadata=meta(
-            "Evaluate every this many steps with eval_strategy steps. Default: logging_steps (as transformers).",
-            OrNone(integer(ge=1, example=100)),
+            "Evaluate every this many steps with eval_strategy steps (a number in (0, 1): that share of the run's "
+            "steps, rounded up). Default: logging_steps (as transformers).",
+            OrNone(_steps(example=100)),
         ),
     )
     eval_on_start: bool = field(
@@ -505,6 +588,13 @@ class TrainConfig:
             "Weight dtype of the loaded models (TRL's ModelConfig): bfloat16 or float16 trains pure low-precision "
             "weights (no fp32 master copy), auto keeps the checkpoint's. Default: float32 weights (with --bf16 / "
             "--fp16 mixed precision on top).",
+            OrNone(OneOf(("auto", "float32", "bfloat16", "float16"))),
+        ),
+    )
+    torch_dtype: str | None = field(
+        default=None,
+        metadata=meta(
+            "Old name of dtype (transformers 5 renamed it): sets dtype, with a note.",
             OrNone(OneOf(("auto", "float32", "bfloat16", "float16"))),
         ),
     )
@@ -552,6 +642,20 @@ class TrainConfig:
         """Accepted spellings turned into the canonical value, before the rules see them."""
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
+        if self.torch_dtype is not None:
+            check_field(self.__dataclass_fields__["torch_dtype"], self.torch_dtype)
+            if self.dtype is not None and self.dtype != self.torch_dtype:
+                raise ConfigError(
+                    f"torch_dtype={self.torch_dtype!r} and dtype={self.dtype!r}: torch_dtype is the old name of dtype "
+                    "(transformers 5 renamed it). Pass only --dtype."
+                )
+            note(f"torch_dtype is the old name of dtype (transformers 5 renamed it): using dtype={self.torch_dtype}.")
+            self.dtype, self.torch_dtype = self.torch_dtype, None  # moved: to_dict() then rebuilds without a note
+        # Whole numbers of steps are ints (a flag or YAML may give 10.0); shares in (0, 1) stay floats.
+        for name in ("logging_steps", "save_steps", "eval_steps"):
+            value = getattr(self, name)
+            if isinstance(value, float) and value >= 1 and value.is_integer():
+                setattr(self, name, int(value))
         # transformers (so TRL) turns clipping off with max_grad_norm=0, and a flag cannot say None; clipping to a
         # norm of 0 would zero every gradient.
         if self.max_grad_norm == 0:
@@ -566,17 +670,23 @@ class TrainConfig:
         self._check_lora()
         # Without reward_funcs the count may be the task's (GRPO), known once the task is loaded: the trainer checks.
         if self.reward_weights is not None and self.reward_funcs:
-            sources = [*self.reward_funcs, *self.reward_model_paths()]
+            sources = self.weighted_rewards()
             if len(self.reward_weights) != len(sources):
                 raise ConfigError(
-                    f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order of "
-                    f"reward_funcs then reward_model_path ({', '.join(map(str, sources))}), but has "
+                    f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order "
+                    f"{self.REWARD_ORDER} ({', '.join(map(str, sources))}), but has "
                     f"{len(self.reward_weights)}. Pass e.g. --reward_weights {' '.join(['1.0'] * len(sources))}."
                 )
 
+    REWARD_ORDER = "reward_funcs, then reward_model_path"  # the order of weighted_rewards(), in words
+
     def reward_model_paths(self) -> list[str]:
-        """The reward models named by path, weighted after reward_funcs (each trainer has its own field)."""
+        """The reward models named by path (each trainer has its own field)."""
         return []
+
+    def weighted_rewards(self) -> list[str]:
+        """The rewards named by the flags, in the order --reward_weights weighs them (PPO: functions, then model)."""
+        return [*(self.reward_funcs or []), *self.reward_model_paths()]
 
     def _check_lora(self) -> None:
         """LoRA and quantisation flags that only make sense together. (Whether bitsandbytes and a CUDA GPU exist is

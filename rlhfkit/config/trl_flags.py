@@ -24,7 +24,7 @@ from functools import cache
 from rlhfkit.config.grpo import GRPOConfig
 from rlhfkit.config.ppo import PPOConfig
 from rlhfkit.config.rules import OneOf, field_rule
-from rlhfkit.config.train import config_field_names
+from rlhfkit.config.train import FieldNotTakenError, config_field_names, note, set_keyword_screen, unexpected_keyword
 
 SUPPORTED_NOT, NOT_YET, IGNORED = "not supported", "not supported yet", "accepted and ignored"
 DOC = "docs/trl-flags.md"
@@ -124,6 +124,27 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         IGNORED,
+        "rlhfkit draws the prompt batches itself, without a DataLoader, so there are no loader workers to set",
+        (
+            "dataloader_num_workers",
+            "dataloader_pin_memory",
+            "dataloader_persistent_workers",
+            "dataloader_prefetch_factor",
+        ),
+    ),
+    Group(
+        IGNORED,
+        "rlhfkit does not set the process group's timeout: torch's default applies",
+        ("ddp_timeout",),
+    ),
+    Group(
+        IGNORED,
+        "transformers' console logging controls; rlhfkit prints its own progress line and messages, and records no "
+        "memory metrics",
+        ("log_level", "log_level_replica", "disable_tqdm", "log_on_each_node", "skip_memory_metrics"),
+    ),
+    Group(
+        IGNORED,
         "passed by the deprecated torch.distributed.launch; the launcher also sets LOCAL_RANK in the environment, "
         "which accelerate reads",
         ("local_rank",),
@@ -180,10 +201,6 @@ GROUPS: tuple[Group, ...] = (
         "--shuffle_dataset, and a resumed run continues it exactly",
         (
             "dataloader_drop_last",
-            "dataloader_num_workers",
-            "dataloader_pin_memory",
-            "dataloader_persistent_workers",
-            "dataloader_prefetch_factor",
             "dataloader_multiprocessing_context",
             "dataloader_in_order",
             "remove_unused_columns",
@@ -210,7 +227,6 @@ GROUPS: tuple[Group, ...] = (
             "ddp_broadcast_buffers",
             "ddp_static_graph",
             "ddp_backend",
-            "ddp_timeout",
             "accelerator_config",
             "parallelism_config",
             "ignore_bias_buffers",
@@ -231,12 +247,6 @@ GROUPS: tuple[Group, ...] = (
             "mini_batch_size",
         ),
     ),  # fmt: skip
-    Group(
-        SUPPORTED_NOT,
-        "a PPO run's length is --total_episodes (default: --num_train_epochs passes over the prompts); TRL's PPO "
-        "ignores --max_steps too",
-        ("max_steps",),
-    ),
     Group(
         SUPPORTED_NOT,
         "optimizer options of optimizers rlhfkit does not build (GaLore, APOLLO, AnyPrecisionAdamW...): --optim "
@@ -294,12 +304,7 @@ GROUPS: tuple[Group, ...] = (
         "transformers' console and logging controls; rlhfkit prints its own progress line and tables, and "
         "metrics.jsonl keeps every logged value (non-finite steps are skipped and counted in nonfinite_steps)",
         (
-            "log_level",
-            "log_level_replica",
-            "disable_tqdm",
-            "log_on_each_node",
             "logging_nan_inf_filter",
-            "skip_memory_metrics",
             "include_num_input_tokens_seen",
             "log_unique_prompts",
             "debug",
@@ -376,11 +381,33 @@ def command_of(config_cls: type) -> str:
     return "grpo" if issubclass(config_cls, GRPOConfig) else "ppo"
 
 
-def message(flag: str, group: Group) -> str:
+def message(flag: str, group: Group, python: bool = False) -> str:
     """The error for a refused flag, e.g. "--push_to_hub is a TRL/transformers flag that rlhfkit does not support:
-    ... See docs/trl-flags.md."."""
+    ... See docs/trl-flags.md." (`python`: the same for a keyword of a config's constructor)."""
     verb = "does not support yet" if group.status == NOT_YET else "does not support"
-    return f"--{flag} is a TRL/transformers flag that rlhfkit {verb}: {group.reason}. See {DOC}."
+    what = f"{flag} is a TRL/transformers field" if python else f"--{flag} is a TRL/transformers flag"
+    return f"{what} that rlhfkit {verb}: {group.reason}. See {DOC}."
+
+
+def ignored_note(flag: str, group: Group) -> str:
+    """The one line printed for an accepted-and-ignored flag (or keyword, or --config key)."""
+    return f"{flag} has no effect in rlhfkit: {group.reason}."
+
+
+def screen_keyword(cls: type, name: str, taken: list[str]) -> None:
+    """A keyword that config class `cls` does not take (`taken`: its fields): raise FieldNotTakenError with the
+    command line's reason for a TRL field rlhfkit refuses (or a close match for another name); return, after one
+    note, for one rlhfkit accepts and ignores (the config then drops it)."""
+    group = not_taken(command_of(cls), set(taken)).get(name)
+    if group is None:
+        unexpected_keyword(cls, name, taken)
+    elif group.status == IGNORED:
+        note(ignored_note(name, group))
+    else:
+        raise FieldNotTakenError(f"{cls.__name__}({name}=...): {message(name, group, python=True)}")
+
+
+set_keyword_screen(screen_keyword)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

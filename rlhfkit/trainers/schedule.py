@@ -18,6 +18,10 @@ class Schedule:
         self.args, self.num_steps = args, num_steps
         self.epoch_ends = frozenset(epoch_ends) | {num_steps}
         self.sample_interval = sample_every(num_steps, args.num_sample_generations)
+        # --logging_steps, --eval_steps, --save_steps as counts of steps (a share in (0, 1) of this run's steps)
+        self.logging_steps = interval(args.logging_steps, num_steps)
+        self.eval_steps = interval(args.eval_steps or args.logging_steps, num_steps)  # transformers' fallback
+        self.save_steps = interval(args.save_steps, num_steps)
 
     def evaluates_first(self) -> bool:
         """Whether the run evaluates before its first step (--eval_on_start; always with the num_sample_generations
@@ -30,7 +34,7 @@ class Schedule:
         if args.logging_first_step and step == 1:
             return True
         if args.logging_strategy == "steps":
-            return step % args.logging_steps == 0 or step == self.num_steps
+            return step % self.logging_steps == 0 or step == self.num_steps
         return args.logging_strategy == "epoch" and step in self.epoch_ends
 
     def is_eval_step(self, step: int) -> bool:
@@ -38,7 +42,7 @@ class Schedule:
         the num_sample_generations schedule)."""
         args = self.args
         if args.eval_strategy == "steps":
-            return step % (args.eval_steps or args.logging_steps) == 0 or step == self.num_steps
+            return step % self.eval_steps == 0 or step == self.num_steps
         if args.eval_strategy == "epoch":
             return step in self.epoch_ends
         return is_sample_step(step, self.num_steps, self.sample_interval)
@@ -50,8 +54,14 @@ class Schedule:
         if step >= self.num_steps:
             return False
         if args.save_strategy == "steps":
-            return bool(args.save_steps) and step % args.save_steps == 0
+            return bool(self.save_steps) and step % self.save_steps == 0
         return args.save_strategy == "epoch" and step in self.epoch_ends
+
+
+def interval(steps: float, num_steps: int) -> int:
+    """A --logging_steps / --eval_steps / --save_steps value as a number of steps, as transformers reads it: a value
+    in (0, 1) is that share of the run's `num_steps`, rounded up; otherwise the count itself (0: never)."""
+    return math.ceil(steps * num_steps) if 0 < steps < 1 else int(steps)
 
 
 def sample_every(num_steps: int, num_sample_generations: int) -> int:
