@@ -49,11 +49,18 @@ def _grpo_config_table() -> str:
     return render_grpo_config_table()
 
 
+def _trl_defaults() -> str:
+    from rlhfkit.config.trl_defaults import render_table
+
+    return render_table()
+
+
 PAGES = (
     Page("docs/metrics.md", _metrics),
     Page("docs/health.md", _health),
     Page("docs/trl-flags.md", _trl_flags),
     Page("docs/algorithms/grpo.md", _grpo_config_table, section="trl-grpo-config"),
+    Page("docs/migrating-from-trl.md", _trl_defaults, section="trl-defaults"),
 )
 
 
