@@ -43,8 +43,8 @@ class PPOConfig(TrainConfig):
         default=None,
         metadata=meta(
             "Reward model (sequence classification, 1 label, the policy's vocabulary; hub id or local directory); "
-            "the value model starts from it. Optional with reward_funcs; without either, a randomly initialised "
-            "score head on the SFT model (a smoke test, as TRL's example).",
+            "the value model starts from it. Optional with reward_funcs; one of the two is required (outside the "
+            "built-in task).",
             OrNone(PATH),
         ),
     )

@@ -437,7 +437,9 @@ def render_markdown() -> str:
         "",
         "A misspelt flag still says `unknown flags`. The `--no_NAME` form of a boolean flag is treated as `--NAME`, "
         "and so are the dashed spellings (`--push-to-hub`). In a `--config` YAML file the same keys get the same "
-        "messages.",
+        "messages, and so do the keywords of the Python configs (`GRPOConfig(use_vllm=True)` raises `ConfigError`, "
+        "also a `TypeError`, with the reason). A flag accepted and ignored prints one note saying why it has no "
+        "effect.",
         "",
         f"{len(refused['ppo'])} of `trl ppo`'s {len(trl_flags('ppo'))} flags and {len(refused['grpo'])} of "
         f"`trl grpo`'s {len(trl_flags('grpo'))} are not taken; each row below is one reason.",
