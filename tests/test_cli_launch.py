@@ -56,6 +56,7 @@ def test_bad_launch_flags_are_usage_errors(argv, message):
         (PPOConfig, "gradient_checkpointing", False),
         (GRPOConfig, "use_peft", False),
         (GRPOConfig, "bf16", None),
+        (PPOConfig, "non_eos_penalty", False),  # --non_... is the flag itself, --no_non_... its negation
         (PPOConfig, "disable_dropout", True),  # HfArgumentParser's own --no_ of a flag that defaults to true
     ],
 )

@@ -5,9 +5,10 @@ where its type does not say them); its rule rides on the metadata as an attribut
 transformers' ``HfArgumentParser`` (and TRL's ``TrlParser``) hand every metadata *key* to argparse's
 ``add_argument``, which would refuse a ``rule`` keyword. A dataclass wraps the metadata in a read-only
 ``mappingproxy``; the proxy's ``copy()`` returns a :class:`FieldMeta` copy, rule included, which is how
-:func:`field_rule` reads it back. So any HfArgumentParser parses rlhfkit's configs, and the rules still run. A config's ``__post_init__`` calls :func:`check_fields`, so a bad
-value fails with a :class:`~rlhfkit.errors.ConfigError` naming the field, the value, the valid range and a fix,
-whether it came from a flag, a YAML file or Python. :func:`inherited` declares a parent's field again in a subclass
+:func:`field_rule` reads it back. So any HfArgumentParser parses rlhfkit's configs, and the rules still run
+(:func:`on_off_flags` also gives every on/off field ``--no_NAME`` there). A config's ``__post_init__`` calls
+:func:`check_fields`, so a bad value fails with a :class:`~rlhfkit.errors.ConfigError` naming the field, the
+value, the valid range and a fix, whether it came from a flag, a YAML file or Python. :func:`inherited` declares a parent's field again in a subclass
 with another default (or help text), keeping the parent's rule.
 """
 
@@ -269,7 +270,8 @@ class OnOff(argparse.Action):
         super().__init__(option_strings, dest, nargs="?", const=True, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, False if option_string and option_string.startswith("--no") else values)
+        negative = option_string is not None and option_string[2:].replace("-", "_") != self.dest  # --no_NAME
+        setattr(namespace, self.dest, False if negative else values)
 
 
 def on_off_flags(cls: type) -> type:
