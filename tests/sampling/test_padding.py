@@ -1,0 +1,57 @@
+"""Padding ids a model can embed: TRL's examples/scripts/ppo/ppo.py adds a [PAD] token without resizing the
+embeddings, and padded ids reach forwards (masked, but embedded). Both sampling paths, and the pure helpers."""
+
+import pytest
+import torch
+
+from rlhfkit.sampling import complete, embeddable_ids, model_pad_id, sampling_config
+
+
+@pytest.fixture
+def beyond(sft):
+    """The SFT model's tokenizer with TRL's [PAD] added past the model's embeddings."""
+    tokenizer, model, _, _ = sft
+    rows = model.get_input_embeddings().num_embeddings
+    tokenizer = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    tokenizer.add_special_tokens({"pad_token": "[PAD]"})
+    assert tokenizer.pad_token_id == rows
+    return tokenizer, model, rows
+
+
+def test_pad_ids_the_model_embeds_are_kept_and_others_become_0(beyond):
+    tokenizer, model, rows = beyond
+    assert model_pad_id(model, rows - 1) == rows - 1 and model_pad_id(model, rows) == 0
+    assert model_pad_id(model, None) is None
+    ids = torch.tensor([[rows, rows, 5, 6], [7, 8, rows - 1, rows]])
+    mask = torch.tensor([[False, False, True, True], [True, True, False, False]])
+    assert embeddable_ids(model, ids, mask).tolist() == [[0, 0, 5, 6], [7, 8, rows - 1, 0]]
+    real_beyond = torch.tensor([[rows]])  # a real token the model cannot embed stays: that is a real error
+    assert embeddable_ids(model, real_beyond, torch.tensor([[True]])).tolist() == [[rows]]
+
+
+@pytest.mark.parametrize("path", ["lean loop", "model.generate"])
+def test_both_sampling_paths_pad_with_an_id_the_model_embeds(beyond, fresh_notices, path):
+    """Left-padded prompts and rows that stop early are fed to the model; with [PAD] beyond the embeddings they are
+    padded with 0 instead, and the masks still say what is real."""
+    tokenizer, model, rows = beyond
+    prompts = [tokenizer(p)["input_ids"] for p in ("sort 4312=", "sort 999901=", "sort 12=", "sort 55555=")]
+    options = {"no_repeat_ngram_size": 50} if path == "model.generate" else {}  # only generate implements it
+    config = sampling_config(
+        10, 1.0, tokenizer.pad_token_id, [tokenizer.eos_token_id], generation_kwargs=options
+    )  # no-op n-gram ban: same distribution, but generate's path
+    torch.manual_seed(0)
+    with pytest.warns(UserWarning, match="no_repeat_ngram_size") if options else _nothing():
+        (chunk,) = complete(model, prompts, config, 4)
+    assert int(chunk.input_ids.max()) < rows
+    assert [row[m].tolist() for row, m in zip(chunk.prompt_ids, chunk.prompt_mask)] == prompts
+    assert not chunk.prompt_mask.all() and (chunk.prompt_ids[~chunk.prompt_mask] == 0).all()
+    assert (chunk.completions.ids[~chunk.completions.mask] == 0).all()
+    assert config.pad_token_id == tokenizer.pad_token_id  # the caller's config is left as it was
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
