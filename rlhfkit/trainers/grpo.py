@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
 import torch
@@ -69,6 +69,7 @@ from rlhfkit.trainers.shared import (
     eval_chunks,
     log_sampling_mismatch,
     prepare_trained,
+    take_reward_logs,
     tokenize_datasets,
 )
 
@@ -91,6 +92,7 @@ class GenerationBatch:
     num_items: float  # loss tokens of one optimizer step per process, on average: dapo/cispo/vespo's normaliser
     global_tokens: int  # prompt + completion tokens, all processes
     sampling_logprobs: torch.Tensor | None = None  # (N, T) the sampler's log-probs of the completion tokens
+    logged_columns: dict[str, list] = field(default_factory=dict)  # the reward functions' log_extra, (N,) each
 
 
 class GRPOTrainer(TRLTrainerAPI):
@@ -255,8 +257,11 @@ class GRPOTrainer(TRLTrainerAPI):
         texts = decode(tok, completions.ids, completions.mask)
 
         # Rewards: each source's raw values, then the weighted total per completion.
-        outputs = self.rewards.score(rows, prompts, texts, (ids, mask), (completions.ids, completions.mask))
+        sequence, completion = (ids, mask), (completions.ids, completions.mask)
+        outputs = self.rewards.score(rows, prompts, texts, sequence, completion, trainer_state=self.state)
         total = self.rewards.total(outputs, prompts)
+        logged_columns, logged_metrics = take_reward_logs(self.rewards, acc)  # log_extra, log_metric (collective)
+        self.run.reward_metrics.add(logged_metrics)
 
         # Advantages over the whole generation (all processes), so scale_rewards="batch" uses the batch std and a
         # group spanning processes is one group; each process's completions are a contiguous block in gathered order.
@@ -295,6 +300,7 @@ class GRPOTrainer(TRLTrainerAPI):
             num_items=self.step_tokens(loss_tokens),
             global_tokens=int(prompt_tokens + completion_tokens),
             sampling_logprobs=chunk.logprobs,
+            logged_columns=logged_columns,
         )
 
     def step_tokens(self, generation_tokens: float) -> float:
@@ -455,7 +461,15 @@ class GRPOTrainer(TRLTrainerAPI):
             for p, c, rs, a in zip(prompts, batch.completions, rewards, batch.advantages.tolist())
         ]
         console_rows = self.args.num_completions_to_print
-        self.run.logger.log_table("completions", columns, rows, step=step, console_rows=console_rows)
+        self.run.logger.log_table(
+            "completions",
+            columns,
+            rows,
+            step=step,
+            console_rows=console_rows,
+            extra_columns=batch.logged_columns,
+            extra_before="advantage",  # where TRL puts them
+        )
 
     @torch.inference_mode()
     def evaluation(self, step: int) -> dict[str, float]:
@@ -475,7 +489,9 @@ class GRPOTrainer(TRLTrainerAPI):
             prompts = [r[args.dataset_text_field] for r in part.rows]
             texts = decode(tok, completions.ids, completions.mask)
             sequence, completion = (chunk.input_ids, chunk.attention_mask), (completions.ids, completions.mask)
-            total = self.rewards.total(self.rewards.score(part.rows, prompts, texts, sequence, completion), prompts)
+            outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion, trainer_state=self.state)
+            total = self.rewards.total(outputs, prompts)
             metrics.add_tensor(M.EVAL_REWARD, total[: part.own])
             count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])
-        return metrics.reduce(self.accelerator).scalars
+        _, logged = take_reward_logs(self.rewards, self.accelerator, prefix="eval/")
+        return {**metrics.reduce(self.accelerator).scalars, **{k: v for k, v in logged.items() if v == v}}

@@ -64,7 +64,7 @@ from rlhfkit.rewards import (
     reward_name,
     reward_sources,
 )
-from rlhfkit.sampling import cat_padded, complete, decode, sampling_config, terminator_ids
+from rlhfkit.sampling import cat_padded, complete, decode, model_pad_id, sampling_config, terminator_ids
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
@@ -73,6 +73,7 @@ from rlhfkit.trainers.shared import (
     eval_chunks,
     log_sampling_mismatch,
     prepare_trained,
+    take_reward_logs,
     tokenize_datasets,
 )
 
@@ -355,16 +356,20 @@ class PPOTrainer(TRLTrainerAPI):
                 for key, value in zip(fields, (chunk.prompt_ids, chunk.prompt_mask, *completions)):
                     parts[key].append(value)
             model.train()
+            pad = model_pad_id(model.policy, tok.pad_token_id)  # TRL's [PAD] may lie beyond the embeddings
         # Chunks can differ in width: prompts are padded again on the left, completions on the right.
-        prompt_ids = cat_padded(parts["prompt_ids"], tok.pad_token_id, left=True)
+        prompt_ids = cat_padded(parts["prompt_ids"], pad, left=True)
         prompt_mask = cat_padded(parts["prompt_mask"], False, left=True)
-        completion_ids = cat_padded(parts["completion_ids"], tok.pad_token_id)
+        completion_ids = cat_padded(parts["completion_ids"], pad)
         completion_mask = cat_padded(parts["completion_mask"], False)
         terminated = torch.cat(parts["terminated"])
         prompts = [r[args.dataset_text_field] for r in rows]
         completions = decode(tok, completion_ids, completion_mask)
         sequence = (torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
-        outputs = self.rewards.score(rows, prompts, completions, sequence, (completion_ids, completion_mask))
+        completion = (completion_ids, completion_mask)
+        outputs = self.rewards.score(rows, prompts, completions, sequence, completion, trainer_state=self.state)
+        _, logged_metrics = take_reward_logs(self.rewards, self.accelerator)  # log_metric (a collective)
+        self.run.reward_metrics.add(logged_metrics)
         return GenerationBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
@@ -483,6 +488,7 @@ class PPOTrainer(TRLTrainerAPI):
         run to log)."""
         args, tok = self.args, self.tokenizer
         metrics, table = MetricAccumulator(), []  # its own: the training window's metrics keep accumulating
+        kept, scored = [], 0  # which scored completions are this process's own (the table's rows)
         size = args.per_device_eval_batch_size
         greedy = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
         for part in eval_chunks(self.run, self.model, self.eval_dataset, greedy, size, attrgetter("policy")):
@@ -491,7 +497,8 @@ class PPOTrainer(TRLTrainerAPI):
             texts = decode(tok, completions.ids, completions.mask)
             prompts = [r[args.dataset_text_field] for r in part.rows]
             sequence, completion = (chunk.input_ids, chunk.attention_mask), (completions.ids, completions.mask)
-            outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion)
+            outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion, trainer_state=self.state)
+            kept, scored = kept + list(range(scored, scored + part.own)), scored + len(part.rows)
             score = self.final_scores(outputs, prompts, completions.terminated)
             keep = part.own
             score, prompts, prompt_texts, texts = score[:keep], prompts[:keep], prompt_texts[:keep], texts[:keep]
@@ -502,10 +509,13 @@ class PPOTrainer(TRLTrainerAPI):
             for i, (q, text, s, raw) in enumerate(zip(prompt_texts, shown, score.tolist(), sources)):
                 row = [q, text, s, *[None if v != v else v for v in raw]]  # NaN: the source did not apply
                 table.append(row if correct is None else [*row, correct[i]])
-        scalars = metrics.reduce(self.accelerator).scalars
+        extra, logged = take_reward_logs(self.rewards, self.accelerator, prefix="eval/")  # log_extra, log_metric
+        scalars = {**metrics.reduce(self.accelerator).scalars, **{k: v for k, v in logged.items() if v == v}}
         columns = ["query", "model response", "score", *(self.rewards.names if self.log_sources else [])]
         columns += ["correct"] if self.task is not None else []
-        self.run.logger.log_table("completions", columns, table[: min(size, 16)], step=step)
+        shown = min(size, 16)
+        extra = {name: [values[i] for i in kept][:shown] for name, values in extra.items()}
+        self.run.logger.log_table("completions", columns, table[:shown], step=step, extra_columns=extra)
         return scalars
 
     def generate_completions(self, sampling: bool = False) -> None:

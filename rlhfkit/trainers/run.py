@@ -60,6 +60,7 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import mixed_precision, write_merged
 from rlhfkit.optim import lr_schedule, set_lr
+from rlhfkit.rewards import LoggedMetricsWindow
 from rlhfkit.tracking.logger import RunLogger
 from rlhfkit.tracking.rundir import CONFIG_FILE, MERGED_DIR, METRICS_FILE, holds_run, read_config
 from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
@@ -165,6 +166,7 @@ class TrainingRun:
         self.guard = StepGuard(args.max_nonfinite_steps)
         self.interrupt = InterruptGuard()
         self.metrics = MetricAccumulator()
+        self.reward_metrics = LoggedMetricsWindow()  # what reward functions log with log_metric (TRL 1.16)
         self.logger: RunLogger | None = None
         self.health: HealthWatch | None = None
         self._rng: dict | None = None
@@ -223,6 +225,12 @@ class TrainingRun:
         the prompts (schedule.epoch_end_steps), for the epoch strategies; the last step always counts. callbacks:
         transformers TrainerCallbacks (classes or instances), called as callbacks.py says."""
         args = self.args
+        if (args.eval_strategy != "no" or args.eval_on_start) and trainer.eval_dataset is None:
+            asked = f"eval_strategy={args.eval_strategy!r}" if args.eval_strategy != "no" else "eval_on_start=True"
+            raise ConfigError(
+                f"{asked} but the trainer got no eval_dataset: nothing to evaluate on. Pass eval_dataset= (the prompts "
+                "to evaluate on), or leave eval_strategy at 'no' and eval_on_start off."
+            )
         self.trainer, self.num_steps, self.unit = trainer, num_steps, unit
         self.metrics = MetricAccumulator(extra_metrics)
         self.schedule = Schedule(args, num_steps, epoch_ends)
@@ -444,6 +452,7 @@ class TrainingRun:
             finding = self._log_window(step, scalars)
         elif self.args.logging_strategy == "no":  # no row will ever pool this window: drop it rather than grow it
             self.metrics.clear()
+            self.reward_metrics.reduce()
             self.guard.take_skipped()
         self.logger.progress(step, self.num_steps, {**self._row, **self._counters()}, unit=self.unit)
         if self.schedule.is_eval_step(step) or control.should_evaluate:
@@ -481,6 +490,7 @@ class TrainingRun:
         row = {
             **reduced.scalars,
             **scalars,
+            **self.reward_metrics.reduce(),
             **self._counters(),
             M.LR.name: self._lr,
             M.NONFINITE_STEPS.name: self.guard.take_skipped(),

@@ -17,6 +17,7 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import enable_gradient_checkpointing
 from rlhfkit.optim import make_optimizer
+from rlhfkit.rewards import RewardSources
 from rlhfkit.sampling import Chunk, complete
 from rlhfkit.trainers.run import TrainingRun
 
@@ -112,3 +113,14 @@ def log_sampling_mismatch(
     ratio = gap.exp()
     for metric in (M.SAMPLING_IS_RATIO_MEAN, M.SAMPLING_IS_RATIO_MIN, M.SAMPLING_IS_RATIO_MAX):
         metrics.add_tensor(metric, ratio, mask)
+
+
+def take_reward_logs(
+    rewards: RewardSources, accelerator, prefix: str = ""
+) -> tuple[dict[str, list], dict[str, float]]:
+    """What the reward functions logged since the last call (TRL 1.16's log_extra and log_metric): the extra columns
+    of the completions table, one value per completion scored, and the log_metric values pooled over the processes
+    (a collective), named `prefix` + name; NaN means none was logged."""
+    columns, metrics = rewards.take_logged()
+    pooled = rewards.pool_metrics(metrics, accelerator)
+    return columns, {f"{prefix}{name}": value for name, value in pooled.items()}

@@ -38,19 +38,9 @@ def trl_setup(tiny_assets):
     return tokenizer, policy, reward, train, test
 
 
-# With several rollout chunks, ppo.py's generate_and_score pads the narrower chunks again with the tokenizer's pad id
-# (cat_padded(..., tok.pad_token_id)), which the update's forward is then fed: it must pad with
-# sampling.model_pad_id(model.policy, tok.pad_token_id) instead (a change in ppo.py, outside this test's owner).
-SEVERAL_CHUNKS = pytest.param(
-    4,
-    marks=pytest.mark.xfail(
-        strict=True, raises=IndexError, reason="ppo.py's cat_padded pads rollout chunks with the [PAD] id"
-    ),
-    id="several-rollout-chunks",
+@pytest.mark.parametrize(
+    "rollout_batch", [pytest.param(16, id="one-rollout-chunk"), pytest.param(4, id="several-rollout-chunks")]
 )
-
-
-@pytest.mark.parametrize("rollout_batch", [pytest.param(16, id="one-rollout-chunk"), SEVERAL_CHUNKS])
 def test_ppo_trains_on_an_input_ids_only_dataset_with_a_pad_beyond_the_embeddings(
     trl_setup, tiny_assets, tmp_path, rollout_batch
 ):

@@ -114,9 +114,9 @@ def test_sampled_evaluation_with_num_generations_eval(tiny_assets, tmp_path):
     calls = []
     original = trainer.rewards.score
 
-    def score(rows, prompts, *rest):
+    def score(rows, prompts, *rest, **kwargs):
         calls.append(prompts)
-        return original(rows, prompts, *rest)
+        return original(rows, prompts, *rest, **kwargs)
 
     trainer.rewards.score = score
     trainer.evaluate()

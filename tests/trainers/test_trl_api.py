@@ -251,3 +251,36 @@ def torch_dtype():
     import torch
 
     return torch.float32
+
+
+def judged(prompts, completions, trainer_state, log_extra, log_metric, **kwargs):
+    """A reward function using TRL 1.16's keyword arguments: the step it is called at, a column, a metric."""
+    lengths = [float(len(c)) for c in completions]
+    log_extra("judge_step", [trainer_state.global_step] * len(completions))
+    log_metric("judge/mean_len", sum(lengths) / len(lengths))
+    return [n / 10 for n in lengths]
+
+
+def test_reward_functions_get_trainer_state_log_extra_and_log_metric(tiny_assets, tmp_path):
+    args = grpo_config(tiny_assets, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=2)
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"), judged, args, train_dataset=dataset["train"], eval_dataset=dataset["test"]
+    )
+    trainer.train()
+    rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    train = [row for row in rows if "loss" in row]
+    samples = read_jsonl(os.path.join(args.output_dir, "samples.jsonl"))
+    for row in train:  # the mean of the generation's completion lengths, as the reward (x10) says
+        assert row["judge/mean_len"] == pytest.approx(10 * row["rewards/judged/mean"])
+    (evaluated,) = [row for row in rows if "eval/reward" in row]
+    assert evaluated["eval/judge/mean_len"] == pytest.approx(10 * evaluated["eval/reward"])
+    steps_seen = {row["step"]: row["judge_step"] for row in samples if row["key"] == "completions"}
+    assert steps_seen and all(seen == step - 1 for step, seen in steps_seen.items())  # scored before the step's update
+
+
+def test_an_evaluation_schedule_without_an_eval_dataset_is_refused(tiny_assets, tmp_path):
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    args = grpo_config(tiny_assets, tmp_path, eval_strategy="steps", eval_steps=1)
+    with pytest.raises(ConfigError, match="eval_strategy='steps' but the trainer got no eval_dataset"):
+        GRPOTrainer(str(tiny_assets / "sft"), grpo_rewards.recorded_length, args, train_dataset=dataset["train"])
