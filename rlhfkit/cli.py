@@ -54,6 +54,8 @@ def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
     args, explicit = parse_config(config_cls, argv, f"rlhfkit {algorithm}")
     trainer = build_trainer(args, explicit)
     trainer.train()
+    if args.push_to_hub:
+        trainer.push_to_hub()
     if trainer.accelerator.is_main_process:
         print(f"Run directory: {args.output_dir}")
     return 0

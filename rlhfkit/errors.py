@@ -25,6 +25,11 @@ class ConfigError(InputError):
     """A configuration value is wrong; the message names the field(s) and the fix."""
 
 
+class FieldNotTakenError(ConfigError, TypeError):
+    """A keyword a config does not take: a TRL/transformers field rlhfkit does not support (the message says why, as
+    the command line does), or a misspelt name. A TypeError too, as Python's own unexpected-keyword error."""
+
+
 class DataError(InputError):
     """The dataset cannot be used; the message names the flag and the fix."""
 

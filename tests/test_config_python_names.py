@@ -19,8 +19,8 @@ def test_a_refused_trl_field_gives_the_command_lines_reason():
     with pytest.raises(UsageError, match="--use_vllm is a TRL/transformers flag") as cli:
         parse_config(GRPOConfig, ["--use_vllm"], "rlhfkit grpo")
     assert reason in str(cli.value)
-    with pytest.raises(ConfigError, match=r"push_to_hub is a TRL/transformers field .* Hugging Face Hub"):
-        PPOConfig(push_to_hub=True)
+    with pytest.raises(ConfigError, match=r"hub_strategy is a TRL/transformers field .* uploads output_dir once"):
+        PPOConfig(hub_strategy="every_save")
     with pytest.raises(TypeError, match="does not support yet"):  # planned ones say so
         GRPOConfig(entropy_coef=0.01)
 

@@ -52,8 +52,8 @@ def test_every_listed_flag_is_a_trl_flag_that_some_command_refuses():
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["ppo", "--push_to_hub"], "--push_to_hub is a TRL/transformers flag that rlhfkit does not support: rlhfkit "
-         "does not upload to the Hugging Face Hub"),
+        (["ppo", "--hub_strategy", "every_save"], "--hub_strategy is a TRL/transformers flag that rlhfkit does not "
+         "support: rlhfkit uploads output_dir once, when training has ended (--push_to_hub"),
         (["grpo", "--use_vllm", "true"], "--use_vllm is a TRL/transformers flag that rlhfkit does not support:"),
         (["ppo", "--model-adapter-name", "policy"], "--model_adapter_name is a TRL/transformers flag that rlhfkit "
          "does not support: with --use_peft rlhfkit creates one LoRA adapter"),
@@ -83,7 +83,7 @@ def test_a_misspelt_flag_is_still_unknown(capsys):
 
 def test_every_refused_flag_is_named_at_once():
     with pytest.raises(UsageError) as info:
-        parse_config(GRPOConfig, ["--entropy_coef", "0.1", "--hub_model_id", "me/model", "--beta", "0.1"], "x")
+        parse_config(GRPOConfig, ["--entropy_coef", "0.1", "--hub_revision", "dev", "--beta", "0.1"], "x")
     assert str(info.value).count("is a TRL/transformers flag") == 2
 
 
@@ -95,7 +95,7 @@ def test_trl_flags_are_looked_up_only_when_a_flag_is_not_rlhfkit_s(monkeypatch):
     args, _ = parse_config(GRPOConfig, ["--beta", "0.1", "--no_use_bias_correction_kl", "--report-to=none"], "x")
     assert args.beta == 0.1 and args.use_bias_correction_kl is False
     with pytest.raises(AssertionError, match="looked up"):
-        parse_config(GRPOConfig, ["--beta", "0.1", "--push_to_hub"], "x")
+        parse_config(GRPOConfig, ["--beta", "0.1", "--hub_always_push"], "x")
 
 
 def test_ignored_flags_are_dropped_with_their_values():
@@ -107,8 +107,8 @@ def test_ignored_flags_are_dropped_with_their_values():
 
 def test_yaml_keys_get_the_same_reasons(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("learning_rate: 1.0e-5\ndo_train: true\npush_to_hub: true\n")
-    with pytest.raises(UsageError, match=r"has the key push_to_hub: --push_to_hub is a TRL/transformers flag"):
+    path.write_text("learning_rate: 1.0e-5\ndo_train: true\nhub_always_push: true\n")
+    with pytest.raises(UsageError, match=r"has the key hub_always_push: --hub_always_push is a TRL/transformers flag"):
         parse_config(PPOConfig, ["--config", str(path)], "x")
     path.write_text("learning_rate: 1.0e-5\ndo_train: true\n")
     assert parse_config(PPOConfig, ["--config", str(path)], "x")[0].learning_rate == 1e-5

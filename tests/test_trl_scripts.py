@@ -16,7 +16,6 @@ rlhfkit's config (with DatasetMixtureConfig for GRPO), each given the whole comm
 
 import json
 import os
-import traceback
 from pathlib import Path
 
 import pytest
@@ -50,14 +49,6 @@ def jsonl_prompts(tiny_assets, tmp_path_factory):
     for split, dataset in load_from_disk(str(tiny_assets / "prompts")).items():
         dataset.to_json(root / f"{split}.jsonl")
     return root
-
-
-def only_the_blocker(error: Exception, missing: set[str]) -> Exception:
-    """`error` itself when it is the reported blocker (a config attribute named in `missing`), so the strict xfail
-    holds; anything else as an AssertionError, which the xfail (raises=AttributeError) does not excuse."""
-    if isinstance(error, AttributeError) and error.name in missing:
-        return error
-    return AssertionError(f"not the reported blocker ({', '.join(sorted(missing))}): {error!r}")
 
 
 def metric_rows(output_dir) -> list[dict]:
@@ -183,7 +174,7 @@ def trl_ppo_script(argv: list[str], progress: list[str]) -> None:
 @pytest.fixture(scope="module")
 def trl_ppo_run(tiny_assets, jsonl_prompts, tmp_path_factory):
     """One run of the TRL-shaped script (256 train prompts: 156 to train on, the last 100 to evaluate, as TRL's
-    script splits them): its output_dir, how far it got, and the error that stopped it (None: it ran to its end)."""
+    script splits them): its output_dir and how far it got."""
     out = tmp_path_factory.mktemp("trl_ppo") / "run"
     argv = [
         "--dataset_name", str(jsonl_prompts), "--dataset_train_split", "train",
@@ -195,20 +186,15 @@ def trl_ppo_run(tiny_assets, jsonl_prompts, tmp_path_factory):
         "--missing_eos_penalty", "1.0",
     ]  # fmt: skip
     progress: list[str] = []
-    try:
-        trl_ppo_script(argv, progress)
-        error = None
-    except Exception as e:  # recorded for the tests below; the blocked test re-raises it
-        error = e
-        traceback.print_exc()
-    return out, progress, error
+    trl_ppo_script(argv, progress)
+    return out, progress
 
 
 def test_trl_ppo_script_trains_and_saves(trl_ppo_run, tiny_assets):
     """Everything of TRL's ppo.py up to save_model: the [PAD] beyond the embeddings, the input_ids-only dataset,
     the value and reward models the script loaded, train(), save_model()."""
-    out, progress, error = trl_ppo_run
-    assert progress[:2] == ["train", "save_model"], error
+    out, progress = trl_ppo_run
+    assert progress[:2] == ["train", "save_model"]
     rows = metric_rows(out)
     updates = [r for r in rows if "episode" in r]
     assert [r["step"] for r in updates] == [1, 2]
@@ -221,19 +207,8 @@ def test_trl_ppo_script_trains_and_saves(trl_ppo_run, tiny_assets):
     assert tokenizer.pad_token == "[PAD]"  # the script's tokenizer is the one saved
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="rlhfkit/config/train.py TrainConfig (so PPOConfig) has no push_to_hub field: TRL 1.12's ppo.py reads "
-    "`if training_args.push_to_hub:` after save_model and stops with AttributeError before generate_completions(). "
-    "rlhfkit/config/trl_flags.py refuses --push_to_hub while rlhfkit/trainers/api.py TRLTrainerAPI.push_to_hub "
-    "uploads; fix: a push_to_hub: bool = False field (with hub_model_id, hub_token, hub_private_repo) in TrainConfig, "
-    "taken out of trl_flags' refused group.",
-)
 def test_trl_ppo_script_runs_to_its_end(trl_ppo_run):
-    out, progress, error = trl_ppo_run
-    if error is not None:
-        raise only_the_blocker(error, {"push_to_hub"})
+    out, progress = trl_ppo_run
     assert progress == ["train", "save_model", "push_to_hub", "generate_completions"]
     evals = [r for r in metric_rows(out) if "eval/scores" in r]
     assert [r["step"] for r in evals] == [2]  # generate_completions() at the step training reached
@@ -259,16 +234,6 @@ def test_one_trl_parser_over_trl_and_rlhfkit_dataclasses_refuses_the_shared_flag
         TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="rlhfkit/config/grpo.py GRPOConfig has no model_init_kwargs field (and rlhfkit/config/train.py TrainConfig "
-    "no push_to_hub): trl/scripts/grpo.py main() reads `training_args.model_init_kwargs` before it builds the trainer "
-    "(then sets it to dict(revision, trust_remote_code, attn_implementation, dtype)) and `training_args.push_to_hub` "
-    "after save_model. Fix: model_init_kwargs: dict | None = None in GRPOConfig (taken out of trl_flags' refused "
-    "group; GRPOTrainer to pass it to from_pretrained when `model` is a path), push_to_hub: bool = False in "
-    "TrainConfig.",
-)
 def test_trl_grpo_script_main_with_rlhfkit(tiny_assets, jsonl_prompts, tmp_path, monkeypatch):
     out = tmp_path / "run"
     argv = [
@@ -293,10 +258,7 @@ def test_trl_grpo_script_main_with_rlhfkit(tiny_assets, jsonl_prompts, tmp_path,
 
     monkeypatch.setattr(trl, "GRPOTrainer", RecordingGRPOTrainer)  # main() imports it from trl when called
     monkeypatch.chdir(Path(__file__).resolve().parent.parent)  # main() imports dotted reward paths from the cwd
-    try:
-        trl_grpo_main(script_args, training_args, model_args, dataset_args)
-    except AttributeError as error:
-        raise only_the_blocker(error, {"model_init_kwargs", "push_to_hub"}) from None
+    trl_grpo_main(script_args, training_args, model_args, dataset_args)
 
     (trainer,) = built
     assert trainer.rewards.names == [

@@ -13,6 +13,7 @@ from rlhfkit.config.rules import (
     ListOf,
     OneOf,
     OrNone,
+    check_fields,
     inherited,
     integer,
     meta,
@@ -24,6 +25,14 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.ops.advantages import GROUP_SCALES
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 
+# model_init_kwargs key -> the field that carries it (what TRL's GRPO script puts there, from its ModelConfig)
+MODEL_INIT_FIELDS = {
+    "revision": "model_revision",
+    "trust_remote_code": "trust_remote_code",
+    "attn_implementation": "attn_implementation",
+    "dtype": "dtype",
+}
+
 
 @on_off_flags
 @dataclass
@@ -34,6 +43,15 @@ class GRPOConfig(TrainConfig):
     """
 
     exp_name: str = inherited(TrainConfig, "exp_name", "grpo")
+    model_init_kwargs: dict | str | None = field(
+        default=None,
+        metadata=meta(
+            "from_pretrained arguments for a model given by name, as TRL's script sets them: revision, "
+            "trust_remote_code, attn_implementation and dtype (torch_dtype), each moved into the field of that name "
+            "(model_revision, ...). JSON on the command line.",
+            OrNone(JSON_OBJECT),
+        ),
+    )
     reward_model_path: list[str] | None = field(
         default=None,
         metadata=meta(
@@ -291,8 +309,29 @@ class GRPOConfig(TrainConfig):
         """`trl grpo`'s order (trl/scripts/grpo.py): the reward models first, then the functions."""
         return [*self.reward_model_paths(), *(self.reward_funcs or [])]
 
+    def apply_model_init_kwargs(self) -> None:
+        """Move model_init_kwargs into the fields that load the model (TRL's scripts set it after the config is
+        built, so the trainer calls this too); an argument rlhfkit's loaders do not take is refused."""
+        kwargs = dict(self.model_init_kwargs or {})
+        if "torch_dtype" in kwargs:
+            kwargs.setdefault("dtype", kwargs.pop("torch_dtype"))
+        unknown = sorted(set(kwargs) - set(MODEL_INIT_FIELDS))
+        if unknown:
+            raise ConfigError(
+                f"model_init_kwargs={self.model_init_kwargs!r}: rlhfkit loads models with the fields "
+                f"{', '.join(MODEL_INIT_FIELDS.values())}, so it takes {', '.join(MODEL_INIT_FIELDS)} here, not "
+                f"{', '.join(unknown)}. Set those in the checkpoint's config.json, or leave them out."
+            )
+        for key, value in kwargs.items():
+            if value is not None:
+                setattr(self, MODEL_INIT_FIELDS[key], value)
+        self.model_init_kwargs = None
+        check_fields(self)
+
     def _check_combinations(self) -> None:
         super()._check_combinations()
+        if self.model_init_kwargs:
+            self.apply_model_init_kwargs()
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         owned = sorted(set(self.generation_kwargs or {}) & {"temperature", "max_new_tokens", "do_sample"})

@@ -32,7 +32,7 @@ from rlhfkit.config.rules import (
     on_off_flags,
 )
 from rlhfkit.data import PROMPT_OVERFLOW
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, FieldNotTakenError
 from rlhfkit.health.rules import HEALTH_MODES, parse_thresholds
 from rlhfkit.optim import LR_SCHEDULER_TYPES, OPTIMIZERS, lr_factor, other_optimizers, other_schedules
 from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
@@ -94,11 +94,6 @@ def note(text: str) -> None:
     """One line on stderr about a setting that has no effect or was renamed (printed by the main process only)."""
     if os.environ.get("LOCAL_RANK", "0") == "0":
         print(f"rlhfkit: note: {text}", file=sys.stderr)
-
-
-class FieldNotTakenError(ConfigError, TypeError):
-    """A keyword that the config does not take: a TRL/transformers field rlhfkit does not support (the message says
-    why, as the command line does), or a misspelt name. A TypeError too, as Python's own unexpected-keyword error."""
 
 
 class _TakesTRLNames(type):
@@ -239,6 +234,27 @@ class TrainConfig(metaclass=_TakesTRLNames):
     overwrite_output_dir: bool = field(
         default=False,
         metadata=meta("Start afresh in an --output_dir that already holds a run (its files are replaced).", FLAG),
+    )
+    push_to_hub: bool = field(
+        default=False,
+        metadata=meta(
+            "Upload output_dir (the trained model, its logs and report files) to the Hugging Face Hub repository "
+            "hub_model_id once training has ended (rlhfkit ppo|grpo; in Python, trainer.push_to_hub()).",
+            FLAG,
+        ),
+    )
+    hub_model_id: str | None = field(
+        default=None,
+        metadata=meta(
+            "Hub repository to upload to (push_to_hub). Default: output_dir's name under your user.", OrNone(TEXT)
+        ),
+    )
+    hub_token: str | None = field(
+        default=None, metadata=meta("Hub token for push_to_hub. Default: the token of `hf auth login`.", OrNone(TEXT))
+    )
+    hub_private_repo: bool | None = field(
+        default=None,
+        metadata=meta("Create the hub repository private (push_to_hub). Default: the hub's default.", OrNone(FLAG)),
     )
     max_nonfinite_steps: int = field(
         default=3,
@@ -567,6 +583,23 @@ class TrainConfig(metaclass=_TakesTRLNames):
         default=False,
         metadata=meta("Also evaluate before the first step (the num_sample_generations schedule always does).", FLAG),
     )
+    metric_for_best_model: str | None = field(
+        default=None,
+        metadata=meta(
+            "An evaluation metric (task_success, reward, scores; eval_ prefix optional) that state.best_metric "
+            "tracks for transformers callbacks such as EarlyStoppingCallback. Checkpoints are kept newest-first all "
+            "the same.",
+            OrNone(TEXT),
+        ),
+    )
+    greater_is_better: bool | None = field(
+        default=None,
+        metadata=meta(
+            "Whether a larger metric_for_best_model is better. Default: true, as transformers sets it for any "
+            "metric that is not a loss.",
+            OrNone(FLAG),
+        ),
+    )
 
     # --- precision and memory ----------------------------------------------------------------------
     bf16: bool | None = field(
@@ -638,10 +671,18 @@ class TrainConfig(metaclass=_TakesTRLNames):
         check_fields(self)
         self._check_combinations()
 
+    @property
+    def load_best_model_at_end(self) -> bool:
+        """Always False: an RL run keeps its newest checkpoints and final model (docs/trl-flags.md says why); read by
+        transformers callbacks such as EarlyStoppingCallback."""
+        return False
+
     def _apply_aliases(self) -> None:
         """Accepted spellings turned into the canonical value, before the rules see them."""
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
+        if self.metric_for_best_model is not None and self.greater_is_better is None:  # transformers' default
+            self.greater_is_better = not self.metric_for_best_model.endswith("loss")
         if self.torch_dtype is not None:
             check_field(self.__dataclass_fields__["torch_dtype"], self.torch_dtype)
             if self.dtype is not None and self.dtype != self.torch_dtype:

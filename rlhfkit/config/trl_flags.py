@@ -24,7 +24,8 @@ from functools import cache
 from rlhfkit.config.grpo import GRPOConfig
 from rlhfkit.config.ppo import PPOConfig
 from rlhfkit.config.rules import OneOf, field_rule
-from rlhfkit.config.train import FieldNotTakenError, config_field_names, note, set_keyword_screen, unexpected_keyword
+from rlhfkit.config.train import config_field_names, note, set_keyword_screen, unexpected_keyword
+from rlhfkit.errors import FieldNotTakenError
 
 SUPPORTED_NOT, NOT_YET, IGNORED = "not supported", "not supported yet", "accepted and ignored"
 DOC = "docs/trl-flags.md"
@@ -159,12 +160,9 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         SUPPORTED_NOT,
-        "rlhfkit does not upload to the Hugging Face Hub; upload the run directory after training (hf upload)",
+        "rlhfkit uploads output_dir once, when training has ended (--push_to_hub, --hub_model_id): no uploads "
+        "during training, to another revision or of the completions",
         (
-            "push_to_hub",
-            "hub_token",
-            "hub_private_repo",
-            "hub_model_id",
             "hub_strategy",
             "hub_always_push",
             "hub_revision",
@@ -174,8 +172,9 @@ GROUPS: tuple[Group, ...] = (
     Group(
         SUPPORTED_NOT,
         "an RL run has no evaluation loss to pick a best checkpoint by; rlhfkit keeps the latest checkpoints "
-        "(--save_total_limit) and the final model (compare runs with rlhfkit report / rlhfkit eval)",
-        ("load_best_model_at_end", "metric_for_best_model", "greater_is_better"),
+        "(--save_total_limit) and the final model (--metric_for_best_model only tracks state.best_metric for "
+        "callbacks; compare runs with rlhfkit report / rlhfkit eval)",
+        ("load_best_model_at_end",),
     ),
     Group(
         SUPPORTED_NOT,
@@ -325,7 +324,7 @@ GROUPS: tuple[Group, ...] = (
         SUPPORTED_NOT,
         "options rlhfkit's loaders do not take: pass model options through the checkpoint's config, and FSDP's "
         "activation checkpointing belongs to FSDP (use --gradient_checkpointing)",
-        ("model_init_kwargs", "activation_checkpointing", "activation_checkpointing_kwargs"),
+        ("activation_checkpointing", "activation_checkpointing_kwargs"),
     ),
     Group(
         SUPPORTED_NOT,

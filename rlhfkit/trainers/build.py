@@ -85,6 +85,8 @@ def apply_builtin_task(
         args.dataset_name = assets.prompts
     if not args.task:
         args.task = str(assets.root)
+    if "max_steps" in explicit:  # PPO: --max_steps counts the updates; the task's episode count would contradict it
+        defaults.pop("total_episodes", None)
     for name, value in defaults.items():
         if name not in explicit:
             setattr(args, name, value)

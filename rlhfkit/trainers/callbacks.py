@@ -35,7 +35,9 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState
 from transformers.trainer_callback import CallbackHandler, ExportableState
 
+from rlhfkit.errors import ConfigError
 from rlhfkit.tracking.rundir import METRICS_FILE, read_jsonl
+from rlhfkit.trainers.schedule import interval
 
 
 class _Handler(CallbackHandler):
@@ -49,11 +51,6 @@ class _Handler(CallbackHandler):
         self.model, self.processing_class, self.optimizer = model, processing_class, optimizer
         self.lr_scheduler = None  # rlhfkit sets each step's learning rate itself (optim.lr_schedule)
         self.train_dataloader = self.eval_dataloader = None
-
-
-def _steps(interval: float, max_steps: int) -> int:
-    """An interval in steps as TrainerState holds it: a share of the run below 1 (transformers' reading)."""
-    return math.ceil(interval * max_steps) if 0 < interval < 1 else int(interval)
 
 
 def eval_metric_names(scalars: Mapping[str, float]) -> dict[str, float]:
@@ -85,9 +82,9 @@ class Callbacks:
             is_local_process_zero=is_local_process_zero,
             is_world_process_zero=is_world_process_zero,
             stateful_callbacks=[cb for cb in self.handler.callbacks if isinstance(cb, ExportableState)],
-            logging_steps=_steps(args.logging_steps, max_steps),
-            eval_steps=_steps(args.eval_steps or args.logging_steps, max_steps),  # transformers' fallback
-            save_steps=_steps(args.save_steps, max_steps),
+            logging_steps=interval(args.logging_steps, max_steps),
+            eval_steps=interval(args.eval_steps or args.logging_steps, max_steps),  # transformers' fallback
+            save_steps=interval(args.save_steps, max_steps),
         )
         self.control = TrainerControl()
 
@@ -110,7 +107,23 @@ class Callbacks:
         """An evaluation ended with `scalars` (registry names): on_evaluate with transformers' names, returned."""
         metrics = eval_metric_names(scalars)
         self.event("on_evaluate", metrics=metrics)
+        if self.args.metric_for_best_model:
+            self._track_best(metrics)
         return metrics
+
+    def _track_best(self, metrics: Mapping[str, float]) -> None:
+        """state.best_metric and best_global_step after an evaluation, as transformers' Trainer keeps them (after
+        on_evaluate, so a callback compares the new value with the best before it)."""
+        name = self.args.metric_for_best_model.removeprefix("eval/").removeprefix("eval_")
+        key, state = f"eval_{name}", self.state
+        if key not in metrics:
+            raise ConfigError(
+                f"metric_for_best_model={self.args.metric_for_best_model!r}: the evaluation has no {key} (it has "
+                f"{', '.join(sorted(metrics))}). Pass one of those."
+            )
+        value, best = metrics[key], state.best_metric
+        if best is None or (value > best if self.args.greater_is_better else value < best):
+            state.best_metric, state.best_global_step = value, state.global_step
 
     def read_history(self, output_dir: str, up_to_step: int) -> None:
         """A resumed run's log_history: the rows of metrics.jsonl up to the checkpoint's step."""

@@ -124,6 +124,8 @@ class GRPOTrainer(TRLTrainerAPI):
     ):
         self.args = args = args or GRPOConfig()
         trl_constructor_arguments(args, peft_config, quantization_config, optimizers)
+        if args.model_init_kwargs:  # TRL's script sets them after building the config
+            args.apply_model_init_kwargs()
         if train_dataset is None:
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet

@@ -284,3 +284,57 @@ def test_an_evaluation_schedule_without_an_eval_dataset_is_refused(tiny_assets, 
     args = grpo_config(tiny_assets, tmp_path, eval_strategy="steps", eval_steps=1)
     with pytest.raises(ConfigError, match="eval_strategy='steps' but the trainer got no eval_dataset"):
         GRPOTrainer(str(tiny_assets / "sft"), grpo_rewards.recorded_length, args, train_dataset=dataset["train"])
+
+
+def test_early_stopping_callback_stops_on_the_eval_metric(tiny_assets, tmp_path):
+    from transformers import EarlyStoppingCallback
+
+    # A threshold no change can pass: the second evaluation is "no improvement", patience 1 stops training there.
+    early = EarlyStoppingCallback(early_stopping_patience=1, early_stopping_threshold=1e9)
+    trainer = grpo_trainer(
+        tiny_assets,
+        tmp_path,
+        [early],
+        max_steps=5,
+        eval_strategy="steps",
+        eval_steps=1,
+        metric_for_best_model="reward",
+    )
+    trainer.train()
+    assert trainer.state.global_step == 2 and trainer.state.best_global_step == 1
+    rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
+    assert trainer.state.best_metric == [row["eval/reward"] for row in rows if "eval/reward" in row][0]
+    assert trainer.args.greater_is_better is True and trainer.args.load_best_model_at_end is False
+
+
+def test_metric_for_best_model_must_be_an_evaluation_metric(tiny_assets, tmp_path):
+    trainer = grpo_trainer(
+        tiny_assets, tmp_path, None, max_steps=1, eval_strategy="steps", eval_steps=1, metric_for_best_model="loss"
+    )
+    with pytest.raises(ConfigError, match="the evaluation has no eval_loss \\(it has eval_reward\\)"):
+        trainer.train()
+
+
+def test_model_init_kwargs_as_trl_s_script_sets_them(tiny_assets, tmp_path):
+    args = grpo_config(tiny_assets, tmp_path, max_steps=1)
+    args.model_init_kwargs = {"revision": "main", "trust_remote_code": False, "attn_implementation": "eager",
+                              "dtype": "float32"}  # fmt: skip
+    dataset = load_from_disk(str(tiny_assets / "prompts"))["train"]
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), grpo_rewards.recorded_length, args, dataset)
+    assert args.attn_implementation == "eager" and args.dtype == "float32" and args.model_init_kwargs is None
+    assert trainer.policy.config._attn_implementation == "eager"
+    bad = grpo_config(tiny_assets, tmp_path / "b", max_steps=1)
+    bad.model_init_kwargs = {"device_map": "auto"}
+    with pytest.raises(ConfigError, match="not device_map"):
+        GRPOTrainer(str(tiny_assets / "sft"), grpo_rewards.recorded_length, bad, dataset)
+
+
+def test_push_to_hub_without_a_reachable_hub_says_what_to_do(tiny_assets, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    trainer = grpo_trainer(tiny_assets, tmp_path, None, max_steps=1, hub_model_id="someone/tiny-grpo")
+    trainer.train()
+    with pytest.raises(ConfigError, match="could not upload .* to the hub repository someone/tiny-grpo.*hf upload"):
+        trainer.push_to_hub()
