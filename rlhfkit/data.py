@@ -204,7 +204,7 @@ def _decoded(tokenizer: PreTrainedTokenizerBase, ids: list, flag_prefix: str, ch
     list of token ids)."""
     bad = [i for i, row in enumerate(ids) if not isinstance(row, list) or not all(isinstance(t, int) for t in row)]
     if bad:
-        rows = ", ".join(f"row {i}: {_describe(ids[i])}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        rows = _first_rows(ids, bad)
         raise DataError(
             f"The {flag_prefix}dataset's 'input_ids' column must hold the prompts' token ids (lists of integers), but "
             f"{len(bad)} of {len(ids)} rows do not ({rows}). Fix those rows, or drop the column and give the prompts "
@@ -214,6 +214,11 @@ def _decoded(tokenizer: PreTrainedTokenizerBase, ids: list, flag_prefix: str, ch
     for start in range(0, len(ids), chunk):
         texts += tokenizer.batch_decode(ids[start : start + chunk], skip_special_tokens=True)
     return texts
+
+
+def _first_rows(values: list, bad: list[int]) -> str:
+    """The first five `bad` rows of `values`, each described, for an error message."""
+    return ", ".join(f"row {i}: {_describe(values[i])}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
 
 
 def is_conversational(prompt: object) -> bool:
@@ -248,7 +253,7 @@ def _check_prompts(prompts: list, text_field: str, flag_prefix: str, tokenizer: 
     them."""
     bad = [i for i, prompt in enumerate(prompts) if not (isinstance(prompt, str) or is_conversational(prompt))]
     if bad:
-        rows = ", ".join(f"row {i}: {_describe(prompts[i])}" for i in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        rows = _first_rows(prompts, bad)
         raise DataError(
             f"The {flag_prefix}dataset's {text_field!r} column (--dataset_text_field) must hold text or conversations "
             f"(lists of {{'role', 'content'}} messages), but {len(bad)} of {len(prompts)} rows do not ({rows}). Fix "

@@ -158,7 +158,8 @@ def test_trl_grpo_quickstart_runs_offline_on_a_conversational_hub_dataset(caches
 )
 def test_missing_models_and_datasets_exit_2_naming_the_flag(tiny_assets, tmp_path, capsys, flags, needles):
     values = dict(prompts=tiny_assets / "prompts", sft=tiny_assets / "sft", tmp=tmp_path)
-    argv = ["ppo", *[flag.format(**values) for flag in flags], "--output_dir", str(tmp_path / "out")]
+    reward = ["--reward_model_path", str(tiny_assets / "reward")]  # PPO needs one; the error must be the model's
+    argv = ["ppo", *[flag.format(**values) for flag in flags], *reward, "--output_dir", str(tmp_path / "out")]
     assert main([*argv, "--report_to", "none"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
