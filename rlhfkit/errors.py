@@ -46,6 +46,16 @@ class CheckpointError(InputError):
     """A checkpoint cannot be resumed from; the message names the path and what to do."""
 
 
+class StorageError(InputError):
+    """A file of the run could not be written or read back intact (no space left, no permission, an I/O error, a
+    corrupt checkpoint); the message names the path, the cause and how to go on (resume from the last good
+    checkpoint)."""
+
+
+class RunLockedError(InputError):
+    """Another live process is writing the same run directory; the message names it."""
+
+
 class ReportError(InputError):
     """Run directories cannot be reported on (missing directory or metrics.jsonl, bad smoothing, no match)."""
 
