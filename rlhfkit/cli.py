@@ -23,6 +23,7 @@ commands:
   eval         compare a model with a baseline by a judge's win rate (task checker, reward model, OpenAI-compatible)
   report       render run directories into a self-contained report.html (+ PNG charts)
   doctor       re-run the health checks over a run directory's metrics.jsonl and print the findings
+  checkpoints  list a run directory's checkpoints with their step and whether they verify against their manifest
 
 Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see tracebacks.
 """
@@ -100,6 +101,34 @@ def cmd_doctor(argv: Sequence[str]) -> int:
     return doctor(list(argv))
 
 
+def cmd_checkpoints(argv: Sequence[str]) -> int:
+    """``rlhfkit checkpoints RUN_DIR``: each checkpoint-N with its step and state (ok, failed: FILE: REASON, no
+    manifest, incomplete), and the one --resume_from_checkpoint latest takes. Exit status 1 when one failed."""
+    from rlhfkit.checkpoint import checkpoint_table
+    from rlhfkit.errors import CheckpointError
+
+    parser = argparse.ArgumentParser(
+        prog="rlhfkit checkpoints",
+        description="List a run directory's checkpoints, each verified against its manifest.json (sizes, sha256).",
+    )
+    parser.add_argument("run_dir", help="The run directory (--output_dir of the run).")
+    ns = parser.parse_args(argv)
+    if not os.path.isdir(ns.run_dir):
+        raise CheckpointError(f"{ns.run_dir} is not a directory.")
+    rows = checkpoint_table(ns.run_dir)
+    if not rows:
+        print(f"{ns.run_dir} holds no checkpoint-N directory.")
+        return 1
+    latest = next(
+        (name for name, step, state in reversed(rows) if state == "ok" or state.startswith("no manifest")), None
+    )
+    width = max(len(name) for name, _, _ in rows)
+    for name, step, state in rows:
+        mark = "   <- --resume_from_checkpoint latest" if name == latest else ""
+        print(f"{name:<{width}}  step {'?' if step is None else step:>6}  {state}{mark}")
+    return 1 if any(state.startswith("failed") for _, _, state in rows) else 0
+
+
 def cmd_eval(argv: Sequence[str]) -> int:
     from rlhfkit.evaluation import cmd_eval as evaluate
 
@@ -126,6 +155,7 @@ COMMANDS = {
     "eval": cmd_eval,
     "report": cmd_report,
     "doctor": cmd_doctor,
+    "checkpoints": cmd_checkpoints,
 }
 
 
