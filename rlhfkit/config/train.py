@@ -235,6 +235,17 @@ class TrainConfig(metaclass=_TakesTRLNames):
         default=False,
         metadata=meta("Start afresh in an --output_dir that already holds a run (its files are replaced).", FLAG),
     )
+    allow_config_change: bool = field(
+        default=False,
+        metadata=meta(
+            "With resume_from_checkpoint: continue even though settings that shape the saved state or the run "
+            "(batch shape, models, data, seed, learning rate, algorithm settings, run length, ...) differ from the "
+            "checkpoint's. Without it such a resume is refused, listing each difference; logging, saving, "
+            "evaluation and tracker settings may change freely. Either way the changes are recorded in "
+            "output_dir/run_config_history.jsonl.",
+            FLAG,
+        ),
+    )
     push_to_hub: bool = field(
         default=False,
         metadata=meta(

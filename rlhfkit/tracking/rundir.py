@@ -1,7 +1,12 @@
 """The run directory: the run's own record, readable without any tracker. This module is its format.
 
 output_dir/
-  run_config.json the resolved config
+  run_config.json the resolved config of the latest start or resume
+  run_config_history.jsonl  one line per part of the run (its start, then each resume): {"part", "time",
+                  "start_step", "resumed_from", "changed" (field -> {"from", "to"}: the settings that differ from the
+                  checkpoint's), "allowed_by_flag" (those only --allow_config_change let through), "config"}
+  .rlhfkit.lock   while a run writes the directory: its writer's lock (RunLock), holding {"pid", "host", "command",
+                  "started"}; removed when the run ends
   metrics.jsonl   one line per RunLogger.log() call: {"step": int, metric: value, ...}
   samples.jsonl   one line per completion-table row: {"step": int, "key": str, column: value, ...}
   health.jsonl    one line per health finding (written by rlhfkit.health)
@@ -18,9 +23,19 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import socket
+import sys
+import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; runs there are not locked
+    fcntl = None
 
 CONFIG_FILE = "run_config.json"  # not config.json: the final model saved in the same directory writes that
 METRICS_FILE = "metrics.jsonl"
@@ -28,6 +43,8 @@ SAMPLES_FILE = "samples.jsonl"
 HEALTH_FILE = "health.jsonl"
 BEFORE_AFTER_FILE = "before_after.json"  # rlhfkit quickstart: the trained policy against its starting model
 MERGED_DIR = "merged"
+HISTORY_FILE = "run_config_history.jsonl"
+LOCK_FILE = ".rlhfkit.lock"
 
 
 def read_jsonl(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
@@ -104,7 +121,9 @@ class RunDirectory:
         self.path.mkdir(parents=True, exist_ok=True)
         text = json.dumps(to_jsonable(config), indent=2)
         (self.path / CONFIG_FILE).write_text(text + "\n", encoding="utf-8")
-        for name in (METRICS_FILE, SAMPLES_FILE, HEALTH_FILE):
+        for name in (METRICS_FILE, SAMPLES_FILE, HEALTH_FILE, HISTORY_FILE):
+            if name == HISTORY_FILE and resume:
+                continue  # every part of the run stays recorded, those after the checkpoint too
             if not resume:
                 # A reused output_dir must not mix an old run's lines into the new run's record.
                 (self.path / name).write_text("", encoding="utf-8")
@@ -129,6 +148,178 @@ class RunDirectory:
     def append_samples(self, step: int, key: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         self._append(SAMPLES_FILE, [{"step": step, "key": key, **dict(zip(columns, row))} for row in rows])
 
+    def record_part(
+        self,
+        config: Mapping[str, Any],
+        start_step: int,
+        resumed_from: str | None = None,
+        changed: Mapping[str, tuple[Any, Any]] | None = None,
+        allowed_by_flag: Sequence[str] = (),
+    ) -> dict[str, Any]:
+        """Append this part of the run (a start, or a resume from the checkpoint of `start_step`) to the history:
+        its config, and the fields `changed` from the checkpoint's (name -> (checkpoint's value, new value)).
+        Returns the record written."""
+        parts, _ = read_jsonl(self.path / HISTORY_FILE) if (self.path / HISTORY_FILE).is_file() else ([], [])
+        record = {
+            "part": len(parts) + 1,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "start_step": start_step,
+            "resumed_from": resumed_from,
+            "changed": {name: {"from": old, "to": new} for name, (old, new) in (changed or {}).items()},
+            "allowed_by_flag": sorted(allowed_by_flag),
+            "config": dict(config),
+        }
+        self._append(HISTORY_FILE, [record])
+        return record
+
     def append_findings(self, findings: Sequence[Mapping[str, Any]]) -> None:
         """Health findings as records ({"step", "rule", ...}: rlhfkit.health.Finding.to_dict())."""
         self._append(HEALTH_FILE, findings)
+
+
+def read_history(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The parts of a run recorded in run_config_history.jsonl, oldest first ([] when there is none)."""
+    path = Path(output_dir) / HISTORY_FILE
+    return read_jsonl(path)[0] if path.is_file() else []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One writer per run directory
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class RunLock:
+    """An exclusive lock on a run directory: its holder is the only process writing it.
+
+    An ``fcntl.flock`` on output_dir/.rlhfkit.lock, which holds the holder's pid, host, command line and start time
+    for the message another run gets. The operating system drops a flock when its process ends, however it ends
+    (SIGKILL, out of memory, a lost node), so a dead run's lock file never blocks the next run. Within one process a
+    new lock on a directory supersedes the process's earlier one (a notebook's trainer rebuilt after an error, whose
+    run never ended); a RunLock no longer referenced is released as it is garbage collected.
+
+    flock is advisory and local to a machine's kernel: runs on other machines sharing the directory over NFS are
+    seen only where the file system forwards flocks (NFSv4 does; some do not). Windows has no flock: no lock there.
+    """
+
+    _held: weakref.WeakValueDictionary[str, RunLock] = weakref.WeakValueDictionary()  # this process's, by path
+
+    def __init__(self, path: Path, file):
+        self.path, self._file = path, file
+
+    @classmethod
+    def acquire(cls, output_dir: str | os.PathLike, command: str | None = None) -> tuple[RunLock | None, dict]:
+        """Lock `output_dir` (created if missing) for this process: (the lock, {}), or (None, its holder's
+        {"pid", "host", "command", "started"}) when another process holds it (locked_message says so)."""
+        directory = Path(output_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / LOCK_FILE
+        key = os.path.realpath(path)
+        previous = cls._held.pop(key, None)
+        if previous is not None:
+            previous.release()
+        while True:
+            file = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the life of the run)
+            if fcntl is None:
+                break
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _holder(file)
+                file.close()
+                return None, holder
+            # The previous holder removes the file as it releases it: if that happened between our open and our
+            # flock, we hold a lock on a removed file, which the next run would not see. Lock the file at the path.
+            if _same_file(file, path):
+                break
+            file.close()
+        file.seek(0)
+        file.truncate()
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command if command is not None else shlex.join([sys.executable, *sys.argv]),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        file.write(json.dumps(info) + "\n")
+        file.flush()
+        lock = cls(path, file)
+        cls._held[key] = lock
+        return lock, {}
+
+    @property
+    def held(self) -> bool:
+        return self._file is not None
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (again: nothing)."""
+        file, self._file = self._file, None
+        if file is None:
+            return
+        key = os.path.realpath(self.path)
+        if RunLock._held.get(key) is self:
+            del RunLock._held[key]
+        try:
+            if _same_file(file, self.path):
+                self.path.unlink()  # still holding the lock: no other run holds this file
+        except OSError:
+            pass
+        file.close()  # releases the flock
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:  # interpreter shutdown: the process's end releases the flock anyway
+            pass
+
+
+def locked_by(output_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The holder of output_dir's lock ({"pid", "host", "command", "started"}, possibly {} when unreadable) when
+    another process holds it, else None. Reads only: creates nothing."""
+    path = Path(output_dir) / LOCK_FILE
+    if fcntl is None or os.path.realpath(path) in RunLock._held:
+        return None
+    try:
+        file = open(path, encoding="utf-8")  # noqa: SIM115
+    except OSError:
+        return None
+    with file:
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(file)
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+    return None
+
+
+def _same_file(file, path: Path) -> bool:
+    try:
+        here, there = os.fstat(file.fileno()), os.stat(path)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _holder(file) -> dict[str, Any]:
+    try:
+        file.seek(0)
+        info = json.loads(file.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def locked_message(output_dir: str | os.PathLike, holder: Mapping[str, Any]) -> str:
+    """What a run refused by the lock of output_dir, held by `holder`, is told (rlhfkit.errors.RunLockedError)."""
+    directory = Path(output_dir)
+    pid = holder.get("pid", "unknown")
+    host = holder.get("host")
+    where = "" if host in (None, socket.gethostname()) else f" on host {host} (not this machine)"
+    started = f", started {holder['started']}" if holder.get("started") else ""
+    command = f", command: {holder['command']}" if holder.get("command") else ""
+    return (
+        f"--output_dir {directory} is being written by another run: process {pid}{where}{started}{command}. Two runs "
+        "in one directory would mix their metrics and race on its checkpoints. Wait for that run to end, or stop it "
+        f"(kill -INT {pid}: it saves a checkpoint, then continue it with --resume_from_checkpoint latest), or choose "
+        f"another --output_dir. The lock ({directory / LOCK_FILE}) is released when that process exits, however it "
+        "ends."
+    )

@@ -14,10 +14,19 @@ over it; "last" metrics (lr, episode, eps, kl_coef, ...) are the values at the l
 part of a checkpoint, so a resumed run logs the same rows.
 
 What the run needs from its trainer (``start(trainer, ...)``) is the :class:`Trainee` protocol below.
+
+One writer per run directory: the main process holds output_dir's lock (tracking.rundir.RunLock) from the end of
+``TrainingRun()`` until the run ends (the last step's saves, a clean stop, the trainer's ``end()``); another run on
+the directory, in any process of any launch, is refused with RunLockedError naming the holder.
+
+A resume continues the run the checkpoint saved: settings that differ from the checkpoint's (which its
+trainer_state.json holds) are refused unless they are in :data:`SAFE_TO_CHANGE` or --allow_config_change is given
+(:func:`config_changes`), and every part of the run is recorded in run_config_history.jsonl.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -30,7 +39,7 @@ from typing import Any, Protocol
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from accelerate.utils import set_seed
+from accelerate.utils import broadcast_object_list, set_seed
 
 from rlhfkit.checkpoint import (
     ENGINE_DIR,
@@ -44,6 +53,7 @@ from rlhfkit.checkpoint import (
     set_rng_state,
 )
 from rlhfkit.config import TrainConfig
+from rlhfkit.config.train import note
 from rlhfkit.engines import (
     Engine,
     deepspeed_step,
@@ -54,7 +64,7 @@ from rlhfkit.engines import (
     prepare_frozen,
     process_share,
 )
-from rlhfkit.errors import ConfigError, HealthStop, Interrupted, NonFiniteStop
+from rlhfkit.errors import ConfigError, HealthStop, Interrupted, NonFiniteStop, RunLockedError
 from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
@@ -62,7 +72,18 @@ from rlhfkit.models import mixed_precision, write_merged
 from rlhfkit.optim import lr_schedule, set_lr
 from rlhfkit.rewards import LoggedMetricsWindow
 from rlhfkit.tracking.logger import RunLogger
-from rlhfkit.tracking.rundir import CONFIG_FILE, MERGED_DIR, METRICS_FILE, holds_run, read_config
+from rlhfkit.tracking.rundir import (
+    CONFIG_FILE,
+    HISTORY_FILE,
+    MERGED_DIR,
+    METRICS_FILE,
+    RunLock,
+    holds_run,
+    locked_by,
+    locked_message,
+    read_config,
+    to_jsonable,
+)
 from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
 from rlhfkit.trainers.callbacks import Callbacks
 from rlhfkit.trainers.guards import InterruptGuard, StepGuard
@@ -82,6 +103,10 @@ def resolve_output_dir(args: TrainConfig) -> str:
         args.run_name = previous.get("run_name") or f"{args.exp_name}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.output_dir is None:
         args.output_dir = os.path.join("runs", args.run_name)
+    # A live run in the directory is the reason to refuse, whatever else it holds. (Only the launch's main process
+    # looks: the others would see their own main process's lock, taken at the end of TrainingRun().)
+    if int(os.environ.get("RANK", "0")) == 0 and (holder := locked_by(args.output_dir)) is not None:
+        raise RunLockedError(locked_message(args.output_dir, holder))
     if holds_run(args.output_dir) and not (args.resume_from_checkpoint or args.overwrite_output_dir):
         held = [name for name in (CONFIG_FILE, METRICS_FILE) if os.path.isfile(os.path.join(args.output_dir, name))]
         raise ConfigError(
@@ -89,6 +114,66 @@ def resolve_output_dir(args: TrainConfig) -> str:
             "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
         )
     return args.output_dir
+
+
+# Settings a resumed run may change without --allow_config_change: where things are written and named, what is
+# logged, saved, watched and evaluated, and how (not what) is computed. Every other field, a new one included, shapes
+# the saved state or the run it continues (batch shape, models, data, seed, precision, algorithm settings, the run's
+# length), so a change needs the flag. learning_rate is not here: the saved optimizer state is valid for any rate,
+# but the resumed run would no longer be the run the checkpoint belongs to (its schedule changes from the resumed
+# step on, its curves mix two settings) and a flag forgotten or mistyped in a repeated command must not do that
+# silently; lowering the rate of a run that diverges is a deliberate choice, which --allow_config_change states.
+SAFE_TO_CHANGE = frozenset(
+    {
+        # where things go, what they are called
+        "output_dir", "exp_name", "run_name", "project", "logging_dir",
+        "resume_from_checkpoint", "overwrite_output_dir", "allow_config_change",
+        # logging and trackers
+        "report_to", "log_legacy_names", "logging_steps", "logging_strategy", "logging_first_step", "log_with",
+        "project_kwargs", "log_completions", "num_completions_to_print",
+        # checkpoints, the saved model, the upload
+        "save_strategy", "save_steps", "save_total_limit", "merge_adapter",
+        "push_to_hub", "hub_model_id", "hub_token", "hub_private_repo",
+        # watching the run
+        "health", "health_thresholds", "max_nonfinite_steps",
+        # evaluation
+        "eval_strategy", "eval_steps", "eval_on_start", "per_device_eval_batch_size", "num_sample_generations",
+        "num_generations_eval", "metric_for_best_model", "greater_is_better",
+        # how, not what, is computed: memory and speed
+        "dataset_num_proc", "local_rollout_forward_batch_size", "gradient_checkpointing",
+        "gradient_checkpointing_kwargs", "ds3_gather_for_generation",
+    }
+)  # fmt: skip
+SECRET_FIELDS = ("hub_token",)  # not written into checkpoints or the history
+
+
+def recorded_config(args: TrainConfig) -> dict[str, Any]:
+    """The config as a checkpoint and the run's history record it: plain JSON values, secrets hidden."""
+    config = json.loads(json.dumps(to_jsonable(args.to_dict())))
+    for name in SECRET_FIELDS:
+        if config.get(name) is not None:
+            config[name] = "<hidden>"
+    return config
+
+
+def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The fields whose value in `new` differs from `saved` (both as recorded_config writes them): name ->
+    (saved value, new value). A field either lacks (a config of another rlhfkit version) is not compared."""
+    changes = {}
+    for name, value in new.items():
+        if name in saved and not _same_value(saved[name], value) and name not in SECRET_FIELDS:
+            changes[name] = (saved[name], value)
+    return changes
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return a == b
+
+
+def _changes_text(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    return "\n".join(f"  {name}: {json.dumps(old)} -> {json.dumps(new)}" for name, (old, new) in changes.items())
 
 
 class Trainee(Protocol):
@@ -147,8 +232,9 @@ class TrainingRun:
     """One training run's accelerator, trackers, logging window, health watch, progress and checkpoints."""
 
     def __init__(self, args: TrainConfig):
-        """Resolve output_dir and report_to, read the checkpoint to resume from, create the accelerator. Writes
-        nothing: a bad flag or checkpoint fails here with output_dir untouched."""
+        """Resolve output_dir and report_to, read the checkpoint to resume from and compare its config, create the
+        accelerator, then lock output_dir (the main process). Writes nothing before the lock: a bad flag or
+        checkpoint, a refused config change or a run already writing output_dir fails here with it untouched."""
         self.args = args
         name_deepspeed_accelerator()
         resolve_output_dir(args)
@@ -157,10 +243,15 @@ class TrainingRun:
         except (ValueError, ImportError) as e:
             raise ConfigError(f"--report_to: {e}") from None
         self.resume = None
+        self.config = recorded_config(args)
+        self.changes: dict[str, tuple[Any, Any]] = {}  # fields changed from the checkpoint's (resume)
         if args.resume_from_checkpoint:
             path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
             self.resume = Resume(path, read_state(path))
+            self.changes = self._check_changes(self.resume)
         self.accelerator, self.engine = self._make_accelerator()
+        self.lock: RunLock | None = None
+        self._lock_output_dir()
         self._frozen: list = []  # what keeps the frozen models' engines alive (engines.prepare_frozen)
         self.progress = Progress()
         self.guard = StepGuard(args.max_nonfinite_steps)
@@ -172,6 +263,50 @@ class TrainingRun:
         self._rng: dict | None = None
         self._lr = 0.0
         self._row: dict[str, float] = {}  # the latest logged row: the progress bar shows it until the next one
+
+    def _check_changes(self, resume: Resume) -> dict[str, tuple[Any, Any]]:
+        """The settings that differ from the checkpoint's: refused (ConfigError listing each) where one is not in
+        SAFE_TO_CHANGE, unless --allow_config_change. The checkpoint's config is in its trainer_state.json; one
+        written before it was (or by another tool) is compared with run_config.json of its run directory."""
+        saved = resume.state.get("config")
+        if not isinstance(saved, dict):
+            saved = read_config(resume.path.parent)
+        changes = config_changes(saved, self.config)
+        unsafe = {name: change for name, change in changes.items() if name not in SAFE_TO_CHANGE}
+        if unsafe and not self.args.allow_config_change:
+            raise ConfigError(
+                f"--resume_from_checkpoint {resume.path}: these settings differ from the checkpoint's (checkpoint "
+                f"value -> new value):\n{_changes_text(unsafe)}\nThey shape the saved state or the run it continues, "
+                "so the resumed run would not be the run the checkpoint belongs to. Resume with the checkpoint's "
+                "values, or pass --allow_config_change to continue with the new ones (the change is recorded in "
+                f"{os.path.join(self.args.output_dir, HISTORY_FILE)})."
+            )
+        if changes:
+            flagged = " (allowed by --allow_config_change)" if unsafe else ""
+            note(
+                f"resuming {resume.path} with changed settings{flagged}, recorded in "
+                f"{os.path.join(self.args.output_dir, HISTORY_FILE)}:\n{_changes_text(changes)}"
+            )
+        return changes
+
+    def _lock_output_dir(self) -> None:
+        """Take output_dir's lock on the main process (the only one writing the run directory) for the life of the
+        run; when another run holds it, every process raises RunLockedError naming that run (a collective under a
+        multi-process launch, so no process goes on alone to wait in the first collective of training)."""
+        acc, message = self.accelerator, None
+        if acc.is_main_process:
+            self.lock, holder = RunLock.acquire(self.args.output_dir)
+            if self.lock is None:
+                message = locked_message(self.args.output_dir, holder)
+        if acc.num_processes > 1:
+            message = broadcast_object_list([message])[0]
+        if message is not None:
+            raise RunLockedError(message)
+
+    def release_lock(self) -> None:
+        """Let other runs write output_dir: the run has ended (nothing when this process holds no lock)."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _make_accelerator(self) -> tuple[Accelerator, Engine]:
         """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process), and
@@ -248,7 +383,8 @@ class TrainingRun:
         )
         if self.resume is not None:
             self._restore(self.resume)
-        self.logger = RunLogger(
+        self.logger = _RunLogger(
+            self.release_lock,
             self.accelerator,
             output_dir=args.output_dir,
             config=args.to_dict(),
@@ -261,6 +397,10 @@ class TrainingRun:
             legacy_names=args.log_legacy_names,
         )
         resume_step = self.progress.step if self.resume is not None else None
+        if acc.is_main_process:
+            unsafe = [name for name in self.changes if name not in SAFE_TO_CHANGE]
+            resumed_from = str(self.resume.path) if self.resume is not None else None
+            self.logger.run_dir.record_part(self.config, resume_step or 0, resumed_from, self.changes, unsafe)
         self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator, resume_step)
         if resume_step is not None:
             self.callbacks.read_history(args.output_dir, resume_step)
@@ -309,6 +449,7 @@ class TrainingRun:
             "nonfinite": self.guard.state_dict(),
             "tracker_ids": self.logger.tracker_ids(),
             "engine": str(self.engine),
+            "config": self.config,  # what a resume compares its config with
         }
         limit = self.args.save_total_limit
         sharded = self.engine.sharded
@@ -382,11 +523,12 @@ class TrainingRun:
                     break
         self.save_checkpoint(self.progress.step)
         save_into(self.accelerator, args.output_dir, self._model_writer())
-        self.logger.finish()
+        self.logger.finish(release=False)  # the merged policy is still to be written into output_dir
         # After the final checkpoint and save, which keep the adapter; the run (its process group too) has ended, so
         # the main process writes it alone.
         if args.merge_adapter and self.accelerator.is_main_process:
             write_merged(self.trainer.policy, self.trainer.tokenizer, os.path.join(args.output_dir, MERGED_DIR))
+        self.release_lock()
         self.callbacks.event("on_train_end")
 
     def sampling_logprobs_exact(self, model: torch.nn.Module) -> bool:
@@ -516,3 +658,18 @@ class TrainingRun:
         if self.guard.exhausted:
             raise NonFiniteStop(self.guard.streak, step, checkpoint)
         raise Interrupted(signum, step, checkpoint, output_dir)
+
+
+class _RunLogger(RunLogger):
+    """The run's logger, whose finish() ends the run: every end of a run finishes it (the last step's saves, a clean
+    stop, the trainer's end()), and then the run directory's lock is released, unless `release` is False (the run
+    still writes into output_dir and releases the lock itself)."""
+
+    def __init__(self, release_lock, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._release_lock = release_lock
+
+    def finish(self, release: bool = True) -> None:
+        super().finish()
+        if release:
+            self._release_lock()

@@ -162,13 +162,23 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_assets, tmp_path):
     checkpoint = out / f"checkpoint-{steps[-1]}"
     assert (checkpoint / "trainer_state.json").is_file() and (checkpoint / "model.safetensors").is_file()
 
-    # Resume with the command the message gives, shortened to finish soon: the run continues where it stopped.
+    # Resume with the command the message gives, shortened to finish soon: the run continues where it stopped. A
+    # shorter run changes the learning-rate schedule, so the resume says so with --allow_config_change.
     total = (steps[-1] + 2) * 8
     resume = [*cmd, "--resume_from_checkpoint", "latest", "--total_episodes", str(total)]
-    done = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    refused = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and f"total_episodes: 2000 -> {total}" in refused.stderr, refused.stderr[-3000:]
+    done = subprocess.run(
+        [*resume, "--allow_config_change"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     steps_after = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps_after == list(range(1, steps[-1] + 3))  # each step exactly once
+    parts = [json.loads(line) for line in (out / "run_config_history.jsonl").read_text().splitlines()]
+    assert [(p["part"], p["start_step"]) for p in parts] == [(1, 0), (2, steps[-1])]
+    assert parts[1]["changed"]["total_episodes"] == {"from": 2000, "to": total}
+    assert parts[1]["allowed_by_flag"] == ["total_episodes"]
+    assert not (out / ".rlhfkit.lock").exists()  # released as the run ended
 
 
 def test_a_failing_tracker_is_dropped_and_training_goes_on(tiny_assets, tmp_path, capsys):
