@@ -145,6 +145,9 @@ SAFE_TO_CHANGE = frozenset(
     }
 )  # fmt: skip
 SECRET_FIELDS = ("hub_token",)  # not written into checkpoints or the history
+# How a part of the run started, not a setting of the run: never reported as a change (each part records where it
+# resumed from).
+NOT_COMPARED = frozenset({"resume_from_checkpoint", "overwrite_output_dir", "allow_config_change", *SECRET_FIELDS})
 
 
 def recorded_config(args: TrainConfig) -> dict[str, Any]:
@@ -158,10 +161,11 @@ def recorded_config(args: TrainConfig) -> dict[str, Any]:
 
 def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
     """The fields whose value in `new` differs from `saved` (both as recorded_config writes them): name ->
-    (saved value, new value). A field either lacks (a config of another rlhfkit version) is not compared."""
+    (saved value, new value). A field either lacks (a config of another rlhfkit version) and those of NOT_COMPARED
+    are not compared."""
     changes = {}
     for name, value in new.items():
-        if name in saved and not _same_value(saved[name], value) and name not in SECRET_FIELDS:
+        if name in saved and name not in NOT_COMPARED and not _same_value(saved[name], value):
             changes[name] = (saved[name], value)
     return changes
 
