@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING
@@ -39,12 +40,25 @@ def load_splits(name: str, config: str | None = None, flag: str = "dataset_name"
                 raise DataError(
                     f"--{flag} {name!r}: unsupported file type {ext!r}; use one of {', '.join(_FILE_TYPES)}."
                 )
-            return load_dataset(_FILE_TYPES[ext], data_files=path, split="train")  # one split: whichever is asked
+            with _datasets_errors_unlogged():  # a file that does not parse: the DataError below says it once
+                return load_dataset(_FILE_TYPES[ext], data_files=path, split="train")  # one split: whichever is asked
         return load_dataset(path, config)  # a hub id, or a directory of data files
     except DataError:
         raise
     except Exception as error:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ValueError...)
         raise DataError(_why_not_loaded(name, flag, error)) from error
+
+
+@contextlib.contextmanager
+def _datasets_errors_unlogged():
+    """datasets' own logger silenced for the block: it logs a parse error before raising it."""
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _saved_to_disk(path: str) -> bool:
@@ -57,7 +71,19 @@ def _why_not_loaded(name: str, flag: str, error: Exception) -> str:
     from rlhfkit.models import is_hub_id
 
     where = f"--{flag} {name!r}"
-    if os.path.isdir(os.path.expanduser(name)):
+    path = os.path.expanduser(name)
+    if os.path.isfile(path):  # a data file that exists but does not parse
+        cause = " ".join(f"{type(e).__name__}: {e}" for e in _causes(error))
+        return (
+            f"The file at {where} cannot be read as {_FILE_TYPES[os.path.splitext(path)[1].lower()]} data ({cause}). "
+            "Fix the file (JSON: one object per line for .jsonl, or one array of objects for .json)."
+        )
+    if os.path.splitext(path)[1].lower() in _FILE_TYPES:  # a data file's name: surely meant as a file
+        return (
+            f"{where}: no file exists at {os.path.abspath(path)}. Check the path (relative paths start from "
+            f"{os.getcwd()}); a name ending in {os.path.splitext(path)[1]} is read as a local file, not a hub id."
+        )
+    if os.path.isdir(path):
         if _is_empty_saved_dataset(os.path.expanduser(name)):
             return f"The dataset at {where} is empty: it needs at least one prompt."
         return (
@@ -76,6 +102,14 @@ def _why_not_loaded(name: str, flag: str, error: Exception) -> str:
         f"{where} could not be loaded ({type(error).__name__}: {error}). Check the id (and --dataset_config), the "
         "connection, and log in (hf auth login) for private or gated datasets; or pass a local file or directory."
     )
+
+
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error` and the errors it was raised from, innermost last (datasets wraps the parser's error)."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 5:
+        chain.append(chain[-1].__cause__)
+    return chain
 
 
 def _is_empty_saved_dataset(path: str) -> bool:

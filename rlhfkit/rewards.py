@@ -12,6 +12,7 @@ import math
 import numbers
 import os
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -580,6 +581,18 @@ def import_reward_function(ref: str) -> Callable:
         raise ConfigError(
             f"--reward_funcs {ref!r}: cannot import {module_name!r} ({e}); {tried}, looked up from the current "
             f"directory and the installed packages. {accepted}"
+        ) from e
+    except SyntaxError as e:
+        raise ConfigError(
+            f"--reward_funcs {ref!r}: {e.filename}, line {e.lineno}: {type(e).__name__}: {e.msg}. Fix the file."
+        ) from None
+    except ConfigError:
+        raise
+    except Exception as e:  # the module raised while it was imported
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise ConfigError(
+            f"--reward_funcs {ref!r}: importing {module_name!r} raised {type(e).__name__}: {e} ({frame.filename}, "
+            f"line {frame.lineno}). Fix the module: it runs when rlhfkit imports it."
         ) from e
     fn = getattr(module, attr, None)
     if not callable(fn):

@@ -92,10 +92,7 @@ def launch_arguments(command: str, argv: Sequence[str]) -> list[str] | None:
     if "--config" in rest and rest.index("--config") + 1 < len(rest):
         path = rest[rest.index("--config") + 1]
         if os.path.isfile(path):
-            import yaml
-
-            with open(path) as f:
-                values = yaml.safe_load(f)
+            values = _yaml_mapping_file(path)
             if isinstance(values, dict):
                 settings = {key: str(values[key]) for key in LAUNCH_FLAGS if key in values} | settings
     if not settings:
@@ -161,10 +158,35 @@ def _is_value(name: str, arg: str) -> bool:
 _BOOLEAN_WORDS = ("true", "false", "yes", "no", "t", "f", "y", "n", "1", "0")  # what HfArgumentParser reads as bools
 
 
+def _yaml_mapping_file(path: str):
+    """The YAML document in the file at `path` ({} when empty); a UsageError naming the file, the line and column
+    where the parser stopped and its reason, for text that is not UTF-8 or not YAML (or a file that cannot be read)."""
+    import yaml
+
+    try:
+        with open(path, "rb") as f:
+            return yaml.safe_load(f.read().decode("utf-8")) or {}
+    except UnicodeDecodeError as e:
+        line = e.object[: e.start].count(b"\n") + 1
+        raise UsageError(
+            f"--config {path!r} is not UTF-8 text: byte {e.object[e.start : e.start + 1]!r} at line {line} (offset "
+            f"{e.start}). Save the file as UTF-8."
+        ) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "an unknown place"
+        problem = " ".join(p for p in (getattr(e, "context", None), getattr(e, "problem", None)) if p) or str(e)
+        raise UsageError(
+            f"--config {path!r} is not valid YAML: at {where}, {problem}. Write one 'field: value' per line "
+            "(lists as [a, b] or '- a' lines)."
+        ) from None
+    except OSError as e:
+        raise UsageError(f"--config {path!r} cannot be read: {e.strerror or e}.") from None
+
+
 def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
     if "--config" not in argv:
         return {}
-    import yaml
 
     i = argv.index("--config")
     if i + 1 >= len(argv):
@@ -173,8 +195,7 @@ def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
     del argv[i : i + 2]
     if not os.path.isfile(path):
         raise UsageError(f"--config {path!r} does not exist.")
-    with open(path) as f:
-        values = yaml.safe_load(f) or {}
+    values = _yaml_mapping_file(path)
     if not isinstance(values, dict):
         raise UsageError(f"--config {path!r} must hold a mapping of field: value.")
     unknown = sorted(set(values) - set(config_field_names(cls)) - set(LAUNCH_FLAGS))

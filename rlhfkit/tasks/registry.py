@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rlhfkit.errors import ConfigError
+
 from . import addition, reverse, sort
 from .base import Task, import_ref
 from .layout import Assets
@@ -20,8 +22,26 @@ def load_task(path: str | Path) -> Task:
     a task.json written by another version (or by hand) is honoured as written.
     """
     path = Path(path)
-    meta = json.loads((Assets(path).task_file if path.is_dir() else path).read_text())
-    base = TASKS[meta["name"]]
+    file = Assets(path).task_file if path.is_dir() else path
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+        base = TASKS[meta["name"]]
+    except FileNotFoundError:
+        raise ConfigError(
+            f"--task {str(path)!r}: no task file at {file}. Pass an assets directory built by rlhfkit (it holds "
+            "task.json), or the task.json itself."
+        ) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--task {str(path)!r}: {file} cannot be read ({e}).") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"--task {str(path)!r}: {file} is not valid JSON: line {e.lineno}, column {e.colno}: {e.msg}."
+        ) from None
+    except (KeyError, TypeError):
+        raise ConfigError(
+            f'--task {str(path)!r}: {file} must name one of the built-in tasks in its "name" field '
+            f"({', '.join(TASKS)})."
+        ) from None
     check = import_ref(meta["check"])
     reward_funcs = {name: import_ref(ref) for name, ref in meta.get("reward_funcs", {}).items()}
     return Task(
