@@ -327,10 +327,24 @@ def load_weights(model: torch.nn.Module, directory: str | os.PathLike) -> None:
         saved = type(model).from_pretrained(str(directory), dtype=dtype)
         model.load_state_dict(saved.state_dict())
     except Exception as e:
+        _raise_if_damaged(e, directory)
         raise CheckpointError(
             f"{directory}: cannot load its weights into the model ({type(e).__name__}: {e}). Resume with the same "
             "model as the checkpointed run, from an intact checkpoint."
         ) from e
+
+
+def _raise_if_damaged(error: Exception, directory: str | os.PathLike) -> None:
+    """A weight file safetensors cannot parse is damaged (truncated, overwritten), not another model: say so,
+    naming the file (a checkpoint without manifest.json is not verified before it is loaded)."""
+    if type(error).__name__ != "SafetensorError":
+        return
+    files = sorted(Path(directory).glob("*.safetensors"))
+    name = files[0] if len(files) == 1 else Path(directory)
+    raise StorageError(
+        f"{name} is damaged: safetensors cannot read it ({error}); it was probably truncated or overwritten. Resume "
+        "from an earlier checkpoint-N (`rlhfkit checkpoints RUN_DIR` lists them and their state)."
+    ) from error
 
 
 def load_adapter_weights(model: torch.nn.Module, directory: str | os.PathLike) -> None:
@@ -349,6 +363,7 @@ def load_adapter_weights(model: torch.nn.Module, directory: str | os.PathLike) -
             raise ValueError(f"missing {missing[:3]}, unexpected {unexpected[:3]}")
         set_peft_model_state_dict(model, saved)
     except Exception as e:
+        _raise_if_damaged(e, directory)
         raise CheckpointError(
             f"{directory}: cannot load its LoRA adapter into the model ({type(e).__name__}: {e}). Resume with the "
             "same model and LoRA flags (--lora_r, --lora_target_modules, ...) as the checkpointed run."

@@ -151,3 +151,18 @@ def test_a_run_resumes_past_a_damaged_weight_file(tiny_assets, tmp_path, capsys)
     assert steps == [1, 2, 3]  # steps 2 and 3 trained again, each logged once
     assert all(verify_checkpoint(out / f"checkpoint-{n}").ok for n in (1, 2, 3))  # rewritten intact
     assert (out / "model.safetensors").is_file()
+
+
+def test_a_damaged_weight_file_without_manifest_is_named_when_loaded(tiny_assets, tmp_path):
+    """A checkpoint from before manifests is not verified; its truncated weights fail as they load, naming the
+    file (not "resume with the same model", the advice for another architecture)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlhfkit.checkpoint import load_weights
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_assets / "sft")
+    model.save_pretrained(tmp_path / "checkpoint-1")
+    load_weights(model, tmp_path / "checkpoint-1")  # intact: loads
+    truncate(tmp_path / "checkpoint-1" / "model.safetensors", keep=1000)
+    with pytest.raises(StorageError, match=r"checkpoint-1/model.safetensors is damaged: safetensors cannot read it"):
+        load_weights(model, tmp_path / "checkpoint-1")
