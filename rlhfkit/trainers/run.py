@@ -388,7 +388,7 @@ class TrainingRun:
         if self.resume is not None:
             self._restore(self.resume)
         self.logger = _RunLogger(
-            self.release_lock,
+            self.lock,
             self.accelerator,
             output_dir=args.output_dir,
             config=args.to_dict(),
@@ -666,14 +666,14 @@ class TrainingRun:
 
 class _RunLogger(RunLogger):
     """The run's logger, whose finish() ends the run: every end of a run finishes it (the last step's saves, a clean
-    stop, the trainer's end()), and then the run directory's lock is released, unless `release` is False (the run
-    still writes into output_dir and releases the lock itself)."""
+    stop, the trainer's end()), and then releases the run directory's lock (None: not the main process), unless
+    `release` is False (the run still writes into output_dir and releases the lock itself)."""
 
-    def __init__(self, release_lock, *args, **kwargs):
+    def __init__(self, lock: RunLock | None, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._release_lock = release_lock
+        self._lock = lock
 
     def finish(self, release: bool = True) -> None:
         super().finish()
-        if release:
-            self._release_lock()
+        if release and self._lock is not None:
+            self._lock.release()
