@@ -563,7 +563,14 @@ def checkpoint_table(output_dir: str | os.PathLike) -> list[tuple[str, int | Non
 # Storage errors: free space, failed writes
 # ---------------------------------------------------------------------------------------------------------------------
 
-_WRITE_FAILURE_MARKS = ("inline_container", "PytorchStreamWriter", "unexpected pos", "file write failed", "os error")
+_WRITE_FAILURE_MARKS = (
+    "inline_container",
+    "PytorchStreamWriter",
+    "unexpected pos",
+    "file write failed",
+    "iostream error",  # torch.save's end of file on a full disk: "basic_ios::clear: iostream error"
+    "os error",
+)
 _NO_SPACE_MARKS = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
 _FULL_BELOW = 64 * 2**20  # after a write failed, this little free space means the disk filled up
 
@@ -579,7 +586,7 @@ def _together(accelerator, step: Callable[[], None] | None, target: str, tmp: st
         except StorageError as e:  # too little space, found before writing
             failure = str(e)
         except Exception as e:
-            if not _is_write_failure(e):
+            if not _is_write_failure(e, os.path.dirname(os.path.abspath(path))):
                 raise
             failure = _storage_message(target, path, e)
     failures = [failure]
@@ -594,12 +601,18 @@ def _together(accelerator, step: Callable[[], None] | None, target: str, tmp: st
         raise StorageError(failures[0])
 
 
-def _is_write_failure(e: BaseException) -> bool:
+def _is_write_failure(e: BaseException, directory: str) -> bool:
     """Whether `e` is a write that failed: an OSError, safetensors' SafetensorError, or torch's RuntimeError from
-    its zip writer (``[enforce fail at inline_container.cc:672] . unexpected pos ...`` on a full disk)."""
+    its zip writer (on a full disk ``[enforce fail at inline_container.cc:672] . unexpected pos ...`` or
+    ``basic_ios::clear: iostream error``), or any RuntimeError once the disk is full."""
     if isinstance(e, OSError) or type(e).__name__ == "SafetensorError":
         return True
-    return isinstance(e, RuntimeError) and any(mark in str(e) for mark in _WRITE_FAILURE_MARKS)
+    if not isinstance(e, RuntimeError):
+        return False
+    if any(mark in str(e) for mark in _WRITE_FAILURE_MARKS):
+        return True
+    free = _free_bytes(directory)
+    return free is not None and free < _FULL_BELOW
 
 
 def _free_bytes(directory: str) -> int | None:
@@ -657,6 +670,11 @@ def _checkpoint_estimate(output_dir: str, optimizer: torch.optim.Optimizer | Non
     return 3 * sum(p.numel() * p.element_size() for group in optimizer.param_groups for p in group["params"])
 
 
+def _disk_size(file: Path) -> int:
+    stat = file.stat()
+    return max(stat.st_size, getattr(stat, "st_blocks", 0) * 512)
+
+
 _STATE_ONLY = (OPTIMIZER_FILE, EXTRA_FILE, STATE_FILE, MANIFEST_FILE, ENGINE_DIR)
 
 
@@ -667,15 +685,16 @@ def _model_estimate(path: str) -> int:
         return 0
     directory = found[-1][1]
     return sum(
-        _tree_size(child) if child.is_dir() else child.stat().st_size
+        _tree_size(child) if child.is_dir() else _disk_size(child)
         for child in directory.iterdir()
         if child.name not in _STATE_ONLY and not child.name.startswith("rng_state_")
     )
 
 
 def _tree_size(directory: Path) -> int:
+    """Bytes the files under `directory` take on disk (whole blocks, where the filesystem says)."""
     try:
-        return sum(file.stat().st_size for file in _files(directory))
+        return sum(_disk_size(file) for file in _files(directory))
     except OSError:
         return 0
 
