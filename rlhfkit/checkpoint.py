@@ -14,7 +14,7 @@ A checkpoint directory ``checkpoint-N`` (N = the step it was taken after) holds:
     extra_state.pt                                    the trainer's own tensors (PPO's KL controller, a GRPO batch still
                                                       in use) and the metric sums of an unfinished logging window
     rng_state_<rank>.pt                               every library's RNG state, one file per process
-    trainer_state.json                                counters (steps, episodes, data position, skipped steps)
+    trainer_state.json                                counters (steps, episodes, data position, skipped steps) and the run's config
     manifest.json                                     every other file's relative path, size and sha256; written last
 
 Everything is written into ``checkpoint-N.tmp`` and renamed once complete, so a crash during a save leaves the

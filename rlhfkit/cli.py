@@ -68,6 +68,7 @@ def relaunch(launch_args: Sequence[str]) -> int:
     import subprocess
 
     from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     args = launch_command_parser().parse_args(list(launch_args))
     os.environ[LAUNCHED] = "1"
@@ -75,6 +76,9 @@ def relaunch(launch_args: Sequence[str]) -> int:
         launch_command(args)
     except subprocess.CalledProcessError as e:  # a process failed; it has printed why
         return e.returncode or 1
+    except ChildFailedError as e:  # torchrun's launcher: the first process to fail has printed why; its status
+        _, failure = e.get_first_failure()
+        return failure.exitcode if failure.exitcode > 0 else 1
     return 0
 
 

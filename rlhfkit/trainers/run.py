@@ -64,7 +64,7 @@ from rlhfkit.engines import (
     prepare_frozen,
     process_share,
 )
-from rlhfkit.errors import ConfigError, HealthStop, Interrupted, NonFiniteStop, RunLockedError
+from rlhfkit.errors import ConfigError, HealthStop, Interrupted, NonFiniteStop, RunLockedError, StorageError
 from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
@@ -526,7 +526,11 @@ class TrainingRun:
                 if self.callbacks.control.should_training_stop:  # a callback made this step the last
                     break
         self.save_checkpoint(self.progress.step)
-        save_into(self.accelerator, args.output_dir, self._model_writer())
+        try:
+            save_into(self.accelerator, args.output_dir, self._model_writer())
+        except StorageError:  # the final checkpoint holds the trained state; close the trackers before exiting
+            self.logger.finish()
+            raise
         self.logger.finish(release=False)  # the merged policy is still to be written into output_dir
         # After the final checkpoint and save, which keep the adapter; the run (its process group too) has ended, so
         # the main process writes it alone.
