@@ -338,3 +338,27 @@ def test_push_to_hub_without_a_reachable_hub_says_what_to_do(tiny_assets, tmp_pa
     trainer.train()
     with pytest.raises(ConfigError, match="could not upload .* to the hub repository someone/tiny-grpo.*hf upload"):
         trainer.push_to_hub()
+
+
+def test_sigterm_during_the_step_0_evaluation_saves_and_says_how_to_resume(tiny_assets, tmp_path, capsys):
+    import signal
+
+    from rlhfkit.errors import Interrupted
+
+    trainer = grpo_trainer(tiny_assets, tmp_path, None, max_steps=2, eval_on_start=True, eval_strategy="steps",
+                           eval_steps=1)  # fmt: skip
+    evaluation = trainer.evaluation
+
+    def signalled(step):
+        os.kill(os.getpid(), signal.SIGTERM)  # as `kill` would, while the evaluation runs
+        return evaluation(step)
+
+    trainer.evaluation = signalled
+    with pytest.raises(Interrupted) as info:
+        trainer.train()
+    assert info.value.exit_status == 143
+    assert "Interrupted by SIGTERM after step 0" in str(info.value) and "--resume_from_checkpoint latest" in str(
+        info.value
+    )
+    assert os.path.isfile(os.path.join(trainer.args.output_dir, "checkpoint-0", "trainer_state.json"))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
