@@ -15,6 +15,7 @@ to a tracker.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,26 @@ def _wandb_table_key(key: str, step: int) -> str:
 
 
 GLOBAL_STEP = "train/global_step"
+
+
+def quiet_tensorboard_writer_threads() -> None:
+    """Keep the traceback of TensorBoard's writer thread off the console (once per process).
+
+    When its event file cannot be written (a full disk, a removed directory), TensorBoard's writer thread keeps the
+    error, raises it again in the thread that writes next, and also lets Python print it as "Exception in thread";
+    that next write is RunLogger's, which reports the failure once and drops the tracker (_guarded). Other threads'
+    errors are printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        thread = type(args.thread)
+        if not (thread.__name__ == "_AsyncWriterThread" and thread.__module__.startswith("tensorboard.")):
+            previous(args)
+
+    hook.quiets_tensorboard = True
+    threading.excepthook = hook
 
 
 def with_columns(
@@ -145,6 +166,8 @@ class RunLogger:
                 "create it with Accelerator(log_with=rlhfkit.tracking.trackers.make_trackers(report_to, ...))"
             )
         self.tracker_names = wanted
+        if "tensorboard" in wanted:
+            quiet_tensorboard_writer_threads()
 
         if self.is_main:
             # Also creates output_dir, which W&B writes into.

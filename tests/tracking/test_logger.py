@@ -284,3 +284,38 @@ def test_trackio_store_reads_back(demo_run):
         assert table["_type"] == "trackio.table"
         columns, rows = full_table(entry["table"])
         assert table["_value"] == [dict(zip(columns, row)) for row in rows]
+
+
+def test_tensorboard_s_writer_thread_fails_quietly_and_raises_in_the_writing_thread(capfd):
+    import threading
+    import time
+
+    from tensorboard.summary.writer.event_file_writer import _AsyncWriter
+
+    from rlhfkit.tracking.logger import quiet_tensorboard_writer_threads
+
+    class FullDisk:
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def flush(self):
+            pass
+
+        def close(self):
+            pass
+
+    previous = threading.excepthook
+    try:
+        quiet_tensorboard_writer_threads()
+        quiet_tensorboard_writer_threads()  # once per process: no hook around the hook
+        assert threading.excepthook.quiets_tensorboard and threading.excepthook is not previous
+        writer = _AsyncWriter(FullDisk(), flush_secs=3600)
+        writer.write(b"event")
+        deadline = time.time() + 10
+        while writer._worker.exception is None and time.time() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(OSError, match="No space left"):  # where RunLogger._guarded reports it and drops it
+            writer.write(b"next")
+        assert "Exception in thread" not in capfd.readouterr().err
+    finally:
+        threading.excepthook = previous
