@@ -14,6 +14,7 @@ from tests.helpers import asset_flags
 from tests.trainers.test_resume import rows_of, weights
 
 STEPS = 6
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def ppo_command(tiny_assets, out):
@@ -44,22 +45,48 @@ def run(cmd, cwd):
     return done
 
 
-@pytest.mark.parametrize("command", [ppo_command, grpo_command], ids=["ppo", "grpo"])
-def test_sigkill_then_resume_latest_ends_as_an_uninterrupted_run(tiny_assets, tmp_path, command):
+def two_process_ppo_command(tiny_assets, out):
+    config = os.path.join(ROOT, "examples/accelerate_configs/cpu_2proc.yaml")
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config]
+    return [*launch, *ppo_command(tiny_assets, out)[1:]]
+
+
+def inside_a_checkpoint_write(out):
+    return (out / "checkpoint-3.tmp").exists()  # the atomic write's directory, before its rename
+
+
+def after_checkpoint_3(out):
+    return (out / "checkpoint-3").exists()  # while step 4 (or its checkpoint) runs
+
+
+@pytest.mark.parametrize(
+    "command, kill_when",
+    [
+        (ppo_command, after_checkpoint_3),
+        (grpo_command, after_checkpoint_3),
+        (ppo_command, inside_a_checkpoint_write),
+        (two_process_ppo_command, after_checkpoint_3),
+    ],
+    ids=["ppo", "grpo", "ppo-inside-a-checkpoint-write", "ppo-2-processes"],
+)
+def test_sigkill_then_resume_latest_ends_as_an_uninterrupted_run(tiny_assets, tmp_path, command, kill_when):
     reference = tmp_path / "reference"
     run(command(tiny_assets, reference), tmp_path)
 
     out = tmp_path / "killed"
     cmd = command(tiny_assets, out)
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # A session of its own: SIGKILL reaches the launcher and every process it started, as `kill -9 -PGID` does.
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
     deadline = time.time() + 300
-    while time.time() < deadline and not (out / "checkpoint-3").exists():  # killed while step 4 (or its save) runs
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    assert not (out / f"checkpoint-{STEPS}").exists()  # it did die before the end
+    while time.time() < deadline and not kill_when(out) and proc.poll() is None:
+        time.sleep(0.0005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL  # it did die before the end
+    if kill_when is inside_a_checkpoint_write:
+        assert (out / "checkpoint-3.tmp").exists()  # it died mid-write: the half-written directory is left behind
 
     resumed = run([*cmd, "--resume_from_checkpoint", "latest"], tmp_path)
     assert "Traceback" not in resumed.stderr
