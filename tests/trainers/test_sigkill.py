@@ -2,6 +2,7 @@
 checkpoint with --resume_from_checkpoint latest and ends with the same metrics and weights as a run never killed."""
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -59,6 +60,34 @@ def after_checkpoint_3(out):
     return (out / "checkpoint-3").exists()  # while step 4 (or its checkpoint) runs
 
 
+def at_a_random_moment(seed):
+    """A moment drawn with `seed`: 0 to 0.3 s after checkpoint-k appears, k in 1..4 (at least 2 steps remain)."""
+    rng = random.Random(seed)
+    k, delay, seen = rng.randint(1, 4), rng.uniform(0.0, 0.3), []
+
+    def kill_when(out):
+        if not seen and (out / f"checkpoint-{k}").exists():
+            seen.append(time.time())
+        return bool(seen) and time.time() - seen[0] >= delay
+
+    return kill_when
+
+
+@pytest.fixture(scope="module")
+def references(tiny_assets, tmp_path_factory):
+    """The uninterrupted run of each command, run once for the module."""
+    made = {}
+
+    def reference(command):
+        if command not in made:
+            out = tmp_path_factory.mktemp(command.__name__) / "reference"
+            run(command(tiny_assets, out), out.parent)
+            made[command] = out
+        return made[command]
+
+    return reference
+
+
 @pytest.mark.parametrize(
     "command, kill_when",
     [
@@ -66,12 +95,14 @@ def after_checkpoint_3(out):
         (grpo_command, after_checkpoint_3),
         (ppo_command, inside_a_checkpoint_write),
         (two_process_ppo_command, after_checkpoint_3),
+        *[(ppo_command, at_a_random_moment(seed)) for seed in range(3)],
     ],
-    ids=["ppo", "grpo", "ppo-inside-a-checkpoint-write", "ppo-2-processes"],
+    ids=["ppo", "grpo", "ppo-inside-a-checkpoint-write", "ppo-2-processes", *[f"ppo-random-{s}" for s in range(3)]],
 )
-def test_sigkill_then_resume_latest_ends_as_an_uninterrupted_run(tiny_assets, tmp_path, command, kill_when):
-    reference = tmp_path / "reference"
-    run(command(tiny_assets, reference), tmp_path)
+def test_sigkill_then_resume_latest_ends_as_an_uninterrupted_run(
+    references, tiny_assets, tmp_path, command, kill_when
+):
+    reference = references(command)
 
     out = tmp_path / "killed"
     cmd = command(tiny_assets, out)
