@@ -3,6 +3,7 @@ space left), the half-written .tmp removed, the previous checkpoint intact and r
 found before writing; every written file follows the umask."""
 
 import errno
+import json
 import os
 import stat
 
@@ -159,3 +160,25 @@ def test_written_files_follow_the_umask(tmp_path):
     files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "weights-written"]
     assert len(files) > 8
     assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o640}
+
+
+def test_no_space_while_logging_a_row_names_the_file_and_the_run_resumes(tiny_assets, tmp_path, monkeypatch, capsys):
+    from rlhfkit.tracking import rundir
+
+    out = tmp_path / "run"
+    real = rundir.RunDirectory._append
+
+    def append(self, name, records):
+        if name == rundir.METRICS_FILE and any(record.get("step") == 3 for record in records):
+            raise OSError(errno.ENOSPC, "No space left on device", str(self.path / name))
+        return real(self, name, records)
+
+    monkeypatch.setattr(rundir.RunDirectory, "_append", append)
+    assert main(grpo_flags(tiny_assets, out)) == 2
+    err = capsys.readouterr().err
+    assert f"Could not write {out / 'metrics.jsonl'}: no space left on device" in err, err
+    assert "--resume_from_checkpoint latest" in err and "Traceback" not in err
+    monkeypatch.setattr(rundir.RunDirectory, "_append", real)
+    assert main([*grpo_flags(tiny_assets, out), "--resume_from_checkpoint", "latest"]) == 0
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3]

@@ -51,7 +51,8 @@ class HealthWatch:
                 self.logger.alert(
                     f"{finding.rule} ({finding.severity})", f"{finding.message} {finding.advice}", finding.severity
                 )
-            append_findings(self.logger.output_dir, findings)
+            with self.logger.recording():
+                append_findings(self.logger.output_dir, findings)
         critical = next((f for f in findings if f.severity == CRITICAL), None)
         if self.mode != "stop":
             return None

@@ -14,14 +14,17 @@ to a tracker.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rlhfkit.errors import StorageError
 from rlhfkit.metrics import registry as M
 from rlhfkit.tracking.rundir import METRICS_FILE, RunDirectory, to_jsonable
 from rlhfkit.tracking.tables import format_cell, markdown_table, rich_table
@@ -251,12 +254,29 @@ class RunLogger:
         keyed = {tracker_key(name): value for name, value in values.items()}
         return {**keyed, **M.older_names(dict(values))} if self.legacy_names else keyed
 
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Around a write of the run directory's own record (metrics, samples, findings): an OSError (a full disk, a
+        lost mount) becomes a StorageError naming the file, the cause and how to go on."""
+        try:
+            yield
+        except OSError as e:
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            cause = "no space left on device" if full else (e.strerror or str(e))
+            raise StorageError(
+                f"Could not write {e.filename or self.output_dir}: {cause}. The run's state is in its checkpoints: "
+                f"{'free some space' if full else 'fix the cause'}, then continue with the same command plus "
+                f"--output_dir {self.output_dir} --resume_from_checkpoint latest (the rows after the last checkpoint "
+                "are logged again)."
+            ) from e
+
     def log(self, scalars: Mapping[str, Any], step: int) -> None:
         """Log scalar metrics at `step` as one line of metrics.jsonl (bare names) and to every tracker (TRL's keys,
         with train/global_step)."""
         values = {str(k): _number(v) for k, v in scalars.items()}
         if self.is_main:
-            self.run_dir.append_metrics(step, values)  # first: the run's own record never depends on a tracker
+            with self.recording():  # first: the run's own record never depends on a tracker
+                self.run_dir.append_metrics(step, values)
             tracked = {**self._tracker_values(values), GLOBAL_STEP: step}
             for tracker in list(self.accelerator.trackers):
                 self._guarded(tracker.name, lambda tracker=tracker: tracker.log(tracked, step=step))
@@ -330,7 +350,8 @@ class RunLogger:
         shown = rows if console_rows is None else rows[:console_rows]
         if shown:
             self.console.print(rich_table(f"{key} (step {step})", columns, shown))
-        self.run_dir.append_samples(step, key, columns, rows)
+        with self.recording():
+            self.run_dir.append_samples(step, key, columns, rows)
         if (writer := self._tracker("tensorboard")) is not None:
 
             def tensorboard():
