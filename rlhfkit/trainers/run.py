@@ -513,7 +513,7 @@ class TrainingRun:
         if self.progress.step == 0 and self.schedule.evaluates_first():
             with self.interrupt, autocast():
                 self._evaluate(step=0)
-            self._stop_if_asked(0, None)  # a signal during it: a checkpoint of the untrained state, and the resume line
+            self._stop_if_asked(0, None)  # a signal during it: checkpoint-0 and the resume line
         if self._rng is not None:
             set_rng_state(self._rng)  # a resumed run samples exactly what the uninterrupted run would have
         self._start = time.time() - self.progress.elapsed
