@@ -566,6 +566,10 @@ class TrainingRun:
             norm = self.guard.record(*deepspeed_step(model))
         else:
             norm = self.guard.step(self.accelerator, model, optimizer, self.args.max_grad_norm)
+        # Autocast keeps the bf16/fp16 copies of the trained weights until its outermost region ends, and the training
+        # loop is one region: without this, every forward after the first step would read the first step's weights
+        # (--bf16 PPO diverged from update 2, its training and sampling log-probs 0.17 nats/token apart).
+        torch.clear_autocast_cache()
         if math.isfinite(norm):
             self.metrics.add(M.GRAD_NORM, norm, 1)
 
