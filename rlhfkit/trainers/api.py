@@ -119,9 +119,9 @@ class TRLTrainerAPI:
         return getattr(self.args, "hub_model_id", None)
 
     def end(self) -> None:
-        """Finish the trackers (train() already did) and end the process group of a multi-process launch."""
+        """Finish the trackers (train() already did), release the run directory and end the process group of a
+        multi-process launch (RunLogger.finish does all three)."""
         self.run.logger.finish()
-        self.run.accelerator.end_training()
 
 
 def _same(wanted: str, run: TrainingRun) -> bool:

@@ -498,7 +498,8 @@ class PPOTrainer(TRLTrainerAPI):
             prompts = [r[args.dataset_text_field] for r in part.rows]
             sequence, completion = (chunk.input_ids, chunk.attention_mask), (completions.ids, completions.mask)
             outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion, trainer_state=self.state)
-            kept, scored = kept + list(range(scored, scored + part.own)), scored + len(part.rows)
+            kept += range(scored, scored + part.own)
+            scored += len(part.rows)
             score = self.final_scores(outputs, prompts, completions.terminated)
             keep = part.own
             score, prompts, prompt_texts, texts = score[:keep], prompts[:keep], prompt_texts[:keep], texts[:keep]
