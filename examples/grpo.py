@@ -18,9 +18,10 @@ On a real model (hub ids or local directories; my_rewards.py in the current dire
         --reward_funcs my_rewards.accuracy think_format_reward --max_completion_length 256 \
         --num_generations 8 --per_device_train_batch_size 16 --output_dir runs/grpo-qwen
 
-Where it differs from TRL's script: one config holds what TRL splits over GRPOScriptArguments, GRPOConfig and
-ModelConfig (--dataset_name, --reward_funcs, --reward_model_name_or_path, --model_name_or_path, --use_peft, --lora_*,
---dtype, ... are rlhfkit GRPOConfig fields); --reward_funcs also takes 'module:function', 'path/to/file.py:function'
+The flags are read as TRL's script reads them, by one HfArgumentParser over GRPOScriptArguments, GRPOConfig and
+ModelConfig (rlhfkit's have TRL's fields; TRL's own classes work as well).
+
+Where it differs from TRL's script: --reward_funcs also takes 'module:function', 'path/to/file.py:function'
 and, with --task, the task's own reward names; the dataset's test split is the eval dataset whenever it exists
 (rlhfkit's --num_sample_generations schedule evaluates on it even with --eval_strategy no); with --task, the task's
 checker measures true success (eval/task_success). ``rlhfkit grpo`` with the same flags does all of this.
@@ -29,39 +30,46 @@ checker measures true success (eval/task_success). ``rlhfkit grpo`` with the sam
 from transformers import HfArgumentParser
 
 from rlhfkit import GRPOConfig, GRPOTrainer
+from rlhfkit.config import GRPOScriptArguments, ModelConfig
 from rlhfkit.data import load_prompt_splits
 from rlhfkit.rewards import resolve_reward_funcs
 from rlhfkit.tasks import load_task
 
 
 def make_parser() -> HfArgumentParser:
-    return HfArgumentParser(GRPOConfig)
+    return HfArgumentParser((GRPOScriptArguments, GRPOConfig, ModelConfig))
 
 
-def main(training_args: GRPOConfig) -> GRPOTrainer:
+def main(script_args: GRPOScriptArguments, training_args: GRPOConfig, model_args: ModelConfig) -> GRPOTrainer:
     task = load_task(training_args.task) if training_args.task else None
+    # How the trainer loads the model it is given by name (TRL's script does the same)
+    training_args.model_init_kwargs = dict(
+        revision=model_args.model_revision, attn_implementation=model_args.attn_implementation, dtype=model_args.dtype
+    )
 
     # Get the reward models and functions, in TRL's order: the reward models first, then the functions.
-    # (--reward_model_name_or_path, TRL's flag, is added to --reward_model_path as the config is built.)
-    reward_funcs = list(training_args.reward_model_path or [])
-    if training_args.reward_funcs or not reward_funcs:  # no reward named at all: the task's own rewards, if any
-        reward_funcs += resolve_reward_funcs(training_args.reward_funcs, task)
+    reward_funcs = [*(training_args.reward_model_path or [])]
+    if script_args.reward_model_name_or_path:
+        reward_funcs.append(script_args.reward_model_name_or_path)
+    if script_args.reward_funcs or not reward_funcs:  # no reward named at all: the task's own rewards, if any
+        reward_funcs += resolve_reward_funcs(script_args.reward_funcs, task)
 
     # Load the dataset: a hub id, a directory written by save_to_disk, a directory of data files, or one file.
     train_dataset, eval_dataset = load_prompt_splits(
-        training_args.dataset_name,
-        training_args.dataset_train_split,
-        training_args.dataset_test_split,
-        training_args.dataset_config,
+        script_args.dataset_name,
+        script_args.dataset_train_split,
+        script_args.dataset_test_split,
+        script_args.dataset_config,
     )
 
     # Initialize the GRPO trainer (model: a hub id or local path; LoRA from --use_peft and the --lora_* flags)
     trainer = GRPOTrainer(
-        model=training_args.model_name_or_path,
+        model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,
         args=training_args,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
+        peft_config=model_args.lora_config(),
         task=task,
     )
 
@@ -77,5 +85,5 @@ def main(training_args: GRPOConfig) -> GRPOTrainer:
 
 
 if __name__ == "__main__":
-    (training_args,) = make_parser().parse_args_into_dataclasses()
-    main(training_args)
+    script_args, training_args, model_args = make_parser().parse_args_into_dataclasses()
+    main(script_args, training_args, model_args)

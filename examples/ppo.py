@@ -21,9 +21,12 @@ On a real model (TRL's TL;DR command; hub ids or local directories):
         --dataset_name trl-internal-testing/tldr-preference-sft-trl-style --dataset_test_split validation \
         --local_rollout_forward_batch_size 16 --non_eos_penalty --stop_token eos
 
+The flags are read as TRL's script reads them, by one HfArgumentParser over the script, training and model
+arguments (rlhfkit's ScriptArguments and ModelConfig have TRL's fields; TRL's own classes work as well).
+
 Where it differs from TRL's script: the output directory is not deleted first (rlhfkit refuses to overwrite a run:
-pass --overwrite_output_dir, or --resume_from_checkpoint latest to continue it); ``--use_peft`` is a field of
-rlhfkit's PPOConfig (the reference is then the policy with its adapter disabled, so none is loaded); the prompts are
+pass --overwrite_output_dir, or --resume_from_checkpoint latest to continue it); with ``--use_peft`` the reference is
+the policy with its adapter disabled, so none is loaded; the prompts are
 handed over as text (rlhfkit tokenizes them and drops those over --max_prompt_length), although a
 dataset tokenized as TRL's ``prepare_dataset`` does (an ``input_ids`` column alone) works too; with --task, the
 task's checker measures true success (eval/task_success). ``rlhfkit ppo`` with the same flags does all of this.
@@ -34,6 +37,9 @@ from dataclasses import dataclass, field
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, HfArgumentParser
 
 from rlhfkit import PPOConfig, PPOTrainer
+from rlhfkit.config import ModelConfig
+from rlhfkit.config import ScriptArguments as DatasetArguments
+from rlhfkit.config.rules import integer, meta
 from rlhfkit.data import load_prompt_splits
 from rlhfkit.tasks import load_task
 
@@ -45,43 +51,43 @@ SIMPLE_CHAT_TEMPLATE = (
 
 
 @dataclass
-class ScriptArguments:
-    """What the script needs beyond rlhfkit's PPOConfig (which already holds TRL's ScriptArguments and ModelConfig
-    fields: --dataset_name, --dataset_train_split, --model_name_or_path, --use_peft, --lora_r, --dtype, ...)."""
+class ScriptArguments(DatasetArguments):
+    """TRL's ScriptArguments (--dataset_name, --dataset_train_split, ...) and what this script adds."""
 
     eval_samples: int = field(
         default=100,
-        metadata={
-            "help": "Prompts held out of the train split for evaluation when the dataset has no "
-            "--dataset_test_split (TRL's script holds out the last 100). 0: no evaluation."
-        },
+        metadata=meta(  # help text and the valid values, as rlhfkit's own fields declare them
+            "Prompts held out of the train split for evaluation when the dataset has no --dataset_test_split (TRL's "
+            "script holds out the last 100). 0: no evaluation.",
+            integer(ge=0),
+        ),
     )
 
 
 def make_parser() -> HfArgumentParser:
-    return HfArgumentParser((ScriptArguments, PPOConfig))
+    return HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig))
 
 
-def main(script_args: ScriptArguments, training_args: PPOConfig) -> PPOTrainer:
+def main(script_args: ScriptArguments, training_args: PPOConfig, model_args: ModelConfig) -> PPOTrainer:
     if training_args.reward_model_path is None:
         raise SystemExit(
             "examples/ppo.py trains against a reward model: pass --reward_model_path (a 1-label "
             "sequence-classification model with the policy's tokenizer). For reward functions use "
             "`rlhfkit ppo --reward_funcs ...`."
         )
-    sft_model_path = training_args.sft_model_path or training_args.model_name_or_path
+    sft_model_path = training_args.sft_model_path or model_args.model_name_or_path
     model_kwargs = dict(trust_remote_code=training_args.trust_remote_code)
-    if training_args.dtype is not None:
-        model_kwargs["dtype"] = training_args.dtype
-    if training_args.attn_implementation is not None:
-        model_kwargs["attn_implementation"] = training_args.attn_implementation
+    if model_args.dtype is not None:
+        model_kwargs["dtype"] = model_args.dtype
+    if model_args.attn_implementation is not None:
+        model_kwargs["attn_implementation"] = model_args.attn_implementation
 
     ################
     # Model & Tokenizer
     ################
     tokenizer = AutoTokenizer.from_pretrained(
-        training_args.model_name_or_path or sft_model_path,
-        revision=training_args.model_revision,
+        model_args.model_name_or_path or sft_model_path,
+        revision=model_args.model_revision,
         padding_side="left",
         trust_remote_code=training_args.trust_remote_code,
     )
@@ -97,19 +103,17 @@ def main(script_args: ScriptArguments, training_args: PPOConfig) -> PPOTrainer:
     )
     policy = AutoModelForCausalLM.from_pretrained(sft_model_path, **model_kwargs)
     # With --use_peft the reference is the policy with its adapter disabled: no copy is loaded.
-    ref_policy = (
-        None if training_args.use_peft else AutoModelForCausalLM.from_pretrained(sft_model_path, **model_kwargs)
-    )
+    ref_policy = None if model_args.use_peft else AutoModelForCausalLM.from_pretrained(sft_model_path, **model_kwargs)
 
     ################
     # Dataset
     ################
     # A hub id, a directory written by save_to_disk, a directory of data files, or one .jsonl/.json/.csv/.parquet.
     train_dataset, eval_dataset = load_prompt_splits(
-        training_args.dataset_name,
-        training_args.dataset_train_split,
-        training_args.dataset_test_split,
-        training_args.dataset_config,
+        script_args.dataset_name,
+        script_args.dataset_train_split,
+        script_args.dataset_test_split,
+        script_args.dataset_config,
     )
     if eval_dataset is None and 0 < script_args.eval_samples < len(train_dataset):
         dataset, eval_samples = train_dataset, script_args.eval_samples
@@ -128,6 +132,7 @@ def main(script_args: ScriptArguments, training_args: PPOConfig) -> PPOTrainer:
         value_model=value_model,
         train_dataset=train_dataset,
         eval_dataset=eval_dataset,
+        peft_config=model_args.lora_config(),
         task=load_task(training_args.task) if training_args.task else None,
     )
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -141,5 +146,5 @@ def main(script_args: ScriptArguments, training_args: PPOConfig) -> PPOTrainer:
 
 
 if __name__ == "__main__":
-    script_args, training_args = make_parser().parse_args_into_dataclasses()
-    main(script_args, training_args)
+    script_args, training_args, model_args = make_parser().parse_args_into_dataclasses()
+    main(script_args, training_args, model_args)

@@ -35,7 +35,7 @@ LAUNCHED = "RLHFKIT_LAUNCHED"  # set in the processes rlhfkit started under acce
 def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
     """``rlhfkit ppo|grpo FLAGS``: parse the algorithm's config, build its trainer, train; with --num_processes or
     --accelerate_config, run that under ``accelerate launch`` instead, as the ``trl`` command does."""
-    from rlhfkit.config import GRPOConfig, PPOConfig
+    from rlhfkit.config import GRPOArguments, PPOArguments
     from rlhfkit.config.parse import launch_arguments, parse_config
 
     # The launched processes parse the command line (GRPO's batch shape is checked for their number of processes).
@@ -51,7 +51,7 @@ def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
         )
     from rlhfkit.trainers.build import build_trainer
 
-    config_cls = {"ppo": PPOConfig, "grpo": GRPOConfig}[algorithm]
+    config_cls = {"ppo": PPOArguments, "grpo": GRPOArguments}[algorithm]
     args, explicit = parse_config(config_cls, argv, f"rlhfkit {algorithm}")
     trainer = build_trainer(args, explicit)
     trainer.train()

@@ -70,7 +70,7 @@ def before_after(comparison, baseline: str, examples: int = 6) -> dict:
 
 
 def cmd_quickstart(argv: Sequence[str]) -> int:
-    from rlhfkit.config import GRPOConfig, PPOConfig
+    from rlhfkit.config import GRPOArguments, PPOArguments
     from rlhfkit.config.parse import parse_config
     from rlhfkit.evaluation import RewardModelJudge, TaskJudge, compare_judges, format_report, load_eval_prompts
     from rlhfkit.report import build_report
@@ -80,7 +80,7 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
 
     start = time.time()
     algorithm, argv = split_algorithm(argv)
-    config_cls = PPOConfig if algorithm == "ppo" else GRPOConfig
+    config_cls = PPOArguments if algorithm == "ppo" else GRPOArguments
     args, explicit = parse_config(config_cls, argv, "rlhfkit quickstart")
     given = [flag for flag in MODEL_FLAGS if getattr(args, flag, None)]
     if given:

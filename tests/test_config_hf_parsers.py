@@ -2,13 +2,14 @@
 as rlhfkit's own command line, and rlhfkit's ConfigError for a bad value (rlhfkit/config/rules.py: the rule is no
 metadata key, so argparse never sees it)."""
 
-import argparse
+import dataclasses
 
 import pytest
 from transformers import HfArgumentParser
-from trl import ModelConfig, ScriptArguments, TrlParser
+from trl import DatasetMixtureConfig, ModelConfig, ScriptArguments, TrlParser
+from trl.scripts.grpo import GRPOScriptArguments
 
-from rlhfkit.config import ConfigError, GRPOConfig, PPOConfig
+from rlhfkit.config import ConfigError, GRPOArguments, GRPOConfig, PPOArguments, PPOConfig
 from rlhfkit.config.parse import parse_config
 
 # TRL 1.12's ppo.py docstring command (trl/examples/scripts/ppo/ppo.py), its flags as written.
@@ -36,46 +37,105 @@ GRPO_COMMAND = (
     "--output_dir out --max_grad_norm 0.5 --dtype bfloat16 --epsilon_high 0.28 --lr_scheduler_kwargs "
 ).split() + ['{"num_cycles": 0.5}', "--lr_scheduler_type", "cosine"]
 
-CASES = [(PPOConfig, PPO_COMMAND), (PPOConfig, PPO_TLDR_COMMAND), (GRPOConfig, GRPO_COMMAND)]
+PPO_GROUPS = (ScriptArguments, PPOConfig, ModelConfig)  # TRL 1.12's ppo.py
+GRPO_GROUPS = (GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)  # TRL 1.16's trl/scripts/grpo.py
+CASES = [(PPO_GROUPS, PPO_COMMAND), (PPO_GROUPS, PPO_TLDR_COMMAND), (GRPO_GROUPS, GRPO_COMMAND)]
 
 
 def _ours(cls, argv):
-    config, _ = parse_config(cls, argv, "rlhfkit")
-    return config.to_dict()
+    return parse_config(cls, argv, "rlhfkit")
 
 
-@pytest.mark.parametrize("cls, argv", CASES)
-def test_hf_argument_parser_gives_rlhfkits_values(cls, argv):
-    (config,) = HfArgumentParser((cls,)).parse_args_into_dataclasses(args=argv)
-    assert isinstance(config, cls)
-    assert config.to_dict() == _ours(cls, argv)
+def _same_values(groups, training_cls, argv):
+    """TRL's dataclasses next to rlhfkit's config, parsed from one command line, against rlhfkit's own parse: the
+    training config has every value of rlhfkit's; TRL's other groups hold the value of every flag written."""
+    ours, written = _ours(training_cls, argv)
+    training = next(g for g in groups if isinstance(g, training_cls))
+    assert type(training) is training_cls  # TRL's field groups: training arguments only
+    expected = {name: getattr(ours, name) for name in training.to_dict()}
+    if getattr(groups[0], "reward_model_name_or_path", None):  # the script's reward model, added by rlhfkit's alias
+        expected["reward_model_path"] = ours.reward_model_path[:-1] or None
+    assert training.to_dict() == expected
+    checked = set()
+    for group in groups:
+        if group is training or not dataclasses.is_dataclass(group):
+            continue
+        for name in written & {f.name for f in dataclasses.fields(group)}:
+            if name == "reward_model_name_or_path":  # rlhfkit moves it into reward_model_path, after its entries
+                assert ours.reward_model_path[-1] == group.reward_model_name_or_path
+            else:
+                assert getattr(group, name) == getattr(ours, name), name
+            checked.add(name)
+    return checked
 
 
-@pytest.mark.parametrize("cls, argv", CASES)
-def test_trl_parser_gives_rlhfkits_values(cls, argv):
-    (config,) = TrlParser((cls,)).parse_args_and_config(args=argv)
-    assert config.to_dict() == _ours(cls, argv)
+@pytest.mark.parametrize("groups, argv", CASES)
+def test_hf_argument_parser_over_trls_groups_gives_rlhfkits_values(groups, argv):
+    """The Done-when of issue 29: HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig)), TRL's script and
+    model dataclasses beside rlhfkit's config, as a TRL script builds it."""
+    training_cls = groups[1]
+    parsed = HfArgumentParser(groups).parse_args_into_dataclasses(args=argv)
+    checked = _same_values(parsed, training_cls, argv)
+    assert {"dataset_name", "model_name_or_path"} <= checked  # the groups' flags were compared, not skipped
+
+
+@pytest.mark.parametrize("groups, argv", CASES)
+def test_trl_parser_over_trls_groups_gives_rlhfkits_values(groups, argv):
+    training_cls = groups[1]
+    parsed = TrlParser(groups).parse_args_and_config(args=argv)
+    assert _same_values(parsed, training_cls, argv)
+
+
+@pytest.mark.parametrize("cls, argv", [(PPOArguments, PPO_COMMAND), (GRPOArguments, GRPO_COMMAND)])
+def test_one_parser_over_rlhfkits_full_arguments_gives_rlhfkits_values(cls, argv):
+    """PPOArguments / GRPOArguments: every group in one dataclass, as rlhfkit's command line reads them."""
+    (config,) = HfArgumentParser(cls).parse_args_into_dataclasses(args=argv)
+    assert config.to_dict() == _ours(cls, argv)[0].to_dict()
+    (config,) = TrlParser(cls).parse_args_and_config(args=argv)
+    assert config.to_dict() == _ours(cls, argv)[0].to_dict()
 
 
 def test_the_values_are_the_commands():
     """The comparison above is not of two defaults: the flags reached the fields."""
-    (ppo,) = HfArgumentParser(PPOConfig).parse_args_into_dataclasses(args=PPO_COMMAND)
+    script, ppo, model = HfArgumentParser(PPO_GROUPS).parse_args_into_dataclasses(args=PPO_COMMAND)
     assert ppo.total_episodes == 10000 and ppo.missing_eos_penalty == 1.0
-    assert ppo.dataset_train_split == "descriptiveness" and ppo.model_name_or_path == "EleutherAI/pythia-1b-deduped"
-    (tldr,) = HfArgumentParser(PPOConfig).parse_args_into_dataclasses(args=PPO_TLDR_COMMAND)
+    assert (
+        script.dataset_train_split == "descriptiveness" and model.model_name_or_path == "EleutherAI/pythia-1b-deduped"
+    )
+    _, tldr, _ = HfArgumentParser(PPO_GROUPS).parse_args_into_dataclasses(args=PPO_TLDR_COMMAND)
     assert tldr.stop_token == "eos" and tldr.eval_steps == 100 and tldr.gradient_checkpointing is False
-    (grpo,) = TrlParser(GRPOConfig).parse_args_and_config(args=GRPO_COMMAND)
-    assert grpo.reward_model_path == ["my-org/reward"] and grpo.reward_weights == [1.0, 0.5]
-    assert (grpo.beta, grpo.bf16, grpo.use_peft, grpo.lora_r) == (0.04, True, True, 32)
-    assert grpo.lora_target_modules == ["q_proj", "v_proj"] and grpo.lr_scheduler_kwargs == {"num_cycles": 0.5}
+    script, grpo, model, _ = TrlParser(GRPO_GROUPS).parse_args_and_config(args=GRPO_COMMAND)
+    assert script.reward_model_name_or_path == "my-org/reward" and grpo.reward_weights == [1.0, 0.5]
+    assert (grpo.beta, grpo.bf16, model.use_peft, model.lora_r) == (0.04, True, True, 32)
+    assert model.lora_target_modules == ["q_proj", "v_proj"] and grpo.lr_scheduler_kwargs == {"num_cycles": 0.5}
+    ours, _ = _ours(GRPOConfig, GRPO_COMMAND)
+    assert ours.reward_model_path == ["my-org/reward"] and ours.reward_funcs == ["trl.rewards.accuracy_reward"]
 
 
 def test_trl_parser_reads_a_config_file_as_rlhfkit_does(tmp_path):
     path = tmp_path / "grpo.yaml"
     path.write_text("learning_rate: 2.0e-6\nnum_generations: 4\nper_device_train_batch_size: 8\nuse_peft: true\n")
-    (config,) = TrlParser(GRPOConfig).parse_args_and_config(args=["--config", str(path), "--beta", "0.1"])
-    assert config.to_dict() == _ours(GRPOConfig, ["--config", str(path), "--beta", "0.1"])
-    assert (config.learning_rate, config.num_generations, config.use_peft, config.beta) == (2e-6, 4, True, 0.1)
+    argv = ["--config", str(path), "--beta", "0.1"]
+    _, config, model, _ = TrlParser(GRPO_GROUPS).parse_args_and_config(args=argv)
+    ours, _ = _ours(GRPOConfig, argv)
+    assert config.to_dict() == {name: getattr(ours, name) for name in config.to_dict()}
+    assert (config.learning_rate, config.num_generations, model.use_peft, config.beta) == (2e-6, 4, True, 0.1)
+    assert ours.use_peft is True
+
+
+def test_a_training_config_given_a_script_or_model_field_is_the_full_arguments():
+    """rlhfkit's one-config Python use: PPOConfig(model_name_or_path=...) is a PPOArguments (a PPOConfig); with
+    training fields only it stays a PPOConfig, what TRL's parsers build."""
+    full = PPOConfig(model_name_or_path="m", dataset_name="d", use_peft=True, learning_rate=1e-5)
+    assert type(full) is PPOArguments and isinstance(full, PPOConfig)
+    assert (full.model_name_or_path, full.dataset_name, full.use_peft, full.learning_rate) == ("m", "d", True, 1e-5)
+    assert type(PPOConfig(learning_rate=1e-5)) is PPOConfig
+    assert type(GRPOConfig(reward_funcs=["f"])) is GRPOArguments
+    assert {f.name for f in dataclasses.fields(PPOConfig)}.isdisjoint(
+        {f.name for f in dataclasses.fields(ScriptArguments)} | {f.name for f in dataclasses.fields(ModelConfig)}
+    )
+    with pytest.raises(TypeError, match="use_pef.*Did you mean 'use_peft'"):
+        PPOConfig(use_pef=True)
 
 
 @pytest.mark.parametrize("parser", [HfArgumentParser, TrlParser])
@@ -84,19 +144,3 @@ def test_a_bad_value_is_rlhfkits_config_error_naming_the_field(parser):
         parser(GRPOConfig).parse_args_into_dataclasses(args=["--num_generations", "1"])
     with pytest.raises(ConfigError, match=r"kl_estimator='k2': must be one of k1, k3"):
         parser(PPOConfig).parse_args_into_dataclasses(args=["--kl_estimator", "k2"])
-
-
-def test_trls_three_dataclass_tuple_conflicts_as_documented():
-    """rlhfkit's configs hold ScriptArguments' and ModelConfig's fields themselves (TRL's never share a name), so the
-    tuple of TRL's scripts is refused by argparse; docs/migrating-from-trl.md says so and gives the replacement."""
-    with pytest.raises(argparse.ArgumentError, match="conflicting option string.*--dataset_name"):
-        HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig))
-    (training_args,) = HfArgumentParser(PPOConfig).parse_args_into_dataclasses(args=PPO_COMMAND)
-    script_args = model_args = training_args  # the replacement the page gives
-    script_defaults, model_defaults = ScriptArguments(dataset_name="x"), ModelConfig()
-    assert script_args.dataset_train_split == "descriptiveness" and model_args.model_name_or_path.endswith("deduped")
-    shared = [name for name in vars(model_defaults) if hasattr(training_args, name)]
-    assert {"model_name_or_path", "use_peft", "lora_r", "lora_alpha", "dtype", "model_revision"} <= set(shared)
-    assert {n for n in vars(script_defaults) if hasattr(training_args, n)} >= {"dataset_name", "dataset_test_split"}
-    with open("docs/migrating-from-trl.md", encoding="utf-8") as f:
-        assert "script_args = model_args = training_args" in f.read()

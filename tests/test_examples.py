@@ -39,7 +39,7 @@ def test_example_docstring_gives_both_commands(name):
 def test_ppo_example(tiny_assets, tmp_path):
     example = load_example("ppo")
     out = tmp_path / "run"
-    script_args, training_args = example.make_parser().parse_args_into_dataclasses(
+    script_args, training_args, model_args = example.make_parser().parse_args_into_dataclasses(
         args=[
             "--model_name_or_path", str(tiny_assets / "tokenizer"), "--sft_model_path", str(tiny_assets / "sft"),
             "--reward_model_path", str(tiny_assets / "reward"), "--dataset_name", str(tiny_assets / "prompts"),
@@ -49,7 +49,7 @@ def test_ppo_example(tiny_assets, tmp_path):
             "--local_rollout_forward_batch_size", "8", "--num_sample_generations", "0", "--save_steps", "0",
         ]
     )  # fmt: skip
-    trainer = example.main(script_args, training_args)
+    trainer = example.main(script_args, training_args, model_args)
     assert len(trainer.eval_dataset) == 8  # held out of the train split, as TRL's script holds out 100
 
     rows = metric_rows(out)
@@ -64,7 +64,7 @@ def test_ppo_example(tiny_assets, tmp_path):
 def test_grpo_example(tiny_assets, tmp_path):
     example = load_example("grpo")
     out = tmp_path / "run"
-    (training_args,) = example.make_parser().parse_args_into_dataclasses(
+    script_args, training_args, model_args = example.make_parser().parse_args_into_dataclasses(
         args=[
             "--model_name_or_path", str(tiny_assets / "sft"), "--dataset_name", str(tiny_assets / "prompts"),
             "--task", str(tiny_assets), "--reward_funcs", "rlhfkit.tasks.sort.correctness", "partial_credit",
@@ -74,7 +74,7 @@ def test_grpo_example(tiny_assets, tmp_path):
             "--num_sample_generations", "0", "--save_steps", "0",
         ]
     )  # fmt: skip
-    trainer = example.main(training_args)
+    trainer = example.main(script_args, training_args, model_args)
     assert trainer.rewards.names[0] == "reward"  # TRL's order: the reward model first, then the functions
 
     rows = metric_rows(out)

@@ -7,12 +7,12 @@ from dataclasses import fields
 import pytest
 
 from rlhfkit.cli import main
-from rlhfkit.config import GRPOConfig, PPOConfig, config_field_names, trl_flags
+from rlhfkit.config import GRPOArguments, GRPOConfig, PPOArguments, PPOConfig, config_field_names, trl_flags
 from rlhfkit.config.parse import _parser, parse_config
 from rlhfkit.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = {"ppo": PPOConfig, "grpo": GRPOConfig}
+CONFIGS = {"ppo": PPOArguments, "grpo": GRPOArguments}  # every flag of each command
 
 
 def test_docs_are_generated_from_the_module():

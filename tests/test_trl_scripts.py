@@ -6,12 +6,9 @@
     ``peft_config=None``, then ``train()``, ``save_model()``, ``push_to_hub`` if asked, ``generate_completions()``.
 (b) TRL 1.16's shipped ``trl/scripts/grpo.py`` ``main()`` itself, with ``trl.GRPOTrainer`` replaced by rlhfkit's.
 
-TRL's parsers take one dataclass per group of flags: ``(ScriptArguments, PPOConfig, ModelConfig)`` and
-``(GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig)``. rlhfkit's configs hold TRL's
-ScriptArguments and ModelConfig fields themselves (--dataset_name, --model_name_or_path, --use_peft, ...), so one
-parser over TRL's dataclasses and rlhfkit's config refuses the shared flags (argparse: "conflicting option strings:
---dataset_name"). The scripts here read one command line with two parsers instead: TRL's dataclasses, then
-rlhfkit's config (with DatasetMixtureConfig for GRPO), each given the whole command line.
+Both parse their command line as TRL's scripts do, with one parser over TRL's own dataclasses and rlhfkit's config:
+``HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig))`` and ``TrlParser((GRPOScriptArguments, GRPOConfig,
+ModelConfig, DatasetMixtureConfig))``.
 """
 
 import json
@@ -66,11 +63,8 @@ SIMPLE_CHAT_TEMPLATE = (  # trl.trainer.utils.SIMPLE_CHAT_TEMPLATE in TRL 1.12
 
 def trl_ppo_script(argv: list[str], progress: list[str]) -> None:
     """TRL 1.12's ppo.py with rlhfkit's PPOConfig and PPOTrainer; `progress` records how far it got."""
-    # parser = HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig)), read by two parsers (module docstring)
-    script_args, model_args, _ = HfArgumentParser((ScriptArguments, ModelConfig)).parse_args_into_dataclasses(
-        args=argv, return_remaining_strings=True
-    )
-    (training_args,) = HfArgumentParser(PPOConfig).parse_args_into_dataclasses(args=argv)
+    parser = HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig))
+    script_args, training_args, model_args = parser.parse_args_into_dataclasses(args=argv)
     # (TRL removes output_dir here: shutil.rmtree(training_args.output_dir, ignore_errors=True); the test's is new.)
 
     ################
@@ -218,20 +212,10 @@ def test_trl_ppo_script_runs_to_its_end(trl_ppo_run):
 
 
 def parse_trl_grpo_command_line(argv: list[str]):
-    """trl/scripts/grpo.py's four dataclasses from one command line: TrlParser((GRPOScriptArguments, ModelConfig))
-    and TrlParser((rlhfkit's GRPOConfig, DatasetMixtureConfig)), each reading the whole of it (module docstring)."""
-    script_args, model_args, _ = TrlParser((GRPOScriptArguments, ModelConfig)).parse_args_and_config(
-        args=argv, return_remaining_strings=True
-    )
-    training_args, dataset_args = TrlParser((GRPOConfig, DatasetMixtureConfig)).parse_args_and_config(args=argv)
-    return script_args, training_args, model_args, dataset_args
-
-
-def test_one_trl_parser_over_trl_and_rlhfkit_dataclasses_refuses_the_shared_flags():
-    """Why the command line above is read by two parsers: the flags rlhfkit's GRPOConfig shares with TRL's
-    GRPOScriptArguments and ModelConfig."""
-    with pytest.raises(Exception, match="conflicting option strings: --dataset_name"):
-        TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig))
+    """trl/scripts/grpo.py's parser: TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig))
+    with rlhfkit's GRPOConfig."""
+    parser = TrlParser((GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig))
+    return parser.parse_args_and_config(args=argv)
 
 
 def test_trl_grpo_script_main_with_rlhfkit(tiny_assets, jsonl_prompts, tmp_path, monkeypatch):
@@ -245,9 +229,9 @@ def test_trl_grpo_script_main_with_rlhfkit(tiny_assets, jsonl_prompts, tmp_path,
         "--num_sample_generations", "0", "--save_steps", "0",
     ]  # fmt: skip
     script_args, training_args, model_args, dataset_args = parse_trl_grpo_command_line(argv)
-    assert isinstance(training_args, GRPOConfig)
+    assert type(training_args) is GRPOConfig
     assert script_args.reward_model_name_or_path == str(tiny_assets / "reward")
-    assert model_args.model_name_or_path == training_args.model_name_or_path == str(tiny_assets / "sft")
+    assert model_args.model_name_or_path == str(tiny_assets / "sft")
 
     built = []
 

@@ -1,7 +1,9 @@
 """Training configurations with TRL's field names, so a TRL command line (or script) works unchanged.
 
 - rules.py: the values each field accepts (declared next to the field, checked as a config is built, shown in --help);
-- train.py: TrainConfig, what every trainer shares; ppo.py, grpo.py: PPOConfig and GRPOConfig;
+- train.py: TrainConfig, what every trainer shares; ppo.py, grpo.py: PPOConfig and GRPOConfig (training arguments,
+  as TRL's), and PPOArguments and GRPOArguments (every flag of `rlhfkit ppo` / `rlhfkit grpo`);
+- script.py: TRL's other groups of flags, ScriptArguments (GRPOScriptArguments) and ModelConfig;
 - batch_sizes.py: the sizes that follow from the flags, the number of processes and the dataset (exact divisions);
 - parse.py: from a command line and a --config YAML file to a checked config;
 - trl_flags.py: TRL's flags that rlhfkit does not take, and why (docs/trl-flags.md).
@@ -15,8 +17,9 @@ from rlhfkit.config.batch_sizes import (
     grpo_generation_shape,
     ppo_batch_sizes,
 )
-from rlhfkit.config.grpo import GRPOConfig
-from rlhfkit.config.ppo import PPO_KL_ESTIMATORS, PPOConfig
+from rlhfkit.config.grpo import GRPOArguments, GRPOConfig
+from rlhfkit.config.ppo import PPO_KL_ESTIMATORS, PPOArguments, PPOConfig
+from rlhfkit.config.script import GRPOScriptArguments, ModelConfig, ScriptArguments
 from rlhfkit.config.train import (
     EVAL_STRATEGIES,
     LOGGING_STRATEGIES,
@@ -35,10 +38,15 @@ __all__ = [
     "PPO_KL_ESTIMATORS",
     "SAVE_STRATEGIES",
     "ConfigError",
+    "GRPOArguments",
     "GRPOBatchSizes",
     "GRPOConfig",
+    "GRPOScriptArguments",
+    "ModelConfig",
+    "PPOArguments",
     "PPOBatchSizes",
     "PPOConfig",
+    "ScriptArguments",
     "TrainConfig",
     "config_field_names",
     "exact_div",

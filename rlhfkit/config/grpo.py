@@ -20,6 +20,7 @@ from rlhfkit.config.rules import (
     number,
     on_off_flags,
 )
+from rlhfkit.config.script import GRPOScriptArguments, ModelConfig, check_adapter_merge
 from rlhfkit.config.train import TrainConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.advantages import GROUP_SCALES
@@ -65,13 +66,6 @@ class GRPOConfig(TrainConfig):
         "reward_weights",
         help="Weight of each reward, in `trl grpo`'s order: the reward models (reward_model_path, then "
         "reward_model_name_or_path), then reward_funcs. Default: all 1.",
-    )
-    reward_model_name_or_path: str | None = field(
-        default=None,
-        metadata=meta(
-            "TRL's grpo script's name for one reward model: added to reward_model_path (after its entries).",
-            OrNone(PATH),
-        ),
     )
 
     # --- batch sizes and length of training ------------------------------------------------------
@@ -292,22 +286,60 @@ class GRPOConfig(TrainConfig):
     )
 
     def _apply_aliases(self) -> None:
-        if self.reward_model_name_or_path:
-            self.reward_model_path = [*(self.reward_model_path or []), self.reward_model_name_or_path]
-            self.reward_model_name_or_path = None  # moved: a config built again from to_dict() must not add it twice
         scale = self.scale_rewards
         if isinstance(scale, bool) or str(scale).lower() in ("true", "false"):
             self.scale_rewards = "group" if str(scale).lower() == "true" else "none"
         super()._apply_aliases()
 
+    def _check_combinations(self) -> None:
+        super()._check_combinations()
+        if self.epsilon_high is None:
+            self.epsilon_high = self.epsilon
+        owned = sorted(set(self.generation_kwargs or {}) & {"temperature", "max_new_tokens", "do_sample"})
+        if owned:
+            raise ConfigError(
+                f"generation_kwargs sets {', '.join(owned)}: use --temperature / --max_completion_length instead; "
+                "the loss's log-probs and the completion mask read those flags, so they must match the sampler."
+            )
+        if self.steps_per_generation is not None and self.generation_batch_size is not None:
+            raise ConfigError(
+                f"steps_per_generation ({self.steps_per_generation}) and generation_batch_size "
+                f"({self.generation_batch_size}) both set: set one (the other follows from it), as in TRL."
+            )
+        if self.delta is not None and self.delta <= 1 + self.epsilon_high:
+            raise ConfigError(
+                f"delta ({self.delta}) must be greater than 1 + epsilon_high ({1 + self.epsilon_high}): it caps the "
+                "ratio above the clip range. Try --delta 4 or leave it unset."
+            )
+        if self.sync_ref_model and self.beta == 0.0:
+            raise ConfigError(
+                "sync_ref_model needs a reference model to move, but beta is 0, so there is no reference model. Set "
+                "--beta > 0, or leave sync_ref_model off."
+            )
+        # The launcher's process count (accelerate launch sets WORLD_SIZE); the trainer checks again with its own.
+        grpo_generation_shape(self, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+@on_off_flags
+@dataclass
+class GRPOArguments(GRPOConfig, GRPOScriptArguments, ModelConfig):
+    """Every flag of ``rlhfkit grpo`` in one dataclass: GRPOConfig's training arguments with TRL's
+    GRPOScriptArguments and ModelConfig groups (config/script.py). ``GRPOConfig(model_name_or_path=...)`` builds one;
+    a trainer given a plain GRPOConfig (a TRL script's) completes it with the groups' defaults."""
+
+    def _apply_aliases(self) -> None:
+        if self.reward_model_name_or_path:
+            self.reward_model_path = [*(self.reward_model_path or []), self.reward_model_name_or_path]
+            self.reward_model_name_or_path = None  # moved: a config built again from to_dict() must not add it twice
+        super()._apply_aliases()
+
     REWARD_ORDER = "reward_model_path, then reward_funcs (as trl grpo)"
 
-    def reward_model_paths(self) -> list[str]:
-        return list(self.reward_model_path or [])
-
-    def weighted_rewards(self) -> list[str]:
+    def weighted_rewards(self) -> list[str] | None:
         """`trl grpo`'s order (trl/scripts/grpo.py): the reward models first, then the functions."""
-        return [*self.reward_model_paths(), *(self.reward_funcs or [])]
+        if not self.reward_funcs:
+            return None
+        return [*(self.reward_model_path or []), *self.reward_funcs]
 
     def apply_model_init_kwargs(self) -> None:
         """Move model_init_kwargs into the fields that load the model (TRL's scripts set it after the config is
@@ -332,33 +364,12 @@ class GRPOConfig(TrainConfig):
         super()._check_combinations()
         if self.model_init_kwargs:
             self.apply_model_init_kwargs()
-        if self.epsilon_high is None:
-            self.epsilon_high = self.epsilon
-        owned = sorted(set(self.generation_kwargs or {}) & {"temperature", "max_new_tokens", "do_sample"})
-        if owned:
+        check_adapter_merge(self)
+        if self.sync_ref_model and self.use_peft:
             raise ConfigError(
-                f"generation_kwargs sets {', '.join(owned)}: use --temperature / --max_completion_length instead; "
-                "the loss's log-probs and the completion mask read those flags, so they must match the sampler."
+                "sync_ref_model needs a reference model to move, but with --use_peft the reference is the policy with "
+                "its adapter disabled, not a model of its own. Leave --use_peft out, or leave sync_ref_model off."
             )
-        if self.steps_per_generation is not None and self.generation_batch_size is not None:
-            raise ConfigError(
-                f"steps_per_generation ({self.steps_per_generation}) and generation_batch_size "
-                f"({self.generation_batch_size}) both set: set one (the other follows from it), as in TRL."
-            )
-        if self.delta is not None and self.delta <= 1 + self.epsilon_high:
-            raise ConfigError(
-                f"delta ({self.delta}) must be greater than 1 + epsilon_high ({1 + self.epsilon_high}): it caps the "
-                "ratio above the clip range. Try --delta 4 or leave it unset."
-            )
-        if self.sync_ref_model and (self.beta == 0.0 or self.use_peft):
-            why = (
-                "beta is 0, so there is no reference model"
-                if self.beta == 0.0
-                else ("with --use_peft the reference is the policy with its adapter disabled, not a model of its own")
-            )
-            raise ConfigError(
-                f"sync_ref_model needs a reference model to move, but {why}. Set --beta > 0 without "
-                "--use_peft, or leave sync_ref_model off."
-            )
-        # The launcher's process count (accelerate launch sets WORLD_SIZE); the trainer checks again with its own.
-        grpo_generation_shape(self, int(os.environ.get("WORLD_SIZE", "1")))
+
+
+GRPOConfig.full_arguments = GRPOArguments

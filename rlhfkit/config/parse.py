@@ -35,11 +35,13 @@ def _flag_name(arg: str) -> str:
 
 
 def parse_config(cls: type, argv: Sequence[str], prog: str):
-    """Parse a config dataclass from flags and an optional ``--config FILE.yaml`` (flags win over the file).
+    """Parse a config dataclass from flags and an optional ``--config FILE.yaml`` (flags win over the file): for a
+    training config, its full arguments (PPOConfig -> PPOArguments), as the command line takes every group of flags.
 
     Returns the config and the names of the fields set explicitly (flags and file). Raises UsageError for a bad
     command line and ConfigError (from the config's __post_init__) for a bad value.
     """
+    cls = getattr(cls, "full_arguments", cls)
     argv = list(argv)
     file_values = _read_config_file(argv, cls, prog)  # removes --config FILE from argv
     _, argv = _launch_flags(argv)  # the launcher's (rlhfkit.cli has used them)

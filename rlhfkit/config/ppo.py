@@ -10,6 +10,7 @@ from rlhfkit.config.rules import (
     JSON_OBJECT,
     PATH,
     TEXT,
+    ListOf,
     OneOf,
     OrNone,
     inherited,
@@ -18,6 +19,7 @@ from rlhfkit.config.rules import (
     number,
     on_off_flags,
 )
+from rlhfkit.config.script import ModelConfig, ScriptArguments, check_adapter_merge
 from rlhfkit.config.train import TrainConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.kl import KL_ESTIMATORS
@@ -54,6 +56,16 @@ class PPOConfig(TrainConfig):
             "Value model initialisation. Default: reward_model_path; with reward_funcs alone, the policy's weights "
             "with a fresh score head that starts at 0.",
             OrNone(PATH),
+        ),
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata=meta(
+            "Reward functions f(prompts, completions, **columns) -> list[float | None] (sync or async), scored "
+            "beside reward_model_path, which becomes optional: the task's built-in rewards (e.g. correctness), TRL's "
+            "built-in names (think_format_reward, get_soft_overlong_punishment, accuracy_reward with math-verify), "
+            "or references 'module:function', 'module.function' (TRL's form) or 'path/to/file.py:function'.",
+            OrNone(ListOf(TEXT)),
         ),
     )
 
@@ -135,9 +147,6 @@ class PPOConfig(TrainConfig):
     )
 
     # --- older TRL API (accepted as aliases) -------------------------------------------------------
-    model_name: str | None = field(
-        default=None, metadata=meta("Alias of model_name_or_path (older TRL API).", OrNone(PATH))
-    )
     log_with: str | None = field(default=None, metadata=meta("Alias of report_to (older TRL API).", OrNone(TEXT)))
     project_kwargs: dict | str | None = field(
         default=None,
@@ -147,8 +156,6 @@ class PPOConfig(TrainConfig):
     )
 
     def _apply_aliases(self) -> None:
-        if self.model_name and not self.model_name_or_path:
-            self.model_name_or_path = self.model_name
         if self.log_with:
             self.report_to = [self.log_with]
         if (
@@ -159,8 +166,10 @@ class PPOConfig(TrainConfig):
             self.logging_dir = str(self.project_kwargs["logging_dir"])
         super()._apply_aliases()
 
-    def reward_model_paths(self) -> list[str]:
-        return [self.reward_model_path] if self.reward_model_path else []
+    def weighted_rewards(self) -> list[str] | None:
+        if not self.reward_funcs:
+            return None
+        return [*self.reward_funcs, *([self.reward_model_path] if self.reward_model_path else [])]
 
     def _check_combinations(self) -> None:
         super()._check_combinations()
@@ -181,3 +190,27 @@ class PPOConfig(TrainConfig):
                 f"whole number of per_device_train_batch_size ({self.per_device_train_batch_size}) micro-batches. "
                 f"Pass e.g. --gradient_accumulation_steps {mini_batches}, or --num_mini_batches {fewer}."
             )
+
+
+@on_off_flags
+@dataclass
+class PPOArguments(PPOConfig, ScriptArguments, ModelConfig):
+    """Every flag of ``rlhfkit ppo`` in one dataclass: PPOConfig's training arguments with TRL's ScriptArguments and
+    ModelConfig groups (config/script.py). ``PPOConfig(model_name_or_path=...)`` builds one; a trainer given a plain
+    PPOConfig (a TRL script's, which loaded its models and data itself) completes it with the groups' defaults."""
+
+    model_name: str | None = field(
+        default=None, metadata=meta("Alias of model_name_or_path (older TRL API's PPOConfig).", OrNone(PATH))
+    )
+
+    def _apply_aliases(self) -> None:
+        if self.model_name and not self.model_name_or_path:
+            self.model_name_or_path = self.model_name
+        super()._apply_aliases()
+
+    def _check_combinations(self) -> None:
+        super()._check_combinations()
+        check_adapter_merge(self)
+
+
+PPOConfig.full_arguments = PPOArguments

@@ -23,7 +23,6 @@ from rlhfkit.config.rules import (
     ListOf,
     OneOf,
     OrNone,
-    check_field,
     check_fields,
     decode_json_fields,
     integer,
@@ -49,11 +48,6 @@ def _best_checkpoint() -> dict[str, str]:
         "best": "it needs --metric_for_best_model, and an RL run has no evaluation loss to rank checkpoints by: "
         "rlhfkit keeps the latest ones, --save_total_limit of them"
     }
-
-
-def _other_task_types() -> dict[str, str]:
-    why = "the policy is a causal LM (PPO's value model gets its own SEQ_CLS adapter)"
-    return {kind: why for kind in ("SEQ_CLS", "SEQ_2_SEQ_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")}
 
 
 def _report_to_complaint(value: Any) -> str | None:
@@ -99,17 +93,47 @@ def note(text: str) -> None:
 class _TakesTRLNames(type):
     """Metaclass of the configs: a keyword the dataclass's __init__ does not take is explained before Python's bare
     "unexpected keyword argument": TRL's fields rlhfkit refuses get the command line's reason, the accepted-and-ignored
-    ones are dropped with one note (config/trl_flags.py screen_keyword), other names get a close match."""
+    ones are dropped with one note (config/trl_flags.py screen_keyword), other names get a close match.
+
+    A training config given a field of its script or model arguments (``PPOConfig(model_name_or_path=...)``) builds
+    its full arguments class instead (``full_arguments``: PPOArguments, a PPOConfig subclass holding every flag of
+    ``rlhfkit ppo``), so rlhfkit's one-config Python use keeps working while TRL's parsers see TRL's field groups."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
         taken = {f.name for f in fields(cls) if f.init}
+        full = getattr(cls, "full_arguments", cls)
+        known = {f.name for f in fields(full) if f.init}  # the flags of the command line
+        if full is not cls and known & (set(kwargs) - taken):
+            return full(*args, **kwargs)
         for name in [name for name in kwargs if name not in taken]:
             if _keyword_screen is not None:
-                _keyword_screen(cls, name, sorted(taken))  # raises, or returns for a keyword to drop
+                _keyword_screen(cls, name, sorted(known))  # raises, or returns for a keyword to drop
             else:
-                unexpected_keyword(cls, name, sorted(taken))
+                unexpected_keyword(cls, name, sorted(known))
             del kwargs[name]
         return super().__call__(*args, **kwargs)
+
+
+class CheckedConfig(metaclass=_TakesTRLNames):
+    """Base of every config dataclass. ``__post_init__`` turns JSON text into dicts, applies the accepted spellings
+    (``_apply_aliases``), checks every field's rule, then the rules that tie fields together
+    (``_check_combinations``). Subclasses extend those two cooperatively, each calling ``super()``, so a dataclass
+    made of several groups (PPOArguments: PPOConfig, ScriptArguments and ModelConfig) runs every group's."""
+
+    def __post_init__(self) -> None:
+        decode_json_fields(self)  # JSON text of a dict field (from the command line) becomes the dict
+        self._apply_aliases()
+        check_fields(self)
+        self._check_combinations()
+
+    def _apply_aliases(self) -> None:
+        """Accepted spellings turned into the canonical value, before the rules see them."""
+
+    def _check_combinations(self) -> None:
+        """Rules that tie fields together (each field has passed its own rule)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 # config/trl_flags.py's screen_keyword, set by set_keyword_screen when it is imported (it imports the configs, so this
@@ -140,7 +164,7 @@ def _thresholds_complaint(value: Any) -> str | None:
 
 @on_off_flags
 @dataclass
-class TrainConfig(metaclass=_TakesTRLNames):
+class TrainConfig(CheckedConfig):
     """Fields shared by every trainer (names and meanings as TRL's / transformers' TrainingArguments)."""
 
     # --- where things go -------------------------------------------------------------------------
@@ -299,17 +323,7 @@ class TrainConfig(metaclass=_TakesTRLNames):
         ),
     )
 
-    # --- models and data -------------------------------------------------------------------------
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata=meta(
-            "Policy (and tokenizer): a hub id or a local directory. Without any model flag, the built-in task is used.",
-            OrNone(PATH),
-        ),
-    )
-    model_revision: str = field(
-        default="main", metadata=meta("Revision (branch, tag or commit) of the hub ids of every model flag.", TEXT)
-    )
+    # --- models and data (the model and dataset names are ModelConfig's and ScriptArguments', config/script.py) ---
     trust_remote_code: bool = field(
         default=False, metadata=meta("Allow custom model code from the checkpoints. Off unless asked.", FLAG)
     )
@@ -322,21 +336,6 @@ class TrainConfig(metaclass=_TakesTRLNames):
             "checkpoints' dropout.",
             FLAG,
         ),
-    )
-    dataset_name: str | None = field(
-        default=None,
-        metadata=meta(
-            "Prompt dataset: a hub id, a directory (saved with save_to_disk, or holding data files) or a "
-            ".json/.jsonl/.csv/.parquet file. Required with model flags; without them, the built-in task's prompts.",
-            OrNone(PATH),
-        ),
-    )
-    dataset_config: str | None = field(
-        default=None, metadata=meta("Configuration (subset) of the dataset, as load_dataset's name.", OrNone(TEXT))
-    )
-    dataset_train_split: str = field(default="train", metadata=meta("Split used for training.", TEXT))
-    dataset_test_split: str = field(
-        default="test", metadata=meta("Split used for sample generations and evaluation.", TEXT)
     )
     dataset_text_field: str = field(default="prompt", metadata=meta("Column holding the prompt text.", TEXT))
     max_prompt_length: int | None = field(
@@ -377,18 +376,7 @@ class TrainConfig(metaclass=_TakesTRLNames):
         ),
     )
 
-    # --- rewards: functions (both trainers) and weights; each trainer adds its reward models ----------------
-    reward_funcs: list[str] | None = field(
-        default=None,
-        metadata=meta(
-            "Reward functions f(prompts, completions, **columns) -> list[float | None] (sync or async): the task's "
-            "built-in rewards (e.g. correctness), TRL's built-in names (think_format_reward, "
-            "get_soft_overlong_punishment, accuracy_reward with math-verify), or references 'module:function', "
-            "'module.function' (TRL's form) or 'path/to/file.py:function'. GRPO's default: the task's rewards. PPO: "
-            "scored beside reward_model_path, which becomes optional.",
-            OrNone(ListOf(TEXT)),
-        ),
-    )
+    # --- rewards: weights; each trainer adds its reward models and functions ---------------------------------
     reward_weights: list[float] | None = field(
         default=None,
         metadata=meta(
@@ -397,57 +385,7 @@ class TrainConfig(metaclass=_TakesTRLNames):
         ),
     )
 
-    # --- LoRA adapters (peft) and quantised loading: TRL's ModelConfig names and defaults -------------
-    use_peft: bool = field(
-        default=False,
-        metadata=meta(
-            "Train a LoRA adapter on the policy (peft) instead of all its weights. The reference is the same model "
-            "with the adapter disabled (no second copy); PPO's value model gets its own adapter, its score head "
-            "trained in full. Checkpoints and output_dir hold the adapters (docs/algorithms/ppo.md, LoRA).",
-            FLAG,
-        ),
-    )
-    lora_r: int = field(default=16, metadata=meta("LoRA rank (with use_peft).", integer(ge=1)))
-    lora_alpha: int = field(
-        default=32, metadata=meta("LoRA alpha: the adapter's output is scaled by alpha / r.", integer(ge=1))
-    )
-    lora_dropout: float = field(
-        default=0.05,
-        metadata=meta(
-            "Dropout on the adapters' inputs. Like all dropout it is off while disable_dropout is on (the default, "
-            "so that PPO's first ratio is exactly 1): pass --disable_dropout false to use it.",
-            number(ge=0, lt=1),
-        ),
-    )
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata=meta(
-            "Modules that get adapters: names (e.g. q_proj v_proj; a module matches when its name ends with one) "
-            "or all-linear (every linear layer but the output head). Default: peft's choice for the architecture "
-            "(q_proj and v_proj for Llama).",
-            OrNone(ListOf(TEXT)),
-        ),
-    )
-    lora_modules_to_save: list[str] | None = field(
-        default=None,
-        metadata=meta(
-            "Policy modules trained in full beside the adapter and saved with it (e.g. lm_head).",
-            OrNone(ListOf(TEXT)),
-        ),
-    )
-    lora_task_type: str = field(
-        default="CAUSAL_LM",
-        metadata=meta(
-            "peft task type of the policy's adapter (the policy is a causal LM; PPO's value adapter is SEQ_CLS).",
-            OneOf(("CAUSAL_LM",), unsupported=_other_task_types),
-        ),
-    )
-    use_rslora: bool = field(
-        default=False, metadata=meta("Rank-stabilised LoRA: scale by alpha / sqrt(r) instead of alpha / r.", FLAG)
-    )
-    use_dora: bool = field(
-        default=False, metadata=meta("DoRA: weight-decomposed LoRA (a magnitude vector per adapted layer).", FLAG)
-    )
+    # --- LoRA adapters: their settings are ModelConfig's (config/script.py) ----------------------------------
     merge_adapter: bool = field(
         default=False,
         metadata=meta(
@@ -456,37 +394,6 @@ class TrainConfig(metaclass=_TakesTRLNames):
             FLAG,
         ),
     )
-    load_in_4bit: bool = field(
-        default=False,
-        metadata=meta(
-            "Load the policy's base weights in 4 bits (bitsandbytes; QLoRA: needs use_peft and a CUDA GPU). "
-            "Untested in rlhfkit's CI, which has no GPU.",
-            FLAG,
-        ),
-    )
-    load_in_8bit: bool = field(
-        default=False,
-        metadata=meta(
-            "Load the policy's base weights in 8 bits (bitsandbytes; needs use_peft and a CUDA GPU). Untested in "
-            "rlhfkit's CI, which has no GPU.",
-            FLAG,
-        ),
-    )
-    bnb_4bit_quant_type: str = field(
-        default="nf4", metadata=meta("4-bit quantisation type (load_in_4bit).", OneOf(("nf4", "fp4")))
-    )
-    use_bnb_nested_quant: bool = field(
-        default=False, metadata=meta("Quantise the 4-bit quantisation constants too (load_in_4bit).", FLAG)
-    )
-    bnb_4bit_quant_storage: str | None = field(
-        default=None,
-        metadata=meta(
-            "dtype the 4-bit weights are stored in (load_in_4bit; e.g. bfloat16 to shard them with FSDP). Default: "
-            "uint8.",
-            OrNone(OneOf(("uint8", "float16", "bfloat16", "float32"))),
-        ),
-    )
-
     # --- optimisation ------------------------------------------------------------------------------
     learning_rate: float = field(
         default=3e-6,
@@ -626,30 +533,6 @@ class TrainConfig(metaclass=_TakesTRLNames):
         default=False,
         metadata=meta("float16 mixed precision with loss scaling (accelerate's GradScaler); CUDA GPUs only.", FLAG),
     )
-    dtype: str | None = field(
-        default=None,
-        metadata=meta(
-            "Weight dtype of the loaded models (TRL's ModelConfig): bfloat16 or float16 trains pure low-precision "
-            "weights (no fp32 master copy), auto keeps the checkpoint's. Default: float32 weights (with --bf16 / "
-            "--fp16 mixed precision on top).",
-            OrNone(OneOf(("auto", "float32", "bfloat16", "float16"))),
-        ),
-    )
-    torch_dtype: str | None = field(
-        default=None,
-        metadata=meta(
-            "Old name of dtype (transformers 5 renamed it): sets dtype, with a note.",
-            OrNone(OneOf(("auto", "float32", "bfloat16", "float16"))),
-        ),
-    )
-    attn_implementation: str | None = field(
-        default=None,
-        metadata=meta(
-            "Attention implementation of the loaded models (TRL's ModelConfig), e.g. sdpa, eager or "
-            "flash_attention_2; default: transformers' choice.",
-            OrNone(TEXT),
-        ),
-    )
     gradient_checkpointing: bool = field(
         default=False,
         metadata=meta(
@@ -676,12 +559,6 @@ class TrainConfig(metaclass=_TakesTRLNames):
         ),
     )
 
-    def __post_init__(self) -> None:
-        decode_json_fields(self)  # JSON text of a dict field (from the command line) becomes the dict
-        self._apply_aliases()
-        check_fields(self)
-        self._check_combinations()
-
     @property
     def load_best_model_at_end(self) -> bool:
         """Always False: an RL run keeps its newest checkpoints and final model (docs/trl-flags.md says why); read by
@@ -689,20 +566,10 @@ class TrainConfig(metaclass=_TakesTRLNames):
         return False
 
     def _apply_aliases(self) -> None:
-        """Accepted spellings turned into the canonical value, before the rules see them."""
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
         if self.metric_for_best_model is not None and self.greater_is_better is None:  # transformers' default
             self.greater_is_better = not self.metric_for_best_model.endswith("loss")
-        if self.torch_dtype is not None:
-            check_field(self.__dataclass_fields__["torch_dtype"], self.torch_dtype)
-            if self.dtype is not None and self.dtype != self.torch_dtype:
-                raise ConfigError(
-                    f"torch_dtype={self.torch_dtype!r} and dtype={self.dtype!r}: torch_dtype is the old name of dtype "
-                    "(transformers 5 renamed it). Pass only --dtype."
-                )
-            note(f"torch_dtype is the old name of dtype (transformers 5 renamed it): using dtype={self.torch_dtype}.")
-            self.dtype, self.torch_dtype = self.torch_dtype, None  # moved: to_dict() then rebuilds without a note
         # Whole numbers of steps are ints (a flag or YAML may give 10.0); shares in (0, 1) stay floats.
         for name in ("logging_steps", "save_steps", "eval_steps"):
             value = getattr(self, name)
@@ -712,6 +579,7 @@ class TrainConfig(metaclass=_TakesTRLNames):
         # norm of 0 would zero every gradient.
         if self.max_grad_norm == 0:
             self.max_grad_norm = None
+        super()._apply_aliases()
 
     def _check_combinations(self) -> None:
         """Rules that tie fields together (each field has passed its own rule)."""
@@ -719,52 +587,23 @@ class TrainConfig(metaclass=_TakesTRLNames):
             raise ConfigError("fp16=True and bf16=True: choose one precision. Pass only one of --fp16 and --bf16.")
         if self.lr_scheduler_kwargs or self.lr_scheduler_type == "cosine_with_min_lr":
             self._check_schedule()
-        self._check_lora()
-        # Without reward_funcs the count may be the task's (GRPO), known once the task is loaded: the trainer checks.
-        if self.reward_weights is not None and self.reward_funcs:
-            sources = self.weighted_rewards()
-            if len(self.reward_weights) != len(sources):
-                raise ConfigError(
-                    f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order "
-                    f"{self.REWARD_ORDER} ({', '.join(map(str, sources))}), but has "
-                    f"{len(self.reward_weights)}. Pass e.g. --reward_weights {' '.join(['1.0'] * len(sources))}."
-                )
+        # Without reward functions named the count may be the task's (GRPO), known once the task is loaded: the
+        # trainer checks.
+        sources = self.weighted_rewards()
+        if self.reward_weights is not None and sources is not None and len(self.reward_weights) != len(sources):
+            raise ConfigError(
+                f"reward_weights={self.reward_weights!r}: needs one weight per reward, in the order "
+                f"{self.REWARD_ORDER} ({', '.join(map(str, sources))}), but has "
+                f"{len(self.reward_weights)}. Pass e.g. --reward_weights {' '.join(['1.0'] * len(sources))}."
+            )
+        super()._check_combinations()
 
     REWARD_ORDER = "reward_funcs, then reward_model_path"  # the order of weighted_rewards(), in words
 
-    def reward_model_paths(self) -> list[str]:
-        """The reward models named by path (each trainer has its own field)."""
-        return []
-
-    def weighted_rewards(self) -> list[str]:
-        """The rewards named by the flags, in the order --reward_weights weighs them (PPO: functions, then model)."""
-        return [*(self.reward_funcs or []), *self.reward_model_paths()]
-
-    def _check_lora(self) -> None:
-        """LoRA and quantisation flags that only make sense together. (Whether bitsandbytes and a CUDA GPU exist is
-        checked before the models load: models.quantization_config.)"""
-        if self.load_in_4bit and self.load_in_8bit:
-            raise ConfigError("load_in_4bit=True and load_in_8bit=True: choose one. Pass only one of them.")
-        quantised = "load_in_4bit" if self.load_in_4bit else "load_in_8bit" if self.load_in_8bit else None
-        if quantised and not self.use_peft:
-            raise ConfigError(
-                f"{quantised}=True without use_peft: quantised weights cannot be trained directly. Add --use_peft to "
-                f"train a LoRA adapter on them (QLoRA), or leave --{quantised} out."
-            )
-        if self.merge_adapter and not self.use_peft:
-            raise ConfigError("merge_adapter=True without use_peft: there is no adapter to merge. Add --use_peft.")
-        if self.merge_adapter and quantised:
-            raise ConfigError(
-                f"merge_adapter=True with {quantised}=True: merging into quantised weights loses precision. Train "
-                "with --merge_adapter false, then merge the saved adapter into the unquantised base model with peft "
-                "(PeftModel.from_pretrained(base, output_dir).merge_and_unload())."
-            )
-        if self.lora_target_modules is not None and "all-linear" in self.lora_target_modules:
-            if len(self.lora_target_modules) > 1:
-                raise ConfigError(
-                    f"lora_target_modules={self.lora_target_modules!r}: all-linear stands alone. Pass "
-                    "--lora_target_modules all-linear, or module names only."
-                )
+    def weighted_rewards(self) -> list[str] | None:
+        """The rewards named by the flags, in the order --reward_weights weighs them; None when no reward function
+        is named (each trainer defines it: PPOConfig, GRPOArguments)."""
+        return None
 
     def _check_schedule(self) -> None:
         """Build the schedule for a short run, so arguments the schedule does not take (or lacks) fail now, naming
@@ -787,9 +626,6 @@ class TrainConfig(metaclass=_TakesTRLNames):
                 f"lr_scheduler_kwargs={self.lr_scheduler_kwargs!r} give lr_scheduler_type {self.lr_scheduler_type!r} "
                 f"learning rates {values} (steps 1, 5 and 10 of 10): they must be finite and >= 0."
             )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def config_field_names(cls: type) -> list[str]:

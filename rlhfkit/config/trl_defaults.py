@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import MISSING
 from typing import Any
 
-from rlhfkit.config.grpo import GRPOConfig
-from rlhfkit.config.ppo import PPOConfig
+from rlhfkit.config.grpo import GRPOArguments
+from rlhfkit.config.ppo import PPOArguments
 
 # TRL 1.12.0 (trl-1.12.0-py3-none-any.whl): the defaults of trl/experimental/ppo/ppo_config.py PPOConfig's own fields
 # and of the TrainingArguments fields trl/trainer/base_config.py _BaseConfig (its parent) overrides; every other
@@ -114,7 +114,7 @@ def trl_defaults(command: str) -> dict[str, Any]:
 def differing_defaults() -> list[tuple[str, str, Any, Any]]:
     """(command, field, TRL's default, rlhfkit's default) for every field both have whose defaults differ."""
     rows = []
-    for command, cls in (("ppo", PPOConfig), ("grpo", GRPOConfig)):
+    for command, cls in (("ppo", PPOArguments), ("grpo", GRPOArguments)):
         theirs = trl_defaults(command)
         for name, ours in _defaults(cls).items():
             if name in theirs and theirs[name] != ours:

@@ -21,8 +21,8 @@ import dataclasses
 from dataclasses import dataclass, fields
 from functools import cache
 
-from rlhfkit.config.grpo import GRPOConfig
-from rlhfkit.config.ppo import PPOConfig
+from rlhfkit.config.grpo import GRPOArguments, GRPOConfig
+from rlhfkit.config.ppo import PPOArguments
 from rlhfkit.config.rules import OneOf, field_rule
 from rlhfkit.config.train import config_field_names, note, set_keyword_screen, unexpected_keyword
 from rlhfkit.errors import FieldNotTakenError
@@ -415,7 +415,7 @@ set_keyword_screen(screen_keyword)
 
 
 def render_markdown() -> str:
-    taken = {"ppo": set(config_field_names(PPOConfig)), "grpo": set(config_field_names(GRPOConfig))}
+    taken = {"ppo": set(config_field_names(PPOArguments)), "grpo": set(config_field_names(GRPOArguments))}
     refused = {command: not_taken(command, taken[command]) for command in COMMANDS}
     lines = [
         "# TRL flags that rlhfkit does not take",
@@ -473,7 +473,7 @@ def render_markdown() -> str:
         "| flag | rlhfkit takes | not supported |",
         "|---|---|---|",
     ]
-    for f in fields(GRPOConfig):
+    for f in fields(GRPOArguments):
         rule = field_rule(f)
         if isinstance(rule, OneOf) and rule.unsupported is not None:
             others = {value: why for value, why in rule.unsupported().items() if value not in rule.values}
@@ -490,7 +490,7 @@ def render_grpo_config_table() -> str:
     """Every field of TRL 1.16's GRPOConfig (its own, not TrainingArguments'): taken by rlhfkit (with rlhfkit's help
     text) or not (with the reason). docs/algorithms/grpo.md holds this table (``make docs``; a test keeps it fresh).
     """
-    helps = {f.name: f.metadata["help"] for f in fields(GRPOConfig)}
+    helps = {f.name: f.metadata["help"] for f in fields(GRPOArguments)}
     rows: list[tuple[list[str], str, str]] = []  # consecutive refused fields with one reason share a row
     for name in TRL_GRPO_CONFIG_FIELDS:
         if name in helps:

@@ -8,6 +8,7 @@ Also what both constructors do with TRL's arguments that rlhfkit takes in anothe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -135,10 +136,15 @@ def _same(wanted: str, run: TrainingRun) -> bool:
 
 def trl_constructor_arguments(
     args, peft_config=None, quantization_config=None, optimizers=(None, None), data_collator=None
-) -> None:
-    """TRL's constructor arguments that rlhfkit takes as config fields, moved into `args` (or refused with the reason):
+):
+    """The trainer's full arguments (PPOArguments / GRPOArguments): `args` itself when it is one, else a TRL script's
+    PPOConfig / GRPOConfig with the script and model groups' defaults (the script loaded its models and data itself).
+    TRL's constructor arguments that rlhfkit takes as config fields are moved into them (or refused with the reason):
     a peft LoraConfig becomes --use_peft and its lora_* fields; a BitsAndBytesConfig --load_in_4bit/8bit; a custom
     optimizer or data collator cannot be used."""
+    full = type(args).full_arguments
+    if not isinstance(args, full):
+        args = full(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
     if optimizers is not None and any(o is not None for o in optimizers):
         raise ConfigError(
             "optimizers=(optimizer, scheduler): rlhfkit builds the optimizer over every trained parameter (PPO: the "
@@ -153,6 +159,7 @@ def trl_constructor_arguments(
         _apply_peft_config(args, peft_config)
     if quantization_config is not None:
         _apply_quantization_config(args, quantization_config)
+    return args
 
 
 # LoraConfig field -> the config field that carries it (and LoraConfig's value that needs no field).

@@ -122,8 +122,8 @@ class GRPOTrainer(TRLTrainerAPI):
         peft_config=None,
         task=None,
     ):
-        self.args = args = args or GRPOConfig()
-        trl_constructor_arguments(args, peft_config, quantization_config, optimizers)
+        args = trl_constructor_arguments(args or GRPOConfig(), peft_config, quantization_config, optimizers)
+        self.args = args  # a GRPOArguments: a TRL script's GRPOConfig gets the script and model groups' defaults
         if args.model_init_kwargs:  # TRL's script sets them after building the config
             args.apply_model_init_kwargs()
         if train_dataset is None:

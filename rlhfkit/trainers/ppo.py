@@ -155,7 +155,7 @@ class PPOTrainer(TRLTrainerAPI):
         reward_funcs: Callable | str | nn.Module | Sequence[Callable | str | nn.Module] | None = None,
         reward_processing_classes: Sequence[PreTrainedTokenizerBase | None] | None = None,
     ):
-        trl_constructor_arguments(args, peft_config, optimizers=optimizers, data_collator=data_collator)
+        args = trl_constructor_arguments(args, peft_config, optimizers=optimizers, data_collator=data_collator)
         if train_dataset is None:
             raise ConfigError("PPOTrainer needs a train_dataset with a prompt column.")
         if reward_model is None and reward_funcs is None:
