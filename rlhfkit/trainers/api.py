@@ -142,9 +142,6 @@ def trl_constructor_arguments(
     TRL's constructor arguments that rlhfkit takes as config fields are moved into them (or refused with the reason):
     a peft LoraConfig becomes --use_peft and its lora_* fields; a BitsAndBytesConfig --load_in_4bit/8bit; a custom
     optimizer or data collator cannot be used."""
-    full = type(args).full_arguments
-    if not isinstance(args, full):
-        args = full(**{f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init})
     if optimizers is not None and any(o is not None for o in optimizers):
         raise ConfigError(
             "optimizers=(optimizer, scheduler): rlhfkit builds the optimizer over every trained parameter (PPO: the "
@@ -155,11 +152,19 @@ def trl_constructor_arguments(
         raise ConfigError(
             "data_collator: rlhfkit pads the prompts itself (left, with the tokenizer's pad token). Pass None."
         )
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
     if peft_config is not None:
-        _apply_peft_config(args, peft_config)
+        values |= _lora_fields(peft_config)
     if quantization_config is not None:
-        _apply_quantization_config(args, quantization_config)
-    return args
+        values |= _quantization_fields(quantization_config, values)
+    full = type(args).full_arguments
+    if isinstance(args, full):  # rlhfkit's own: the values moved in, checked again by its rules
+        if peft_config is not None or quantization_config is not None:
+            for name, value in values.items():
+                setattr(args, name, value)
+            args.__post_init__()
+        return args
+    return full(**values)
 
 
 # LoraConfig field -> the config field that carries it (and LoraConfig's value that needs no field).
@@ -174,7 +179,7 @@ _LORA_FIELDS = {
 }
 
 
-def _apply_peft_config(args, peft_config) -> None:
+def _lora_fields(peft_config) -> dict[str, Any]:
     try:
         from peft import LoraConfig
     except ImportError as e:
@@ -205,13 +210,10 @@ def _apply_peft_config(args, peft_config) -> None:
         values["lora_target_modules"] = sorted(targets)
     if values["lora_modules_to_save"] is not None:
         values["lora_modules_to_save"] = list(values["lora_modules_to_save"])
-    args.use_peft = True
-    for field, value in values.items():
-        setattr(args, field, value)
-    args.__post_init__()  # the config's rules, on the values moved in
+    return {"use_peft": True, **values}
 
 
-def _apply_quantization_config(args, quantization_config) -> None:
+def _quantization_fields(quantization_config, values: dict[str, Any]) -> dict[str, Any]:
     load_in_4bit = bool(getattr(quantization_config, "load_in_4bit", False))
     load_in_8bit = bool(getattr(quantization_config, "load_in_8bit", False))
     if not (load_in_4bit or load_in_8bit):
@@ -220,8 +222,9 @@ def _apply_quantization_config(args, quantization_config) -> None:
             "rlhfkit quantises the policy with bitsandbytes (--load_in_4bit / --load_in_8bit). Pass None or a "
             "BitsAndBytesConfig."
         )
-    args.load_in_4bit, args.load_in_8bit = load_in_4bit, load_in_8bit
+    fields = {"load_in_4bit": load_in_4bit, "load_in_8bit": load_in_8bit}
     if load_in_4bit:
-        args.bnb_4bit_quant_type = getattr(quantization_config, "bnb_4bit_quant_type", args.bnb_4bit_quant_type)
-        args.use_bnb_nested_quant = bool(getattr(quantization_config, "bnb_4bit_use_double_quant", False))
-    args.__post_init__()  # the config's rules, on the values moved in
+        quant_type = getattr(quantization_config, "bnb_4bit_quant_type", values.get("bnb_4bit_quant_type", "nf4"))
+        fields["bnb_4bit_quant_type"] = quant_type
+        fields["use_bnb_nested_quant"] = bool(getattr(quantization_config, "bnb_4bit_use_double_quant", False))
+    return fields

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlhfkit.cli import main
-from rlhfkit.config import GRPOConfig, PPOConfig
+from rlhfkit.config import GRPOConfig, PPOArguments, PPOConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry
@@ -254,8 +254,20 @@ def test_trl_lora_flags_parse_with_trl_defaults():
 )
 def test_lora_flags_that_do_not_fit_together_are_refused(kwargs, message):
     with pytest.raises(ConfigError) as info:
-        PPOConfig(**kwargs)
+        PPOArguments(**kwargs)  # every group: merge_adapter is a training flag, use_peft ModelConfig's
     assert message in str(info.value)
+
+
+def test_a_trainer_checks_merge_adapter_against_its_peft_config(tiny_assets):
+    """A TRL script's plain PPOConfig cannot know whether LoRA is on: the trainer checks with the peft_config."""
+    from peft import LoraConfig
+
+    from rlhfkit.trainers.api import trl_constructor_arguments
+
+    with pytest.raises(ConfigError, match="merge_adapter=True without use_peft"):
+        trl_constructor_arguments(PPOConfig(merge_adapter=True))
+    args = trl_constructor_arguments(PPOConfig(merge_adapter=True), peft_config=LoraConfig(r=4))
+    assert type(args) is PPOArguments and args.use_peft and args.lora_r == 4 and args.merge_adapter
 
 
 def test_lora_dropout_is_kept_when_dropout_is_not_disabled(tiny_assets):
