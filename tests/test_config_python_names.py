@@ -22,7 +22,7 @@ def test_a_refused_trl_field_gives_the_command_lines_reason():
     with pytest.raises(ConfigError, match=r"hub_strategy is a TRL/transformers field .* uploads output_dir once"):
         PPOConfig(hub_strategy="every_save")
     with pytest.raises(TypeError, match="does not support yet"):  # planned ones say so
-        GRPOConfig(entropy_coef=0.01)
+        GRPOConfig(off_policy_mask_threshold=0.5)
 
 
 def test_an_unknown_keyword_is_still_a_type_error_naming_it():

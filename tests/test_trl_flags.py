@@ -57,8 +57,8 @@ def test_every_listed_flag_is_a_trl_flag_that_some_command_refuses():
         (["grpo", "--use_vllm", "true"], "--use_vllm is a TRL/transformers flag that rlhfkit does not support:"),
         (["ppo", "--model-adapter-name", "policy"], "--model_adapter_name is a TRL/transformers flag that rlhfkit "
          "does not support: with --use_peft rlhfkit creates one LoRA adapter"),
-        (["grpo", "--entropy_coef", "0.01"], "--entropy_coef is a TRL/transformers flag that rlhfkit does not "
-         "support yet: TRL 1.16's off-policy sequence mask"),
+        (["grpo", "--off_policy_mask_threshold", "0.5"], "--off_policy_mask_threshold is a TRL/transformers flag "
+         "that rlhfkit does not support yet: TRL 1.16's off-policy sequence mask"),
         (["ppo", "--no_remove_unused_columns"], "--remove_unused_columns is a TRL/transformers flag"),
         (["ppo", "--ddp_backend", "gloo"], "--ddp_backend is a TRL/transformers flag that rlhfkit does not support: "
          "devices, processes and sharding come from accelerate"),
@@ -83,7 +83,7 @@ def test_a_misspelt_flag_is_still_unknown(capsys):
 
 def test_every_refused_flag_is_named_at_once():
     with pytest.raises(UsageError) as info:
-        parse_config(GRPOConfig, ["--entropy_coef", "0.1", "--hub_revision", "dev", "--beta", "0.1"], "x")
+        parse_config(GRPOConfig, ["--off_policy_mask_threshold", "0.5", "--hub_revision", "dev", "--beta", "0.1"], "x")
     assert str(info.value).count("is a TRL/transformers flag") == 2
 
 

@@ -239,6 +239,45 @@ class GRPOConfig(TrainConfig):
             number(gt=0, le=1),
         ),
     )
+    entropy_coef: float = field(
+        default=0.0,
+        metadata=meta(
+            "Entropy regularisation: the loss minus entropy_coef x the mean entropy (nats) of the policy over the "
+            "tokens the policy loss trains on, the same for every loss_type (docs/algorithms/grpo.md). Positive "
+            "rewards exploration, negative sharpens the policy; 0: off. With use_adaptive_entropy, the starting "
+            "coefficient.",
+            number(),
+        ),
+    )
+    use_adaptive_entropy: bool = field(
+        default=False,
+        metadata=meta(
+            "Move entropy_coef after every optimizer step (Skywork-OR1, arXiv 2505.22312): up by entropy_coef_delta "
+            "when the step's mean entropy was at or below entropy_target, down otherwise, within entropy_coef_min "
+            "and entropy_coef_max; the bonus applies only in a step that follows one at or below the target.",
+            FLAG,
+        ),
+    )
+    entropy_coef_min: float = field(
+        default=0.0,
+        metadata=meta("use_adaptive_entropy: the smallest coefficient the controller sets.", number(ge=0)),
+    )
+    entropy_coef_max: float = field(
+        default=1.0,
+        metadata=meta("use_adaptive_entropy: the largest coefficient the controller sets.", number(ge=0)),
+    )
+    entropy_coef_delta: float = field(
+        default=0.005,
+        metadata=meta("use_adaptive_entropy: how far each optimizer step moves the coefficient.", number(ge=0)),
+    )
+    entropy_target: float = field(
+        default=0.2,
+        metadata=meta(
+            "use_adaptive_entropy: the mean entropy per token (nats, over the tokens the policy loss trains on) "
+            "below which the controller raises the coefficient and the bonus applies.",
+            number(ge=0),
+        ),
+    )
     sapo_temperature_pos: float = field(
         default=1.0,
         metadata=meta("loss_type sapo: temperature of the soft gate for positive advantages.", number(gt=0)),
@@ -316,8 +355,27 @@ class GRPOConfig(TrainConfig):
                 "sync_ref_model needs a reference model to move, but beta is 0, so there is no reference model. Set "
                 "--beta > 0, or leave sync_ref_model off."
             )
+        if self.use_adaptive_entropy:
+            self._check_adaptive_entropy()
         # The launcher's process count (accelerate launch sets WORLD_SIZE); the trainer checks again with its own.
         grpo_generation_shape(self, int(os.environ.get("WORLD_SIZE", "1")))
+
+    def _check_adaptive_entropy(self) -> None:
+        """use_adaptive_entropy: the controller keeps the coefficient in [entropy_coef_min, entropy_coef_max], so the
+        range must exist and hold the starting value entropy_coef."""
+        low, high = self.entropy_coef_min, self.entropy_coef_max
+        if low > high:
+            raise ConfigError(
+                f"entropy_coef_min ({low}) is greater than entropy_coef_max ({high}): use_adaptive_entropy keeps "
+                "the coefficient between them, so entropy_coef_min must be <= entropy_coef_max. Swap them, or pass "
+                f"e.g. --entropy_coef_min 0 --entropy_coef_max {max(high, low)}."
+            )
+        if not low <= self.entropy_coef <= high:
+            raise ConfigError(
+                f"entropy_coef ({self.entropy_coef}) is outside [entropy_coef_min, entropy_coef_max] = [{low}, "
+                f"{high}]: with use_adaptive_entropy it is the coefficient the controller starts from and keeps in "
+                f"that range. Pass --entropy_coef {min(max(self.entropy_coef, low), high)}, or widen the range."
+            )
 
 
 @on_off_flags

@@ -102,18 +102,12 @@ GROUPS: tuple[Group, ...] = (
     ),
     Group(
         NOT_YET,
-        "TRL 1.16's off-policy sequence mask, per-reward normalisation (GDPO) and entropy bonus are planned; "
-        "rlhfkit's GRPO loss has no entropy term and normalises the weighted sum of the rewards "
-        "(TRL's defaults: off_policy_mask_threshold unset, sum_then_normalize, entropy_coef 0)",
+        "TRL 1.16's off-policy sequence mask and per-reward normalisation (GDPO) are planned; rlhfkit's GRPO loss "
+        "masks no sequence for being off-policy and normalises the weighted sum of the rewards (TRL's defaults: "
+        "off_policy_mask_threshold unset, sum_then_normalize)",
         (
             "off_policy_mask_threshold",
             "multi_objective_aggregation",
-            "entropy_coef",
-            "use_adaptive_entropy",
-            "entropy_coef_min",
-            "entropy_coef_max",
-            "entropy_coef_delta",
-            "entropy_target",
         ),
     ),  # fmt: skip
     # --- accepted and ignored ----------------------------------------------------------------------------------------

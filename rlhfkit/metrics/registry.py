@@ -651,7 +651,8 @@ NUM_TOKENS = Metric(
 )
 LOSS = Metric(
     name="loss",
-    meaning="The loss the optimizer minimised, as aggregated by loss_type (plus beta * KL when beta > 0).",
+    meaning="The loss the optimizer minimised, as aggregated by loss_type (plus beta * KL when beta > 0, minus the "
+    "entropy bonus when entropy_coef != 0 or use_adaptive_entropy).",
     formula="mean over the window's optimizer steps and processes of the step's loss (sum of its micro-batch losses)",
     unit="dimensionless",
     reduction="mean",
@@ -797,6 +798,21 @@ ENTROPY = Metric(
     section="Policy optimisation",
     importance="stability",
     watch="A fast collapse towards 0 means the policy stops exploring too early.",
+)
+ENTROPY_COEF = Metric(
+    name="entropy_coef",
+    meaning="Coefficient of the entropy bonus: entropy_coef, or the adaptive controller's value after each optimizer "
+    "step.",
+    formula="mean over the window's optimizer steps of c after the step; adaptive: c <- min(c + entropy_coef_delta, "
+    "entropy_coef_max) if the step's token-weighted mean entropy H_w <= entropy_target, else max(c - "
+    "entropy_coef_delta, entropy_coef_min); a step applies c only if the previous step's H_w <= entropy_target",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    when="entropy_coef != 0 or use_adaptive_entropy",
+    watch="Adaptive: pinned at entropy_coef_max means the bonus cannot hold the entropy at entropy_target; at "
+    "entropy_coef_min, the entropy stays above it and no bonus applies.",
 )
 CLIP_RATIO_LOW_MEAN = Metric(
     name="clip_ratio/low_mean",

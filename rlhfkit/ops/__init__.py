@@ -1,10 +1,19 @@
-"""Pure tensor math for RLHF: masked statistics, log-probs, KL, advantages, losses, sequence helpers.
+"""Pure tensor math for RLHF: masked statistics, log-probs, KL, advantages, losses, entropy regularisation,
+sequence helpers.
 
 Every function takes tensors and scalars (no config objects), imports only torch, and does no I/O.
 Shapes: B sequences, T completion tokens, V vocabulary, G group size. Masks are bool, True = counts.
 """
 
 from rlhfkit.ops.advantages import GAEOutput, gae, group_advantages
+from rlhfkit.ops.entropy import (
+    adaptive_entropy_coef,
+    applied_entropy_coef,
+    entropy_bonus,
+    entropy_token_mask,
+    entropy_window_sums,
+    window_entropy,
+)
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
 from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.losses import (
@@ -29,10 +38,15 @@ __all__ = [
     "PenalizedRewards",
     "PolicyLossOutput",
     "ValueLossOutput",
+    "adaptive_entropy_coef",
     "aggregate_token_loss",
+    "applied_entropy_coef",
     "clipped_policy_loss",
     "clipped_value_loss",
+    "entropy_bonus",
     "entropy_from_logits",
+    "entropy_token_mask",
+    "entropy_window_sums",
     "explained_variance",
     "first_true_index",
     "gae",
@@ -50,4 +64,5 @@ __all__ = [
     "masked_whiten",
     "truncate_after_stop_token",
     "vespo_gamma_weights",
+    "window_entropy",
 ]

@@ -66,7 +66,8 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Exact entropy (nats) of the categorical distribution softmax(logits / temperature) at every position.
 
     logits: (B, T, V) float. temperature: > 0. Returns (B, T) in the logits' dtype (float32 for half types),
-    always >= 0. Computed as logsumexp(z) - sum(softmax(z) * z), with z shifted so that max(z) = 0.
+    always >= 0. Computed as logsumexp(z) - sum(softmax(z) * z), with z shifted so that max(z) = 0. Differentiable
+    (GRPO's entropy bonus backpropagates through it).
     Logits of -inf (banned tokens) are allowed; a position whose logits are all -inf has no distribution (NaN).
     """
     _check_temperature(temperature)
@@ -74,8 +75,10 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     for chunk in _row_chunks(logits):
         z = _scaled(logits[chunk], temperature)
         # Entropy is shift-invariant. With max(z) = 0 both terms are O(log V) instead of O(|logits|), so they
-        # do not cancel catastrophically for logits like 1e4, and both are >= 0, so the entropy is too.
-        z = z - z.amax(dim=-1, keepdim=True)
+        # do not cancel catastrophically for logits like 1e4, and both are >= 0, so the entropy is too. The shift
+        # is detached: the entropy does not depend on it, so its exact gradient is 0 (autograd would route rounding
+        # noise to the largest logit).
+        z = z - z.amax(dim=-1, keepdim=True).detach()
         # A -inf logit has p = 0; make it finite so p * z is 0 rather than 0 * -inf = NaN.
         z = z.clamp(min=torch.finfo(z.dtype).min)
         rows.append(torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(-1))

@@ -16,6 +16,10 @@ Variant: GRPO as in DeepSeekMath (Shao et al., 2024, section 4.1, outcome superv
   ``num_iterations`` times; an optimizer step accumulates ``gradient_accumulation_steps`` micro-batches, so a
   generation may serve several steps (logp_old saved at generation then) or a step draw on several generations;
 * ``mask_truncated_completions`` leaves completions without a terminator out of the loss (DAPO);
+* entropy regularisation (``entropy_coef``): the loss minus coef x the mean policy entropy over the tokens the policy
+  term trains on, divided by gradient_accumulation_steps; ``use_adaptive_entropy`` moves coef by
+  ``entropy_coef_delta`` after each optimizer step towards ``entropy_target`` and applies it only after a step whose
+  entropy was at or below the target (Skywork-OR1; ops/entropy.py, docs/algorithms/grpo.md);
 * learning rate decays linearly to 0 over the steps (--lr_scheduler_type: transformers' schedules, stepped once per
   optimizer step as TRL does).
 
@@ -30,6 +34,7 @@ a copy (reference_logprobs).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -154,6 +159,11 @@ class GRPOTrainer(TRLTrainerAPI):
             self.ref_model = run.prepare_frozen(frozen_copy(model))
         self.model, self.optimizer = prepare_trained(run, model, (model,))
         self._batch: GenerationBatch | None = None
+        # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
+        # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
+        # Both are part of a checkpoint (state_dict).
+        self.entropy_coef = args.entropy_coef
+        self.last_window_entropy = float("inf")
         extra_metrics = [m for pair in self.rewards.metrics for m in pair]
         sizes = self.sizes
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
@@ -179,16 +189,33 @@ class GRPOTrainer(TRLTrainerAPI):
             load_weights(self.ref_model, os.path.join(directory, REF_MODEL_DIR))
 
     def state_dict(self) -> dict:
-        """A generation that still has micro-batches to serve is part of the state."""
+        """A generation that still has micro-batches to serve is part of the state, and so is the adaptive entropy
+        controller's (its coefficient and the last step's entropy)."""
         micro_steps = self.run.progress.step * self.args.gradient_accumulation_steps
         unfinished = self._batch is not None and micro_steps % self.sizes.micro_steps_per_generation != 0
-        return {"batch": asdict(self._batch) if unfinished else None}
+        state = {"batch": asdict(self._batch) if unfinished else None}
+        if self.args.use_adaptive_entropy:
+            state["entropy_control"] = {
+                "entropy_coef": self.entropy_coef,
+                "last_window_entropy": self.last_window_entropy,
+            }
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("batch") is not None:
             # Checkpoints written before the batch's fields took the prompt / completion names keep the older ones.
             older = {"query_width": "prompt_width", "response_ids": "completion_ids"}
             self._batch = GenerationBatch(**{older.get(k, k): v for k, v in state["batch"].items()})
+        control = state.get("entropy_control")
+        if self.args.use_adaptive_entropy and control is not None:  # else the controller starts from the config
+            self.entropy_coef = float(control["entropy_coef"])
+            self.last_window_entropy = float(control["last_window_entropy"])
+
+    @property
+    def entropy_bonus_enabled(self) -> bool:
+        """Whether the loss has an entropy term: a nonzero entropy_coef, or the adaptive controller (whose
+        coefficient may sit at 0 for a while and rise again)."""
+        return self.args.entropy_coef != 0.0 or self.args.use_adaptive_entropy
 
     @property
     def policy(self) -> nn.Module:
@@ -216,7 +243,8 @@ class GRPOTrainer(TRLTrainerAPI):
                         progress.num_tokens += self._batch.global_tokens
                     micro_batches.append((self._batch, micro % sizes.steps_per_generation, fresh))
 
-            # 2. Optimise: one optimizer step over the gradient_accumulation_steps micro-batches.
+            # 2. Optimise: one optimizer step over the gradient_accumulation_steps micro-batches (then, with
+            #    use_adaptive_entropy, the entropy controller's step).
             with run.timed(M.TIME_OPTIMIZATION):
                 self.optimize(micro_batches)
             if args.sync_ref_model and step % args.ref_model_sync_steps == 0:
@@ -384,17 +412,56 @@ class GRPOTrainer(TRLTrainerAPI):
     def optimize(self, micro_batches: list[tuple[GenerationBatch, int, bool]]) -> None:
         """One optimizer step over micro-batches given as (generation, index of the micro-batch in it, whether the
         generation was made on the current weights)."""
-        run, size = self.run, self.args.per_device_train_batch_size
+        args, run, size = self.args, self.run, self.args.per_device_train_batch_size
+        entropy_coef, entropy_sums = None, None  # the entropy term's coefficient this step; None: no entropy term
+        if self.entropy_bonus_enabled:  # every micro-batch of the step applies the same coefficient
+            entropy_coef = ops.applied_entropy_coef(
+                self.entropy_coef, self.last_window_entropy, args.entropy_target, args.use_adaptive_entropy
+            )
+            if args.use_adaptive_entropy:
+                entropy_sums = torch.zeros(2, dtype=torch.float64, device=self.accelerator.device)
         step_loss = 0.0
         for k, (batch, index, fresh) in enumerate(micro_batches):
             with run.accumulating(self.model, last=k == len(micro_batches) - 1):
-                step_loss += self.micro_step(batch, slice(index * size, (index + 1) * size), fresh)
+                idx = slice(index * size, (index + 1) * size)
+                step_loss += self.micro_step(batch, idx, fresh, entropy_coef, entropy_sums)
         self.run.optimizer_step(self.model, self.optimizer)
         self.run.metrics.add(M.LOSS, step_loss, 1)
+        if entropy_sums is not None:
+            self.adapt_entropy_coef(entropy_sums)
+        if entropy_coef is not None:
+            self.run.metrics.add(M.ENTROPY_COEF, self.entropy_coef, 1)
 
-    def micro_step(self, batch: GenerationBatch, idx: slice, fresh: bool = False) -> float:
+    def adapt_entropy_coef(self, entropy_sums: torch.Tensor) -> None:
+        """The adaptive controller's step (a collective): the step's token-weighted mean entropy over every
+        micro-batch and process moves entropy_coef for the next step. A step whose entropy is not finite (NaN
+        logits; its update was skipped) leaves the controller as it was."""
+        args = self.args
+        entropy = ops.window_entropy(self.accelerator.reduce(entropy_sums, "sum"))
+        if not math.isfinite(entropy):
+            return
+        self.entropy_coef = ops.adaptive_entropy_coef(
+            self.entropy_coef,
+            entropy,
+            args.entropy_target,
+            args.entropy_coef_delta,
+            args.entropy_coef_min,
+            args.entropy_coef_max,
+        )
+        self.last_window_entropy = entropy
+
+    def micro_step(
+        self,
+        batch: GenerationBatch,
+        idx: slice,
+        fresh: bool = False,
+        entropy_coef: float | None = None,
+        entropy_sums: torch.Tensor | None = None,
+    ) -> float:
         """Forward, backward and statistics of one micro-batch; returns its (scaled) loss. `fresh`: the batch was
         generated on the current weights, so the training log-probs are compared with the sampler's (sampling/*).
+        entropy_coef: the coefficient of the entropy term (None: the loss has none). entropy_sums: the adaptive
+        controller's (entropy sum, token count) of the optimizer step, which this micro-batch adds to.
         A method of its own so that its activations are released when it returns, before the next micro-batch's
         forward."""
         args = self.args
@@ -403,8 +470,12 @@ class GRPOTrainer(TRLTrainerAPI):
         logprobs = ops.logprobs_from_logits(logits, batch.completion_ids[idx], args.temperature)
         old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
         ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
-        with torch.no_grad():
-            entropy = ops.entropy_from_logits(logits.detach(), args.temperature)
+        if entropy_coef is not None:  # the entropy term backpropagates through the entropy
+            entropy_with_grad = ops.entropy_from_logits(logits, args.temperature)
+            entropy = entropy_with_grad.detach()
+        else:
+            with torch.no_grad():
+                entropy = ops.entropy_from_logits(logits.detach(), args.temperature)
         token_mask = None
         if args.top_entropy_quantile < 1.0:  # the policy loss only on the micro-batch's highest-entropy tokens
             token_mask = ops.high_entropy_mask(entropy, mask, 1.0 - args.top_entropy_quantile)
@@ -421,6 +492,11 @@ class GRPOTrainer(TRLTrainerAPI):
         )
         if args.loss_type not in STEP_NORMALISED_LOSS_TYPES:  # those already divide by the step's tokens
             loss = loss / args.gradient_accumulation_steps
+        if entropy_coef is not None:  # mean entropy over the policy term's tokens, per micro-batch of the step
+            bonus = ops.entropy_bonus(entropy_with_grad, mask, token_mask) / args.gradient_accumulation_steps
+            loss = loss - entropy_coef * bonus
+            if entropy_sums is not None:
+                entropy_sums += ops.entropy_window_sums(entropy, mask, token_mask)
         self.accelerator.backward(loss)
         with torch.no_grad():
             self.log_micro_step(out, entropy, mask)
