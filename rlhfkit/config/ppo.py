@@ -19,7 +19,7 @@ from rlhfkit.config.rules import (
     number,
     on_off_flags,
 )
-from rlhfkit.config.script import ModelConfig, ScriptArguments, check_adapter_merge
+from rlhfkit.config.script import REWARD_FUNCS_HELP, ModelConfig, ScriptArguments, check_adapter_merge
 from rlhfkit.config.train import TrainConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.kl import KL_ESTIMATORS
@@ -61,11 +61,7 @@ class PPOConfig(TrainConfig):
     reward_funcs: list[str] | None = field(
         default=None,
         metadata=meta(
-            "Reward functions f(prompts, completions, **columns) -> list[float | None] (sync or async), scored "
-            "beside reward_model_path, which becomes optional: the task's built-in rewards (e.g. correctness), TRL's "
-            "built-in names (think_format_reward, get_soft_overlong_punishment, accuracy_reward with math-verify), "
-            "or references 'module:function', 'module.function' (TRL's form) or 'path/to/file.py:function'.",
-            OrNone(ListOf(TEXT)),
+            f"{REWARD_FUNCS_HELP} Scored beside reward_model_path, which becomes optional.", OrNone(ListOf(TEXT))
         ),
     )
 

@@ -34,6 +34,15 @@ def _other_task_types() -> dict[str, str]:
     return {kind: why for kind in ("SEQ_CLS", "SEQ_2_SEQ_LM", "TOKEN_CLS", "QUESTION_ANS", "FEATURE_EXTRACTION")}
 
 
+# What --reward_funcs takes (both trainers: GRPOScriptArguments, PPOConfig).
+REWARD_FUNCS_HELP = (
+    "Reward functions f(prompts, completions, **columns) -> list[float | None] (sync or async): the task's built-in "
+    "rewards (e.g. correctness), TRL's built-in names (think_format_reward, get_soft_overlong_punishment, "
+    "accuracy_reward with math-verify), or references 'module:function', 'module.function' (TRL's form) or "
+    "'path/to/file.py:function'."
+)
+
+
 @on_off_flags
 @dataclass
 class ScriptArguments(CheckedConfig):
@@ -69,14 +78,7 @@ class GRPOScriptArguments(ScriptArguments):
         ),
     )
     reward_funcs: list[str] | None = field(
-        default=None,
-        metadata=meta(
-            "Reward functions f(prompts, completions, **columns) -> list[float | None] (sync or async): the task's "
-            "built-in rewards (e.g. correctness), TRL's built-in names (think_format_reward, "
-            "get_soft_overlong_punishment, accuracy_reward with math-verify), or references 'module:function', "
-            "'module.function' (TRL's form) or 'path/to/file.py:function'. Default: the task's rewards.",
-            OrNone(ListOf(TEXT)),
-        ),
+        default=None, metadata=meta(f"{REWARD_FUNCS_HELP} Default: the task's rewards.", OrNone(ListOf(TEXT)))
     )
 
 
