@@ -5,7 +5,7 @@ the run is recorded in run_config_history.jsonl, and run_config.json holds the l
 import json
 
 from rlhfkit.cli import main
-from rlhfkit.config import GRPOConfig, PPOConfig
+from rlhfkit.config import GRPOArguments, PPOArguments
 from rlhfkit.config.train import config_field_names
 from rlhfkit.trainers.run import SAFE_TO_CHANGE, config_changes
 from tests.helpers import asset_flags
@@ -76,7 +76,7 @@ def test_changed_settings_on_resume_are_refused_listed_allowed_and_recorded(tiny
 
 
 def test_safe_fields_are_a_short_explicit_list_and_any_other_field_is_checked():
-    names = set(config_field_names(PPOConfig)) | set(config_field_names(GRPOConfig))
+    names = set(config_field_names(PPOArguments)) | set(config_field_names(GRPOArguments))  # every flag of a run
     assert SAFE_TO_CHANGE <= names  # no misspelt name that would let nothing through
     for checked in ("learning_rate", "per_device_train_batch_size", "seed", "model_name_or_path", "dataset_name",
                     "total_episodes", "max_steps", "kl_coef", "num_generations", "loss_type", "gamma", "lam",
