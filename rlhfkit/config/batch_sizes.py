@@ -55,7 +55,8 @@ def ppo_batch_sizes(args, world_size: int, dataset_size: int) -> PPOBatchSizes:
 
 def grpo_generation_shape(args, world_size: int) -> tuple[int, int]:
     """(steps_per_generation, global completions per generation) as TRL derives them; ConfigError when the
-    generation batch does not hold whole groups or whole micro-batches."""
+    generation batch does not hold whole groups or whole micro-batches (with dynamic_sampling, when a process's share
+    of it does not hold whole groups)."""
     micro = args.per_device_train_batch_size * world_size  # completions of one micro-step, all processes
     if args.generation_batch_size is not None:
         steps = exact_div(
@@ -73,6 +74,18 @@ def grpo_generation_shape(args, world_size: int) -> tuple[int, int]:
             f"a generation of {completions} completions (per_device_train_batch_size {args.per_device_train_batch_size}"
             f" x {world_size} process(es) x steps_per_generation {steps}) does not hold whole groups of "
             f"num_generations {g}. Make it a multiple of {g}: e.g. --steps_per_generation "
+            f"{fits * max(1, math.ceil(steps / fits))}, or --per_device_train_batch_size {g}."
+        )
+    local = args.per_device_train_batch_size * steps  # one process's completions of a generation
+    if getattr(args, "dynamic_sampling", False) and local % args.num_generations:
+        g = args.num_generations
+        fits = g // math.gcd(g, args.per_device_train_batch_size)
+        raise ConfigError(
+            f"dynamic_sampling with {world_size} processes: each process's share of a generation, "
+            f"per_device_train_batch_size {args.per_device_train_batch_size} x steps_per_generation {steps} = {local} "
+            f"completions, is not a multiple of num_generations {g}, so a group would span two processes. Dynamic "
+            "sampling keeps or drops whole groups on the process that generated them (no completion moves between "
+            f"processes). Make it a multiple of {g}: e.g. --steps_per_generation "
             f"{fits * max(1, math.ceil(steps / fits))}, or --per_device_train_batch_size {g}."
         )
     return steps, completions

@@ -323,6 +323,27 @@ class GRPOConfig(TrainConfig):
     mask_truncated_completions: bool = field(
         default=False, metadata=meta("Leave completions that hit max_completion_length out of the loss.", FLAG)
     )
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata=meta(
+            "DAPO's dynamic sampling (AReaL's name): leave out the groups whose rewards have no spread (every "
+            "advantage 0, no gradient) and generate further batches of prompts until the generation batch is full of "
+            "groups with spread, at most max_num_gen_batches rounds (docs/algorithms/grpo.md). Each process keeps "
+            "whole groups of its own completions, so per_device_train_batch_size x steps_per_generation must be a "
+            "multiple of num_generations.",
+            FLAG,
+        ),
+    )
+    max_num_gen_batches: int = field(
+        default=10,
+        metadata=meta(
+            "dynamic_sampling: generation rounds per generation batch at most, the first included (verl's name); "
+            "0: no cap. When the cap is reached the batch is completed with zero-spread groups and the run goes on. "
+            "10 (DAPO's recipe in verl) keeps filling batches while about 1 group in 10 has spread, and bounds the "
+            "cost of a batch at 10 generations when almost none has.",
+            integer(ge=0),
+        ),
+    )
 
     def _apply_aliases(self) -> None:
         scale = self.scale_rewards
@@ -357,6 +378,12 @@ class GRPOConfig(TrainConfig):
             )
         if self.use_adaptive_entropy:
             self._check_adaptive_entropy()
+        if self.dynamic_sampling and self.max_num_gen_batches == 1:
+            raise ConfigError(
+                "max_num_gen_batches=1 with dynamic_sampling: one generation round per batch leaves no room for the "
+                "extra rounds that replace the dropped groups, so dynamic sampling would change nothing. It must be "
+                "0 (no cap) or >= 2: e.g. --max_num_gen_batches 10, or leave dynamic_sampling off."
+            )
         # The launcher's process count (accelerate launch sets WORLD_SIZE); the trainer checks again with its own.
         grpo_generation_shape(self, int(os.environ.get("WORLD_SIZE", "1")))
 

@@ -774,6 +774,46 @@ FRAC_REWARD_ZERO_STD = Metric(
     importance="stability",
     watch="Near 1 means almost every group is all-right or all-wrong: no gradient. Make prompts harder/easier "
     "or raise num_generations.",
+    vs_trl="With dynamic_sampling, over every group generated, those dropped included (the share dynamic sampling "
+    "acts on); the batch trained on then has none, or only the ones filled in at the cap.",
+)
+_PER_GENERATION = "mean over the window's generation batches"
+DYNAMIC_SAMPLING_EXTRA_ROUNDS = Metric(
+    name="dynamic_sampling/extra_rounds",
+    meaning="Generation rounds beyond the first that dynamic sampling needed to fill a generation batch.",
+    formula=f"{_PER_GENERATION} of (rounds - 1); a round generates G completions for a generation batch of prompts",
+    unit="rounds",
+    reduction="mean",
+    trainers=GRPO,
+    section="Dynamic sampling",
+    when="dynamic_sampling",
+    watch="Each round costs a full generation. Near max_num_gen_batches - 1: most groups have no spread (see "
+    "frac_reward_zero_std); the prompts are too easy or too hard for the policy.",
+)
+DYNAMIC_SAMPLING_ZERO_STD_GROUPS_DROPPED = Metric(
+    name="dynamic_sampling/zero_std_groups_dropped",
+    meaning="Groups without reward spread that dynamic sampling left out of a generation batch.",
+    formula=f"{_PER_GENERATION} of the count of generated groups with std R == 0 (as frac_reward_zero_std) that are "
+    "not in the batch",
+    unit="groups",
+    reduction="mean",
+    trainers=GRPO,
+    section="Dynamic sampling",
+    when="dynamic_sampling",
+)
+DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED = Metric(
+    name="dynamic_sampling/zero_std_groups_filled",
+    meaning="Slots of a generation batch filled with groups without reward spread because the rounds hit the cap.",
+    formula=f"{_PER_GENERATION} of the count of zero-spread groups kept after max_num_gen_batches rounds found too "
+    "few groups with spread (0 otherwise)",
+    unit="groups",
+    reduction="mean",
+    trainers=GRPO,
+    section="Dynamic sampling",
+    when="dynamic_sampling",
+    importance="stability",
+    watch="Above 0: even max_num_gen_batches rounds could not fill the batch with learning signal; the filled "
+    "groups add no gradient. Raise max_num_gen_batches (0: no cap) or change the prompts.",
 )
 KL = Metric(
     name="kl",

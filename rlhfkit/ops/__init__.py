@@ -6,6 +6,7 @@ Shapes: B sequences, T completion tokens, V vocabulary, G group size. Masks are 
 """
 
 from rlhfkit.ops.advantages import GAEOutput, gae, group_advantages
+from rlhfkit.ops.dynamic_sampling import GroupSelection, select_groups, zero_std_groups
 from rlhfkit.ops.entropy import (
     adaptive_entropy_coef,
     applied_entropy_coef,
@@ -14,6 +15,7 @@ from rlhfkit.ops.entropy import (
     entropy_window_sums,
     window_entropy,
 )
+from rlhfkit.ops.importance import IS_CORRECTION_MODES, BehaviourCorrection, behaviour_correction
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
 from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.losses import (
@@ -32,9 +34,13 @@ from rlhfkit.ops.masked import masked_mean, masked_sum, masked_var, masked_white
 from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_lengths, truncate_after_stop_token
 
 __all__ = [
+    "IS_CORRECTION_MODES",
+    "BehaviourCorrection",
+    "behaviour_correction",
     "AdaptiveKLController",
     "GRPOLossOutput",
     "GAEOutput",
+    "GroupSelection",
     "PenalizedRewards",
     "PolicyLossOutput",
     "ValueLossOutput",
@@ -62,7 +68,9 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "select_groups",
     "truncate_after_stop_token",
     "vespo_gamma_weights",
     "window_entropy",
+    "zero_std_groups",
 ]

@@ -16,6 +16,11 @@ Variant: GRPO as in DeepSeekMath (Shao et al., 2024, section 4.1, outcome superv
   ``num_iterations`` times; an optimizer step accumulates ``gradient_accumulation_steps`` micro-batches, so a
   generation may serve several steps (logp_old saved at generation then) or a step draw on several generations;
 * ``mask_truncated_completions`` leaves completions without a terminator out of the loss (DAPO);
+* ``dynamic_sampling`` (DAPO): groups whose rewards have no spread are dropped and further batches of prompts are
+  generated until the generation batch is full of groups with spread, at most ``max_num_gen_batches`` rounds, after
+  which zero-spread groups fill it (ops.select_groups; each process keeps whole groups it generated). Advantages and
+  the completions table are the kept batch's; completions/*, rewards/* and frac_reward_zero_std describe every
+  completion generated;
 * entropy regularisation (``entropy_coef``): the loss minus coef x the mean policy entropy over the tokens the policy
   term trains on, divided by gradient_accumulation_steps; ``use_adaptive_entropy`` moves coef by
   ``entropy_coef_delta`` after each optimizer step towards ``entropy_target`` and applies it only after a step whose
@@ -36,7 +41,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 
@@ -65,7 +70,16 @@ from rlhfkit.models import (
 )
 from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, GRPOLossOutput
 from rlhfkit.rewards import RewardOutput, RewardSources, reward_sources
-from rlhfkit.sampling import Completions, complete, decode, sampling_config, terminator_ids
+from rlhfkit.sampling import (
+    Chunk,
+    Completions,
+    cat_padded,
+    complete,
+    decode,
+    model_pad_id,
+    sampling_config,
+    terminator_ids,
+)
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
@@ -98,6 +112,20 @@ class GenerationBatch:
     global_tokens: int  # prompt + completion tokens, all processes
     sampling_logprobs: torch.Tensor | None = None  # (N, T) the sampler's log-probs of the completion tokens
     logged_columns: dict[str, list] = field(default_factory=dict)  # the reward functions' log_extra, (N,) each
+    rounds: int = 1  # generation rounds (prompt batches drawn) that made it: more than 1 only with dynamic_sampling
+
+
+@dataclass
+class GenerationRound:
+    """One round of sampling and scoring on this process (GRPOTrainer.sample_round): its completions, not yet a batch."""
+
+    chunk: Chunk  # this process's prompts and completions
+    prompts: list  # (n,) the dataset's prompts
+    completions: list[str]  # (n,) completion text
+    rewards: torch.Tensor  # (K, n) float64 raw rewards per source
+    gathered: torch.Tensor  # (P x n,) float64 total rewards of every process, in process order (CPU)
+    logged_columns: dict[str, list]  # the reward functions' log_extra, (n,) each
+    tokens: int  # prompt + completion tokens, all processes
 
 
 class GRPOTrainer(TRLTrainerAPI):
@@ -237,9 +265,9 @@ class GRPOTrainer(TRLTrainerAPI):
             with run.timed(M.TIME_ROLLOUT):
                 for micro in range((step - 1) * accumulation, step * accumulation):
                     if micro % sizes.micro_steps_per_generation == 0:
-                        self._batch, fresh = self.generate_and_score(next(prompts)), True
-                        progress.generations += 1
-                        progress.episode += sizes.completions
+                        self._batch, fresh = self.generate_and_score(next(prompts), prompts), True
+                        progress.generations += self._batch.rounds  # dynamic_sampling may draw further prompts
+                        progress.episode += sizes.completions * self._batch.rounds
                         progress.num_tokens += self._batch.global_tokens
                     micro_batches.append((self._batch, micro % sizes.steps_per_generation, fresh))
 
@@ -261,22 +289,44 @@ class GRPOTrainer(TRLTrainerAPI):
 
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()  # not inference_mode: the batch's tensors feed the loss's autograd graph later
-    def generate_and_score(self, prompt_indices: list[int]) -> GenerationBatch:
+    def generate_and_score(
+        self, prompt_indices: list[int], more_prompts: Iterator[list[int]] | None = None
+    ) -> GenerationBatch:
         """Sample G completions per prompt of the generation (all processes'), keep this process's slice, score
-        them, compute advantages over the whole generation and the no-gradient log-probs."""
-        G, n = self.args.num_generations, self.sizes.local_completions
-        mine = slice(self.accelerator.process_index * n, (self.accelerator.process_index + 1) * n)  # this process's
+        them, compute advantages over the whole generation and the no-gradient log-probs.
+
+        dynamic_sampling: after each round, the groups with reward spread are counted (on every process's rewards,
+        so all processes agree) and further generation batches of prompts are drawn from `more_prompts` until each
+        process holds its share of such groups, or max_num_gen_batches rounds were made (ops.select_groups); the
+        batch is then made of the kept groups."""
+        args = self.args
+        with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
+            rounds = [self.sample_round(model, prompt_indices)]
+            if not args.dynamic_sampling:
+                return self.batch_of(model, rounds[0].chunk, rounds[0], rounds[0].gathered, rounds)
+            cap, processes = args.max_num_gen_batches or math.inf, self.accelerator.num_processes
+            while True:
+                rewards = [r.gathered for r in rounds]
+                selection = ops.select_groups(rewards, args.num_generations, self.sizes.prompts, processes)
+                if selection.enough or len(rounds) >= cap or more_prompts is None:
+                    break
+                rounds.append(self.sample_round(model, next(more_prompts)))
+            m = self.run.metrics  # the same numbers on every process: their pooled mean is the number
+            m.add(M.DYNAMIC_SAMPLING_EXTRA_ROUNDS, len(rounds) - 1, 1)
+            m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_DROPPED, selection.zero_std_dropped, 1)
+            m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED, selection.filled, 1)
+            return self.kept_batch(model, rounds, selection.kept)
+
+    def sample_round(self, model: nn.Module, prompt_indices: list[int]) -> GenerationRound:
+        """One round: this process's slice of the completions to `prompt_indices` (all processes' prompts), with
+        `model` the unwrapped policy holding its whole weights; scored, gathered and logged (completions/*,
+        rewards/*, frac_reward_zero_std describe every round's completions)."""
+        args, acc, tok = self.args, self.accelerator, self.tokenizer
+        G, n, device = args.num_generations, self.sizes.local_completions, acc.device
+        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)  # this process's
         repeated = [i for i in prompt_indices for _ in range(G)][mine]  # groups are contiguous; one may span processes
         fetched = {i: self.train_dataset[i] for i in dict.fromkeys(repeated)}  # each prompt's row read once
         rows = [fetched[i] for i in repeated]
-        with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
-            return self.sample_and_score(model, rows, mine)
-
-    def sample_and_score(self, model: nn.Module, rows: list[dict], mine: slice) -> GenerationBatch:
-        """generate_and_score's work on this process's `rows` (its slice `mine` of the generation), with `model` the
-        unwrapped policy holding its whole weights."""
-        args, acc, tok = self.args, self.accelerator, self.tokenizer
-        G, device = args.num_generations, acc.device
         model.eval()
         config = self.sampling_config(args.max_completion_length)
         (chunk,) = complete(model, [r["input_ids"] for r in rows], config, len(rows), device)  # one chunk: all of it
@@ -293,19 +343,92 @@ class GRPOTrainer(TRLTrainerAPI):
         logged_columns, logged_metrics = take_reward_logs(self.rewards, acc)  # log_extra, log_metric (collective)
         self.run.reward_metrics.add(logged_metrics)
 
-        # Advantages over the whole generation (all processes), so scale_rewards="batch" uses the batch std and a
-        # group spanning processes is one group; each process's completions are a contiguous block in gathered order.
+        # Every process's rewards, in process order: a group spanning processes is one group.
         gathered = acc.gather(total.to(device)).double().cpu()
+        zero_std = ops.zero_std_groups(gathered, G).repeat_interleave(G)[mine]
+        counts = torch.tensor([chunk.prompt_mask.sum(), completions.mask.sum()], dtype=torch.float64, device=device)
+        prompt_tokens, completion_tokens = acc.reduce(counts, "sum").tolist()
+        self.log_generation(outputs, total, zero_std, completions, prompts, texts)
+        return GenerationRound(
+            chunk=chunk,
+            prompts=prompts,
+            completions=texts,
+            rewards=torch.stack([o.values for o in outputs]),
+            gathered=gathered,
+            logged_columns=logged_columns,
+            tokens=int(prompt_tokens + completion_tokens),
+        )
+
+    def kept_batch(self, model: nn.Module, rounds: list[GenerationRound], kept: list[int]) -> GenerationBatch:
+        """The batch of the groups `kept` (ops.select_groups: indices into the rounds' groups, process by process):
+        this process's share are groups it generated, whose rows are padded again to a common width (prompts on the
+        left, completions on the right) when they come from several rounds."""
+        G, P, acc = self.args.num_generations, self.accelerator.num_processes, self.accelerator
+        per_round = self.sizes.prompts  # groups of a round, all processes
+        local_groups = per_round // P
+        mine = kept[acc.process_index * local_groups : (acc.process_index + 1) * local_groups]
+        gathered = torch.cat([r.gathered for r in rounds]).view(-1, G)[kept].reshape(-1)  # the batch's, all processes
+        first = rounds[0]
+        if len(rounds) == 1:  # one round holds exactly the batch's groups: all of them are kept, in order
+            return self.batch_of(model, first.chunk, first, gathered, rounds)
+        parts: list[tuple[GenerationRound, torch.Tensor]] = []  # (round, this process's rows of it), in order
+        for r, source in enumerate(rounds):
+            groups = [g % per_round - acc.process_index * local_groups for g in mine if g // per_round == r]
+            if groups:
+                rows = [g * G + i for g in groups for i in range(G)]
+                parts.append((source, torch.tensor(rows, device=source.chunk.prompt_ids.device)))
+        pad = model_pad_id(model, self.tokenizer.pad_token_id)
+        chunks = [(source.chunk, rows) for source, rows in parts]
+        logprobs = None
+        if all(c.logprobs is not None for c, _ in chunks):
+            logprobs = cat_padded([c.logprobs[rows] for c, rows in chunks], 0.0)
+        chunk = Chunk(
+            prompt_ids=cat_padded([c.prompt_ids[rows] for c, rows in chunks], pad, left=True),
+            prompt_mask=cat_padded([c.prompt_mask[rows] for c, rows in chunks], False, left=True),
+            completions=Completions(
+                ids=cat_padded([c.completions.ids[rows] for c, rows in chunks], pad),
+                mask=cat_padded([c.completions.mask[rows] for c, rows in chunks], False),
+                terminated=torch.cat([c.completions.terminated[rows] for c, rows in chunks]),
+            ),
+            logprobs=logprobs,
+        )
+        scored = GenerationRound(
+            chunk=chunk,
+            prompts=[source.prompts[i] for source, rows in parts for i in rows.tolist()],
+            completions=[source.completions[i] for source, rows in parts for i in rows.tolist()],
+            rewards=torch.cat([source.rewards[:, rows.to(source.rewards.device)] for source, rows in parts], dim=1),
+            gathered=gathered,
+            logged_columns={
+                key: [v for source, rows in parts for v in (source.logged_columns[key][i] for i in rows.tolist())]
+                for key in first.logged_columns
+            },
+            tokens=0,
+        )
+        return self.batch_of(model, chunk, scored, gathered, rounds)
+
+    def batch_of(
+        self,
+        model: nn.Module,
+        chunk: Chunk,
+        scored: GenerationRound,
+        gathered: torch.Tensor,
+        rounds: list[GenerationRound],
+    ) -> GenerationBatch:
+        """The GenerationBatch of this process's completions `chunk` with their texts and rewards (`scored`):
+        advantages over the whole batch (all processes' total rewards `gathered`, so scale_rewards="batch" uses the
+        batch std; each process's completions a contiguous block in gathered order), the loss mask and the
+        no-gradient log-probs. rounds: every round generated for it (episode and token counts)."""
+        args, acc = self.args, self.accelerator
+        G, device = args.num_generations, acc.device
+        n = self.sizes.local_completions
+        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)
+        completions = chunk.completions
+        ids, mask = chunk.input_ids, chunk.attention_mask
         advantages = ops.group_advantages(gathered, G, args.scale_rewards)[mine].float().to(device)
-        group_std = gathered.view(-1, G).std(dim=1)
-        zero_std = torch.isclose(group_std, torch.zeros_like(group_std)).repeat_interleave(G)[mine]
 
         mask_truncated = args.mask_truncated_completions
         loss_mask = completions.mask & completions.terminated[:, None] if mask_truncated else completions.mask
-        counts = torch.tensor(
-            [chunk.prompt_mask.sum(), completions.mask.sum(), loss_mask.sum()], dtype=torch.float64, device=device
-        )
-        prompt_tokens, completion_tokens, loss_tokens = acc.reduce(counts, "sum").tolist()
+        loss_tokens = acc.reduce(loss_mask.sum().to(torch.float64).reshape(1), "sum").item()
 
         width = chunk.prompt_ids.shape[1]
         old_logprobs = None
@@ -314,23 +437,23 @@ class GRPOTrainer(TRLTrainerAPI):
             exact = self.run.sampling_logprobs_exact(model)
             old_logprobs = chunk.logprobs if exact else self.logprobs(model, ids, mask, width, completions.ids)
         ref_logprobs = self.reference_logprobs(model, ids, mask, width, completions.ids)
-        self.log_generation(outputs, total, zero_std, completions, prompts, texts)
         return GenerationBatch(
-            prompts=prompts,
-            completions=texts,
+            prompts=scored.prompts,
+            completions=scored.completions,
             input_ids=ids,
             attention_mask=mask,
             prompt_width=width,
             completion_ids=completions.ids,
             loss_mask=loss_mask,
             advantages=advantages,
-            rewards=torch.stack([o.values for o in outputs]),
+            rewards=scored.rewards,
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
             num_items=self.step_tokens(loss_tokens),
-            global_tokens=int(prompt_tokens + completion_tokens),
+            global_tokens=sum(r.tokens for r in rounds),
             sampling_logprobs=chunk.logprobs,
-            logged_columns=logged_columns,
+            logged_columns=scored.logged_columns,
+            rounds=len(rounds),
         )
 
     def step_tokens(self, generation_tokens: float) -> float:
