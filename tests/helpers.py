@@ -1,5 +1,9 @@
 """Small helpers shared by the tests."""
 
+import os
+import subprocess
+import sys
+
 from rlhfkit import ops
 from rlhfkit.metrics import registry
 from rlhfkit.models import policy_logits
@@ -14,6 +18,19 @@ def asset_flags(assets, task: bool = True) -> list[str]:
         "--dataset_name", str(assets / "prompts"),
     ]  # fmt: skip
     return flags + (["--task", str(assets)] if task else [])
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_two_processes(command: list[str], cwd, **env: str) -> None:
+    """Run `rlhfkit COMMAND...` under accelerate launch with 2 CPU processes (one thread each) from `cwd`, with the
+    repository importable (tests' reward functions) and the extra environment `env`; fail with its stderr."""
+    config = os.path.join(REPO, "examples", "accelerate_configs", "cpu_2proc.yaml")
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "-m", "rlhfkit.cli", *command]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO, **env)
+    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
 
 
 def full_forward_logprobs(model, chunk, temperature: float):

@@ -14,7 +14,7 @@ from rlhfkit.metrics import registry
 from rlhfkit.sampling import decoders
 from rlhfkit.tasks import load_task
 from rlhfkit.trainers.build import build_grpo_trainer
-from tests.helpers import expand_templates
+from tests.helpers import expand_templates, run_two_processes
 from tests.trainers import grpo_rewards
 
 
@@ -218,24 +218,17 @@ def test_bad_reward_functions_are_named(tiny_assets, tmp_path, name, message):
 
 def test_two_processes_pool_metrics(tiny_assets, tmp_path):
     """Under accelerate launch with 2 CPU processes every logged number pools both processes' completions."""
-    import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out, record = tmp_path / "run", str(tmp_path / "calls")
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", os.path.join(root, "examples/accelerate_configs/cpu_2proc.yaml"),
-        "-m", "rlhfkit.cli", "grpo",
+    command = [
+        "grpo",
         "--model_name_or_path", str(tiny_assets / "sft"), "--dataset_name", str(tiny_assets / "prompts"),
         "--output_dir", str(out), "--report_to", "none", "--num_generations", "4",
         "--per_device_train_batch_size", "8", "--max_steps", "2", "--max_completion_length", "8",
         "--num_sample_generations", "0", "--logging_steps", "1", "--save_steps", "0", "--scale_rewards", "batch",
         "--reward_funcs", "tests.trainers.grpo_rewards:recorded_length",
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", RLHFKIT_TEST_RECORD=record, PYTHONPATH=root)
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_two_processes(command, tmp_path, RLHFKIT_TEST_RECORD=record)
     rows = train_rows(read_jsonl(out / "metrics.jsonl"))
     per_rank = records(record)
     assert len(per_rank) == 2 and all(len(calls) == 2 for calls in per_rank)

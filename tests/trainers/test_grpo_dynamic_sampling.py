@@ -3,8 +3,6 @@ batch trained on holds only groups with reward spread, extra rounds draw further
 with zero-spread groups, a resumed run continues exactly, and a run with nothing to drop is the run without it."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ from rlhfkit import GRPOConfig
 from rlhfkit.config import grpo_batch_sizes
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.build import build_grpo_trainer
+from tests.helpers import run_two_processes
 from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows
 from tests.trainers.test_resume import assert_same_run, resume_from, rows_of
 
@@ -156,21 +155,16 @@ def test_resumes_exactly(tiny_assets, tmp_path):
 def test_two_processes(tiny_assets, tmp_path):
     """Under accelerate launch with 2 CPU processes each process keeps whole groups of its own completions; every
     process's completions table holds only groups with spread, and the metrics count both processes' groups."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch",
-        "--config_file", os.path.join(root, "examples/accelerate_configs/cpu_2proc.yaml"),
-        "-m", "rlhfkit.cli", "grpo",
+    command = [
+        "grpo",
         "--model_name_or_path", str(tiny_assets / "sft"), "--dataset_name", str(tiny_assets / "prompts"),
         "--output_dir", str(out), "--report_to", "none", "--num_generations", "4",
         "--per_device_train_batch_size", "8", "--max_steps", "2", "--max_completion_length", "8",
         "--num_sample_generations", "0", "--logging_steps", "1", "--save_steps", "0", "--scale_rewards", "batch",
         "--reward_funcs", f"{HERE}:flat_for_even_prompts", "--dynamic_sampling", "--log_completions",
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=root)
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_two_processes(command, tmp_path)
     rows = train_rows(read_jsonl(out / "metrics.jsonl"))
     assert len(rows) == 2
     episode = 0

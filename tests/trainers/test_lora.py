@@ -5,8 +5,6 @@ without a GPU exits 2. Exact resume with LoRA: tests/trainers/test_resume.py."""
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ from rlhfkit.metrics import registry
 from rlhfkit.models import is_peft_model, load_scalar_model, policy_logits, response_logits, with_lora
 from rlhfkit.ops import logprobs_from_logits
 from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
-from tests.helpers import asset_flags, expand_templates
+from tests.helpers import asset_flags, expand_templates, run_two_processes
 from tests.test_cli import rlhfkit
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import read_jsonl, small_config, update_rows
@@ -309,19 +307,15 @@ def test_quantised_loading_without_a_gpu_exits_2_before_loading(tiny_assets, tmp
 def test_two_processes_train_lora_and_write_the_merged_policy(tiny_assets, tmp_path):
     """Under accelerate launch (2 CPU processes): the adapters train in DDP, and the merged policy, written after the
     run (and its process group) ended, comes from the main process alone."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-        os.path.join(root, "examples/accelerate_configs/cpu_2proc.yaml"), "-m", "rlhfkit.cli", "ppo",
+    command = [
+        "ppo",
         *asset_flags(tiny_assets), "--output_dir", str(out), "--report_to", "none", "--use_peft", "--merge_adapter",
         "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--num_mini_batches", "2",
         "--num_ppo_epochs", "1", "--total_episodes", "32", "--response_length", "8",
         "--local_rollout_forward_batch_size", "8", "--num_sample_generations", "0", "--save_steps", "0",
     ]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_two_processes(command, tmp_path)
     assert [r["episode"] for r in update_rows(read_jsonl(out / "metrics.jsonl"))] == [16, 32]
     for name in ("adapter_model.safetensors", "value_model/adapter_model.safetensors", "merged/model.safetensors"):
         assert (out / name).is_file(), name

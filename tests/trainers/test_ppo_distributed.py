@@ -1,55 +1,22 @@
 """PPO under `accelerate launch` with two CPU processes: episodes and counts are global, metrics pooled."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import asset_flags
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import asset_flags, run_two_processes
 
 
 def test_two_processes_pool_metrics(tiny_assets, tmp_path):
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        os.path.join(ROOT, "examples/accelerate_configs/cpu_2proc.yaml"),
-        "-m",
-        "rlhfkit.cli",
+    command = [
         "ppo",
-        *asset_flags(tiny_assets),
-        "--output_dir",
-        str(out),
-        "--report_to",
-        "none",
-        "--per_device_train_batch_size",
-        "4",
-        "--gradient_accumulation_steps",
-        "2",
-        "--num_mini_batches",
-        "2",
-        "--num_ppo_epochs",
-        "1",
-        "--total_episodes",
-        "32",
-        "--response_length",
-        "8",
-        "--local_rollout_forward_batch_size",
-        "8",
-        "--num_sample_generations",
-        "1",
-        "--save_steps",
-        "0",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
+        *asset_flags(tiny_assets), "--output_dir", str(out), "--report_to", "none",
+        "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "2", "--num_mini_batches", "2",
+        "--num_ppo_epochs", "1", "--total_episodes", "32", "--response_length", "8",
+        "--local_rollout_forward_batch_size", "8", "--num_sample_generations", "1", "--save_steps", "0",
+    ]  # fmt: skip
+    run_two_processes(command, tmp_path)
     rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
     updates = [r for r in rows if "episode" in r]
     # 2 processes x 4 per device x 2 accumulation = 16 rollouts per update; 32 episodes = 2 updates,
