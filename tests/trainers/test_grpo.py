@@ -216,18 +216,22 @@ def test_bad_reward_functions_are_named(tiny_assets, tmp_path, name, message):
     assert message in str(info.value)
 
 
-def test_two_processes_pool_metrics(tiny_assets, tmp_path):
-    """Under accelerate launch with 2 CPU processes every logged number pools both processes' completions."""
-
-    out, record = tmp_path / "run", str(tmp_path / "calls")
-    command = [
+def two_process_grpo_command(assets, out, reward_func: str) -> list[str]:
+    """`rlhfkit grpo` for a 2-process launch: 2 steps of 2 groups of 4 completions per process, every step logged."""
+    return [
         "grpo",
-        "--model_name_or_path", str(tiny_assets / "sft"), "--dataset_name", str(tiny_assets / "prompts"),
+        "--model_name_or_path", str(assets / "sft"), "--dataset_name", str(assets / "prompts"),
         "--output_dir", str(out), "--report_to", "none", "--num_generations", "4",
         "--per_device_train_batch_size", "8", "--max_steps", "2", "--max_completion_length", "8",
         "--num_sample_generations", "0", "--logging_steps", "1", "--save_steps", "0", "--scale_rewards", "batch",
-        "--reward_funcs", "tests.trainers.grpo_rewards:recorded_length",
+        "--reward_funcs", reward_func,
     ]  # fmt: skip
+
+
+def test_two_processes_pool_metrics(tiny_assets, tmp_path):
+    """Under accelerate launch with 2 CPU processes every logged number pools both processes' completions."""
+    out, record = tmp_path / "run", str(tmp_path / "calls")
+    command = two_process_grpo_command(tiny_assets, out, "tests.trainers.grpo_rewards:recorded_length")
     run_two_processes(command, tmp_path, RLHFKIT_TEST_RECORD=record)
     rows = train_rows(read_jsonl(out / "metrics.jsonl"))
     per_rank = records(record)

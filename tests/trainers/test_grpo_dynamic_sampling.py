@@ -12,7 +12,7 @@ from rlhfkit.config import grpo_batch_sizes
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.build import build_grpo_trainer
 from tests.helpers import run_two_processes
-from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows
+from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows, two_process_grpo_command
 from tests.trainers.test_resume import assert_same_run, resume_from, rows_of
 
 HERE = "tests.trainers.test_grpo_dynamic_sampling"
@@ -156,15 +156,8 @@ def test_two_processes(tiny_assets, tmp_path):
     """Under accelerate launch with 2 CPU processes each process keeps whole groups of its own completions; every
     process's completions table holds only groups with spread, and the metrics count both processes' groups."""
     out = tmp_path / "run"
-    command = [
-        "grpo",
-        "--model_name_or_path", str(tiny_assets / "sft"), "--dataset_name", str(tiny_assets / "prompts"),
-        "--output_dir", str(out), "--report_to", "none", "--num_generations", "4",
-        "--per_device_train_batch_size", "8", "--max_steps", "2", "--max_completion_length", "8",
-        "--num_sample_generations", "0", "--logging_steps", "1", "--save_steps", "0", "--scale_rewards", "batch",
-        "--reward_funcs", f"{HERE}:flat_for_even_prompts", "--dynamic_sampling", "--log_completions",
-    ]  # fmt: skip
-    run_two_processes(command, tmp_path)
+    command = two_process_grpo_command(tiny_assets, out, f"{HERE}:flat_for_even_prompts")
+    run_two_processes([*command, "--dynamic_sampling", "--log_completions"], tmp_path)
     rows = train_rows(read_jsonl(out / "metrics.jsonl"))
     assert len(rows) == 2
     episode = 0
