@@ -15,7 +15,6 @@ from rlhfkit.ops.entropy import (
     entropy_window_sums,
     window_entropy,
 )
-from rlhfkit.ops.importance import IS_CORRECTION_MODES, BehaviourCorrection, behaviour_correction
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
 from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.losses import (
@@ -34,9 +33,6 @@ from rlhfkit.ops.masked import masked_mean, masked_sum, masked_var, masked_white
 from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_lengths, truncate_after_stop_token
 
 __all__ = [
-    "IS_CORRECTION_MODES",
-    "BehaviourCorrection",
-    "behaviour_correction",
     "AdaptiveKLController",
     "GRPOLossOutput",
     "GAEOutput",
