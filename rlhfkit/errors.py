@@ -129,3 +129,18 @@ class HealthStop(TrainingStopped):
             "--health warn.",
             checkpoint,
         )
+
+
+class GenerationWorkerStopped(TrainingStopped):
+    """The asynchronous generation worker exited while the trainer waited for completions (--async_generation)."""
+
+    exit_status = 5
+
+    def __init__(self, cause: str, step: int, checkpoint: str, output_dir: str):
+        super().__init__(
+            f"Training stopped after step {step}: {cause}. The state after step {step} is saved in {checkpoint}; the "
+            "rounds the worker had not delivered are generated again on resume. Look for the worker's own error "
+            "above (or the system's: out of memory kills a process without one), then continue with the same command "
+            f"plus --output_dir {output_dir} --resume_from_checkpoint latest.",
+            checkpoint,
+        )

@@ -89,7 +89,13 @@ class Group:
 # TRL's LoRA flags that rlhfkit's --use_peft does not take (it takes use_peft, lora_r, lora_alpha, lora_dropout,
 # lora_target_modules, lora_modules_to_save, lora_task_type, use_rslora, use_dora, load_in_4bit/8bit and bnb_*).
 _OTHER_ADAPTERS = ("lora_target_parameters", "model_adapter_name", "ref_adapter_name")
-_VLLM = tuple(name for name in TRL_GRPO_FLAGS if name.startswith("vllm_"))
+# The vllm_importance_sampling_* settings are TRL's names for the correction of a stale or foreign sampler; rlhfkit
+# applies them to async_generation's stale batches.
+_VLLM = tuple(
+    name
+    for name in TRL_GRPO_FLAGS
+    if name.startswith("vllm_") and not name.startswith("vllm_importance_sampling_") or name.endswith("_cap")
+)
 
 GROUPS: tuple[Group, ...] = (
     # --- planned ---------------------------------------------------------------------------------------------------

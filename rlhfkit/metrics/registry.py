@@ -815,6 +815,138 @@ DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED = Metric(
     watch="Above 0: even max_num_gen_batches rounds could not fill the batch with learning signal; the filled "
     "groups add no gradient. Raise max_num_gen_batches (0: no cap) or change the prompts.",
 )
+_ASYNC = "async_generation"
+_PER_ROUND = "over the window's generations"
+ASYNC_STALENESS_MEAN = Metric(
+    name="sample/staleness_mean",
+    meaning="How many optimizer steps older than the trainer's weights the generations trained on were.",
+    formula=f"mean {_PER_ROUND} of (optimizer steps taken) - (steps behind the weights that sampled it)",
+    unit="steps",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+    watch="max_staleness once the pipeline is full (0 at the first steps and after a resume).",
+)
+ASYNC_STALENESS_MAX = Metric(
+    name="sample/staleness_max",
+    meaning="The oldest generation trained on in the window, in optimizer steps behind the trainer's weights.",
+    formula=f"max {_PER_ROUND} of the staleness",
+    unit="steps",
+    reduction="max",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+    watch="Never above max_staleness: the trainer asks for at most max_staleness generations ahead.",
+)
+ASYNC_QUEUE_SIZE = Metric(
+    name="sample/rollout_queue_size",
+    meaning="Generations finished and waiting when the trainer took one (the one it took included).",
+    formula=f"mean {_PER_ROUND} of the results ready in the worker's queue at the trainer's take",
+    unit="generations",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+    watch="Near 1 with perf/rollout_wait_s high: generation is the bottleneck; near max_staleness + 1: the "
+    "trainer is.",
+)
+ASYNC_ROLLOUT_WAIT = Metric(
+    name="perf/rollout_wait_s",
+    meaning="Seconds per step the trainer sat waiting for the generation worker.",
+    formula="mean over the window's steps and processes of the seconds between asking the queue for a generation "
+    "and getting it",
+    unit="s",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+    watch="Large against time/optimization: generation is slower than optimisation, so the overlap hides only "
+    "the optimisation; give the worker more threads (generation_threads) or shorter completions.",
+)
+ASYNC_BACKPRESSURE = Metric(
+    name="rollout/backpressure_s",
+    meaning="Seconds per generation the worker sat idle, waiting for the trainer to ask for the next one.",
+    formula=f"mean {_PER_ROUND} of the worker's wait for the request of that generation (the staleness bound holding "
+    "it back)",
+    unit="s",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+    watch="Large: optimisation is the bottleneck and the worker idles; give the trainer more threads.",
+)
+ASYNC_GENERATED_TOKENS_PER_S = Metric(
+    name="rollout/generated_tokens_per_s",
+    meaning="The generation worker's sampling speed.",
+    formula=f"completion tokens {_PER_ROUND} / the worker's seconds sampling them (pooled over processes)",
+    unit="tokens/s",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+)
+ASYNC_WEIGHT_SYNC = Metric(
+    name="perf/weight_sync_s",
+    meaning="Seconds per step the trainer spent copying its weights out to the generation worker.",
+    formula="mean over the window's steps of the time to flatten the parameters and post their send (the transfer "
+    "itself runs in the background)",
+    unit="s",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+)
+_BEHAVIOUR = (
+    "over the completion tokens of each micro-batch, with d_bt = logp_old_bt - logp_behaviour_bt, logp_old the "
+    "trainer's log-probs at the update and logp_behaviour the worker's at sampling"
+)
+OFF_POLICY_MISMATCH_KL = Metric(
+    name="off_policy/mismatch_kl",
+    meaning="KL divergence of the trainer's policy from the one that sampled the batch (stale weights included).",
+    formula=f"token mean of exp(d_bt) - 1 - d_bt (k3 estimate of KL(behaviour || old)) {_BEHAVIOUR}",
+    unit="nats/token",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when=_ASYNC,
+    importance="stability",
+    watch="About 1e-6 at staleness 0 in fp32; grows with max_staleness and the learning rate. Much above kl's scale: "
+    "the batches are too old for the correction to mend; lower max_staleness or the learning rate.",
+)
+OFF_POLICY_IS_WEIGHT_MEAN = Metric(
+    name="off_policy/importance_weight_mean",
+    meaning="Mean weight the importance-sampling correction gave the tokens of stale batches.",
+    formula=f"token mean of the weight (exp(d_bt), or exp of its sequence sum, truncated or masked into "
+    f"[clip_min, clip_max]) over stale batches {_BEHAVIOUR}",
+    unit="ratio",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when="async_generation, a stale batch and vllm_importance_sampling_correction",
+)
+OFF_POLICY_TRUNCATED_FRAC = Metric(
+    name="off_policy/truncated_frac",
+    meaning="Share of stale batches' tokens whose importance weight was truncated into [clip_min, clip_max].",
+    formula=f"token mean of 1[ratio outside the bounds] in the *_truncate modes, over stale batches {_BEHAVIOUR}",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when="async_generation, a stale batch and vllm_importance_sampling_correction",
+)
+OFF_POLICY_MASKED_FRAC = Metric(
+    name="off_policy/masked_frac",
+    meaning="Share of stale batches' tokens the importance-sampling correction left out (weight 0).",
+    formula=f"token mean of 1[ratio outside the bounds] in the *_mask modes, over stale batches {_BEHAVIOUR}",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Asynchronous generation",
+    when="async_generation, a stale batch and vllm_importance_sampling_correction",
+    importance="stability",
+    watch="Above a few percent: much of each batch no longer trains; lower max_staleness or the learning rate.",
+)
 KL = Metric(
     name="kl",
     meaning="KL divergence of the current policy from the reference, per completion token (k3 estimator).",

@@ -15,6 +15,7 @@ from rlhfkit.ops.entropy import (
     entropy_window_sums,
     window_entropy,
 )
+from rlhfkit.ops.importance import IS_CORRECTION_MODES, BehaviourCorrection, behaviour_correction
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
 from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.losses import (
@@ -34,6 +35,8 @@ from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_l
 
 __all__ = [
     "AdaptiveKLController",
+    "BehaviourCorrection",
+    "IS_CORRECTION_MODES",
     "GRPOLossOutput",
     "GAEOutput",
     "GroupSelection",
@@ -41,6 +44,7 @@ __all__ = [
     "PolicyLossOutput",
     "ValueLossOutput",
     "adaptive_entropy_coef",
+    "behaviour_correction",
     "aggregate_token_loss",
     "applied_entropy_coef",
     "clipped_policy_loss",

@@ -34,7 +34,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -64,7 +64,15 @@ from rlhfkit.engines import (
     prepare_frozen,
     process_share,
 )
-from rlhfkit.errors import ConfigError, HealthStop, Interrupted, NonFiniteStop, RunLockedError, StorageError
+from rlhfkit.errors import (
+    ConfigError,
+    GenerationWorkerStopped,
+    HealthStop,
+    Interrupted,
+    NonFiniteStop,
+    RunLockedError,
+    StorageError,
+)
 from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
@@ -671,6 +679,14 @@ class TrainingRun:
         if self.guard.exhausted:
             raise NonFiniteStop(self.guard.streak, step, checkpoint)
         raise Interrupted(signum, step, checkpoint, output_dir)
+
+    def stop_for_generation_worker(self, cause: str) -> NoReturn:
+        """The generation worker is gone (`cause` says how), between steps: checkpoint the state after the last
+        finished step, close the trackers and raise the GenerationWorkerStopped that says how to resume."""
+        step = self.progress.step
+        checkpoint = self.save_checkpoint(step)
+        self.logger.finish()
+        raise GenerationWorkerStopped(cause, step, checkpoint, self.args.output_dir)
 
 
 class _RunLogger(RunLogger):
