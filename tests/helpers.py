@@ -41,10 +41,14 @@ def full_forward_logprobs(model, chunk, temperature: float):
     return ops.logprobs_from_logits(logits, chunk.completions.ids, temperature)
 
 
-def expand_templates(metrics: list[registry.Metric], reward_func_names: list[str]) -> list[registry.Metric]:
+def expand_templates(
+    metrics: list[registry.Metric], reward_func_names: list[str], async_generation: bool = False
+) -> list[registry.Metric]:
     """`metrics` with every template replaced by its expansion for each reward function, order kept: what a run
-    with those reward functions logs."""
+    with those reward functions logs (without async_generation, none of the metrics only it logs)."""
     out: list[registry.Metric] = []
     for m in metrics:
+        if m.when.startswith("async_generation") and not async_generation:
+            continue
         out += [registry.expand(m, name) for name in reward_func_names] if registry.is_template(m) else [m]
     return out

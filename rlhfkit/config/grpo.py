@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from rlhfkit.config.asynchronous import AsyncGenerationConfig, check_async_adapter
 from rlhfkit.config.batch_sizes import grpo_generation_shape
 from rlhfkit.config.rules import (
     FLAG,
@@ -24,7 +25,6 @@ from rlhfkit.config.script import GRPOScriptArguments, ModelConfig, check_adapte
 from rlhfkit.config.train import TrainConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.advantages import GROUP_SCALES
-from rlhfkit.ops.importance import IS_CORRECTION_MODES
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 
 # model_init_kwargs key -> the field that carries it (what TRL's GRPO script puts there, from its ModelConfig)
@@ -38,7 +38,7 @@ MODEL_INIT_FIELDS = {
 
 @on_off_flags
 @dataclass
-class GRPOConfig(TrainConfig):
+class GRPOConfig(AsyncGenerationConfig, TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.GRPOTrainer` (names, meanings and defaults as in TRL's ``GRPOConfig``).
 
     As in TRL, ``per_device_train_batch_size`` counts completions: 16 with ``num_generations=8`` is 2 prompts.
@@ -346,62 +346,6 @@ class GRPOConfig(TrainConfig):
         ),
     )
 
-    async_generation: bool = field(
-        default=False,
-        metadata=meta(
-            "Generate in a worker process beside the trainer, with a copy of the policy that receives the new weights "
-            "after each optimizer step over torch.distributed (gloo), so generation overlaps optimisation; batches are "
-            "at most max_staleness optimizer steps old, and the loss corrects stale ones with the "
-            "vllm_importance_sampling_* settings (docs/async.md). Needs one generation per optimizer step "
-            "(steps_per_generation x num_iterations = gradient_accumulation_steps).",
-            FLAG,
-        ),
-    )
-    max_staleness: int = field(
-        default=1,
-        metadata=meta(
-            "async_generation: how many optimizer steps older than the trainer's weights a generation may be (TRL's "
-            "async trainers' name; they default to 4). 0 generates every batch on the current weights, which "
-            "reproduces the synchronous run exactly (no overlap); 1 overlaps each step's optimisation with the next "
-            "batch's generation.",
-            integer(ge=0),
-        ),
-    )
-    generation_threads: int = field(
-        default=0,
-        metadata=meta(
-            "async_generation on a CPU: torch threads of the generation worker. 0: half of the trainer's threads (at "
-            "least 1), and the trainer keeps the rest; a value > 0 gives the worker that many and leaves the "
-            "trainer's as they are.",
-            integer(ge=0),
-        ),
-    )
-    vllm_importance_sampling_correction: bool = field(
-        default=True,
-        metadata=meta(
-            "async_generation: weight the loss of a batch generated on older weights by pi_old / pi_behaviour (TRL "
-            "1.16's correction, named after vLLM, its only sampler that needed it); batches generated on the "
-            "current weights are not reweighted, as in the synchronous trainer.",
-            FLAG,
-        ),
-    )
-    vllm_importance_sampling_mode: str = field(
-        default="sequence_mask",
-        metadata=meta(
-            "The correction's weight: per token or per sequence (the product over its tokens), truncated into "
-            "[clip_min, clip_max] or set to 0 outside it (masked). TRL's default: sequence_mask.",
-            OneOf(IS_CORRECTION_MODES),
-        ),
-    )
-    vllm_importance_sampling_clip_max: float | None = field(
-        default=3.0,
-        metadata=meta("The correction's upper bound (None: unbounded).", OrNone(number(gt=0))),
-    )
-    vllm_importance_sampling_clip_min: float | None = field(
-        default=None,
-        metadata=meta("The correction's lower bound (None: unbounded).", OrNone(number(ge=0))),
-    )
-
     def _apply_aliases(self) -> None:
         scale = self.scale_rewards
         if isinstance(scale, bool) or str(scale).lower() in ("true", "false"):
@@ -464,13 +408,6 @@ class GRPOConfig(TrainConfig):
                 "async_generation with dynamic_sampling is not supported yet: dynamic sampling draws a varying number "
                 "of generation rounds per step, which the asynchronous schedule does not bound. Use one of the two."
             )
-        if self.vllm_importance_sampling_clip_min is not None and self.vllm_importance_sampling_clip_max is not None:
-            if self.vllm_importance_sampling_clip_min > self.vllm_importance_sampling_clip_max:
-                raise ConfigError(
-                    f"vllm_importance_sampling_clip_min ({self.vllm_importance_sampling_clip_min}) is greater than "
-                    f"vllm_importance_sampling_clip_max ({self.vllm_importance_sampling_clip_max}): the correction "
-                    "keeps its weight between them. Swap them, or unset one."
-                )
 
     def _check_adaptive_entropy(self) -> None:
         """use_adaptive_entropy: the controller keeps the coefficient in [entropy_coef_min, entropy_coef_max], so the
@@ -540,12 +477,7 @@ class GRPOArguments(GRPOConfig, GRPOScriptArguments, ModelConfig):
                 "sync_ref_model needs a reference model to move, but with --use_peft the reference is the policy with "
                 "its adapter disabled, not a model of its own. Leave --use_peft out, or leave sync_ref_model off."
             )
-        if self.async_generation and self.use_peft:
-            raise ConfigError(
-                "async_generation with --use_peft is not supported yet: the generation worker holds a plain copy of "
-                "the policy and receives whole weights, not an adapter. Leave --use_peft out, or leave "
-                "async_generation off."
-            )
+        check_async_adapter(self)
 
 
 GRPOConfig.full_arguments = GRPOArguments

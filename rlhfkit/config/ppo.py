@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from rlhfkit.config.asynchronous import AsyncGenerationConfig, check_async_adapter
 from rlhfkit.config.rules import (
     FLAG,
     JSON_OBJECT,
@@ -30,7 +31,7 @@ PPO_KL_ESTIMATORS = tuple(e for e in KL_ESTIMATORS if e != "k2")
 
 @on_off_flags
 @dataclass
-class PPOConfig(TrainConfig):
+class PPOConfig(AsyncGenerationConfig, TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.PPOTrainer` (names and meanings as in TRL's ``PPOConfig``)."""
 
     exp_name: str = inherited(TrainConfig, "exp_name", "ppo")
@@ -207,6 +208,7 @@ class PPOArguments(PPOConfig, ScriptArguments, ModelConfig):
     def _check_combinations(self) -> None:
         super()._check_combinations()
         check_adapter_merge(self)
+        check_async_adapter(self)
 
 
 PPOConfig.full_arguments = PPOArguments

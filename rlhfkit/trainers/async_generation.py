@@ -18,7 +18,7 @@ import collections
 import queue
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -29,6 +29,8 @@ import torch.multiprocessing as mp
 from torch import nn
 from transformers import GenerationConfig
 
+from rlhfkit import ops
+from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, Completions, complete
 
 _POLL_S = 1.0  # how often the trainer checks that the worker is alive while waiting for a round
@@ -42,7 +44,8 @@ class GenerationWorkerDied(RuntimeError):
 @dataclass
 class RoundRequest:
     index: int  # the generation round, counted from the start of training
-    prompt_ids: list[list[int]]  # this process's prompts, G copies of each, in order
+    prompt_ids: list[list[int]]  # this process's prompts (GRPO: G copies of each), in order
+    batch_size: int  # prompts per sampling chunk
     version: int  # the optimizer steps behind the weights to sample with
     weights: bool  # new weights precede this request on the gloo group
     rng: dict[str, torch.Tensor] | None  # the sampler's RNG state to start from (None: continue the worker's own)
@@ -52,7 +55,7 @@ class RoundRequest:
 class RoundResult:
     index: int
     version: int
-    chunk: Chunk  # prompts, completions and the sampler's log-probs, on the CPU
+    chunks: list[Chunk]  # prompts, completions and the sampler's log-probs, on the CPU, chunk by chunk
     rng: dict[str, torch.Tensor]  # the sampler's RNG state after the round
     generate_s: float  # seconds the worker spent sampling the round
     idle_s: float  # seconds the worker waited for this request (held back by the staleness bound)
@@ -148,13 +151,15 @@ def _worker_main(
                 set_sampler_rng(request.rng, target)
             start = time.perf_counter()
             with torch.no_grad(), torch.autocast(target.type, autocast_dtype, enabled=autocast_dtype is not None):
-                (chunk,) = complete(model, request.prompt_ids, sampling, len(request.prompt_ids), target)
+                chunks = [
+                    _to_cpu(c) for c in complete(model, request.prompt_ids, sampling, request.batch_size, target)
+                ]
             generate_s = time.perf_counter() - start
             results.put(
                 RoundResult(
                     request.index,
                     request.version,
-                    _to_cpu(chunk),
+                    chunks,
                     sampler_rng(target),
                     generate_s,
                     idle,
@@ -190,7 +195,7 @@ def _chunk_to(chunk: Chunk, device: torch.device) -> Chunk:
 class Received:
     """A round as the trainer takes it: the completions and what the asynchronous metrics need."""
 
-    chunk: Chunk  # on the trainer's device
+    chunks: list[Chunk]  # on the trainer's device
     context: Any  # what the trainer attached to the request (its prompts' rows)
     staleness: int  # optimizer steps between the weights that sampled it and the trainer's now
     queued: int  # rounds ready in the queue when the trainer took this one (this one included)
@@ -251,24 +256,33 @@ class AsyncGeneration:
         self.next_index = 0
         self._sends: list = []  # the last weight transfer's (work, tensor): kept alive until it completes
         self.weight_sync_s = 0.0  # trainer seconds spent sending weights since the last take_weight_sync_s
+        self.restore_threads = 0  # the trainer's torch threads before start_async_generation split them (0: kept)
 
     @property
     def in_flight(self) -> int:
         return len(self.pending)
 
-    def request(self, prompt_ids: list[list[int]], context: Any, version: int, rng: dict | None) -> None:
-        """Ask for one round of `prompt_ids` sampled with the weights of `version` (the trainer's current ones,
-        sent now if the worker has older ones). context: kept and handed back with the round."""
+    def request(
+        self, prompt_ids: list[list[int]], batch_size: int, context: Any, version: int, rng: dict | None
+    ) -> None:
+        """Ask for one round of `prompt_ids` sampled in chunks of `batch_size` with the weights of `version` (the
+        trainer's current ones, sent now if the worker has older ones). context: kept and handed back with the
+        round."""
+        if not self.process.is_alive():
+            raise self._died(f"before the trainer asked for generation round {self.next_index}")
         weights = version != self.sent_version
         if weights:
             start = time.perf_counter()
-            for work, _ in self._sends:
-                work.wait()
-            flats = flatten_weights(self.params)
-            self._sends = [(self.group.send([flat], 1, tag), flat) for tag, flat in enumerate(flats)]
+            try:
+                for work, _ in self._sends:
+                    work.wait()
+                flats = flatten_weights(self.params)
+                self._sends = [(self.group.send([flat], 1, tag), flat) for tag, flat in enumerate(flats)]
+            except RuntimeError as e:  # gloo: the connection closed
+                raise self._died(f"while the trainer sent it the weights of update {version} ({e})") from None
             self.sent_version = version
             self.weight_sync_s += time.perf_counter() - start
-        self.requests.put(RoundRequest(self.next_index, prompt_ids, version, weights, rng))
+        self.requests.put(RoundRequest(self.next_index, prompt_ids, batch_size, version, weights, rng))
         self.pending.append((self.next_index, context))
         self.next_index += 1
 
@@ -283,18 +297,20 @@ class AsyncGeneration:
                 break
             except queue.Empty:
                 if not self.process.is_alive():
-                    raise GenerationWorkerDied(
-                        f"the generation worker (pid {self.process.pid}) exited with code {self.process.exitcode} "
-                        f"while the trainer waited for generation round {index}"
-                    ) from None
+                    raise self._died(f"while the trainer waited for generation round {index}") from None
         wait_s = time.perf_counter() - start
         if isinstance(result, _Failure):
             raise GenerationWorkerDied(f"the generation worker failed on round {index}:\n{result.text}")
         assert result.index == index, (result.index, index)
         queued = 1 + self._ready()
-        return Received(
-            _chunk_to(result.chunk, self.device), context, version - result.version, queued, wait_s, result
-        )
+        chunks = [_chunk_to(c, self.device) for c in result.chunks]
+        return Received(chunks, context, version - result.version, queued, wait_s, result)
+
+    def _died(self, when: str) -> GenerationWorkerDied:
+        self.process.join(timeout=10)  # a killed process may not have been reaped yet: its exit code
+        code = self.process.exitcode
+        how = f"exited with code {code}" if code is not None else "stopped answering"
+        return GenerationWorkerDied(f"the generation worker (pid {self.process.pid}) {how} {when}")
 
     def _ready(self) -> int:
         try:
@@ -306,9 +322,41 @@ class AsyncGeneration:
         value, self.weight_sync_s = self.weight_sync_s, 0.0
         return value
 
+    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> Received:
+        """The trainer's next generation: first ask for rounds until max_staleness + 1 are in flight, each on the
+        current weights (run.progress.step updates), `ask()` giving the next round's (prompt ids, chunk size,
+        context); then take the oldest and log the asynchronous metrics into run.metrics.
+
+        max_staleness 0 hands the worker the sampler's RNG state with every request and takes the advanced state
+        back, so it samples exactly what the synchronous trainer would; above 0 the worker continues its own RNG from
+        the state of the first request (after start or resume). A dead worker stops the run with a checkpoint of
+        the last finished update (run.stop_for_generation_worker)."""
+        version = run.progress.step
+        try:
+            while self.in_flight < self.max_staleness + 1:
+                prompt_ids, batch_size, context = ask()
+                rng = sampler_rng(self.device) if self.max_staleness == 0 or self.next_index == 0 else None
+                self.request(prompt_ids, batch_size, context, version, rng)
+            got = self.receive(version)
+        except GenerationWorkerDied as e:
+            run.stop_for_generation_worker(str(e))
+        if self.max_staleness == 0:
+            set_sampler_rng(got.result.rng, self.device)
+        m = run.metrics
+        m.add(M.ASYNC_STALENESS_MEAN, got.staleness, 1)
+        m.add_extreme(M.ASYNC_STALENESS_MAX, got.staleness)
+        m.add(M.ASYNC_QUEUE_SIZE, got.queued, 1)
+        m.add(M.ASYNC_ROLLOUT_WAIT, got.wait_s, 1)
+        m.add(M.ASYNC_BACKPRESSURE, got.result.idle_s, 1)
+        tokens = sum(c.completions.mask.sum().item() for c in got.chunks)
+        m.add(M.ASYNC_GENERATED_TOKENS_PER_S, tokens, got.result.generate_s)
+        m.add(M.ASYNC_WEIGHT_SYNC, self.take_weight_sync_s(), 1)
+        return got
+
     def close(self) -> None:
-        """Stop the worker (it finishes the round it is on) and release the group."""
-        if self.process.is_alive():
+        """Stop the worker: at once if it is generating rounds no one will take (they would only delay the end of
+        the run), else after it reads the stop request."""
+        if self.process.is_alive() and not self.pending:
             self.requests.put(None)
             self.process.join(timeout=30)
         if self.process.is_alive():
@@ -316,3 +364,55 @@ class AsyncGeneration:
             self.process.join()
         self.requests.close()
         self.results.close()
+        if self.restore_threads:
+            torch.set_num_threads(self.restore_threads)
+
+
+def start_async_generation(run, model: nn.Module, sampling: GenerationConfig, args, policy=lambda m: m):
+    """The generation worker of a run, built from the current weights of `policy(model)` (the unwrapped, whole
+    model; a resumed run's weights too). On a CPU, generation_threads 0 splits the trainer's torch threads between
+    the two (the worker gets half, at least 1)."""
+    acc = run.accelerator
+    threads, total = args.generation_threads, torch.get_num_threads()
+    split = threads == 0 and acc.device.type == "cpu"
+    if split:
+        threads = max(1, total // 2)
+        torch.set_num_threads(max(1, total - threads))
+    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(acc.mixed_precision))
+    with run.gathered(model) as whole:
+        worker = AsyncGeneration(
+            policy(whole),
+            sampling,
+            acc.device,
+            args.max_staleness,
+            version=run.progress.step,
+            threads=threads,
+            autocast_dtype=autocast,
+        )
+    worker.restore_threads = total if split else 0
+    return worker
+
+
+@torch.no_grad()
+def behaviour_weights(metrics, old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, staleness: int, args):
+    """A batch the worker sampled: log how far the trainer's log-probs `old` (B, T) are from the worker's
+    `behaviour` (B, T) over `mask` (off_policy/*), and return the per-token weights (B, T) of TRL 1.16's
+    importance-sampling correction (ops.behaviour_correction with the vllm_importance_sampling_* settings) for a
+    stale batch, or None: a batch sampled on the current weights is not reweighted, as in the synchronous trainer,
+    nor is any with vllm_importance_sampling_correction off."""
+    d = (old.double() - behaviour.double()).masked_fill(~mask, 0.0)
+    metrics.add_tensor(M.OFF_POLICY_MISMATCH_KL, d.exp() - 1 - d, mask)
+    if staleness == 0 or not args.vllm_importance_sampling_correction:
+        return None
+    correction = ops.behaviour_correction(
+        old,
+        behaviour,
+        mask,
+        args.vllm_importance_sampling_mode,
+        args.vllm_importance_sampling_clip_min,
+        args.vllm_importance_sampling_clip_max,
+    )
+    metrics.add_tensor(M.OFF_POLICY_IS_WEIGHT_MEAN, correction.weights.double(), mask)
+    metrics.add_tensor(M.OFF_POLICY_TRUNCATED_FRAC, correction.truncated.double(), mask)
+    metrics.add_tensor(M.OFF_POLICY_MASKED_FRAC, correction.masked.double(), mask)
+    return correction.weights

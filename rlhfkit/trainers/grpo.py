@@ -81,7 +81,7 @@ from rlhfkit.sampling import (
     terminator_ids,
 )
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
-from rlhfkit.trainers.async_generation import AsyncGeneration, GenerationWorkerDied, sampler_rng, set_sampler_rng
+from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_async_generation
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -190,12 +190,6 @@ class GRPOTrainer(TRLTrainerAPI):
         self.model, self.optimizer = prepare_trained(run, model, (model,))
         self._batch: GenerationBatch | None = None
         self._async: AsyncGeneration | None = None  # the generation worker while train() runs (async_generation)
-        if args.async_generation and run.engine.sharded:
-            raise ConfigError(
-                f"async_generation with {run.engine} is not supported yet: the generation worker needs the policy's "
-                "whole weights after every step, and this engine shards them. Use DDP (or one process), or leave "
-                "async_generation off."
-            )
         # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
         # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
         # Both are part of a checkpoint (state_dict).
@@ -266,7 +260,10 @@ class GRPOTrainer(TRLTrainerAPI):
         prompts = endless_batches(
             len(self.train_dataset), sizes.prompts, args.seed, skip=progress.generations, shuffle=args.shuffle_dataset
         )
-        self._async = self.start_async_generation() if args.async_generation else None
+        self._async = None
+        if args.async_generation:
+            sampling = self.sampling_config(args.max_completion_length)
+            self._async = start_async_generation(self.run, self.model, sampling, args)
         try:
             self.training_loop(prompts)
         finally:
@@ -340,59 +337,21 @@ class GRPOTrainer(TRLTrainerAPI):
             m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED, selection.filled, 1)
             return self.kept_batch(model, rounds, selection.kept)
 
-    def start_async_generation(self) -> AsyncGeneration:
-        """The generation worker, built from the policy's current weights (a resumed run's, too). On a CPU,
-        generation_threads 0 splits the trainer's torch threads between the two."""
-        args, acc = self.args, self.accelerator
-        threads = args.generation_threads
-        if threads == 0 and acc.device.type == "cpu":
-            total = torch.get_num_threads()
-            threads = max(1, total // 2)
-            torch.set_num_threads(max(1, total - threads))
-        autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(acc.mixed_precision))
-        with self.run.gathered(self.model) as model:
-            return AsyncGeneration(
-                model,
-                self.sampling_config(args.max_completion_length),
-                acc.device,
-                args.max_staleness,
-                version=self.run.progress.step,
-                threads=threads,
-                autocast_dtype=autocast,
-            )
-
     @torch.no_grad()
     def receive_generation(self, prompts: Iterator[list[int]]) -> GenerationBatch:
-        """async_generation: ask the worker for generations up to max_staleness ahead (each on the current weights),
-        take the oldest and make it a batch, as generate_and_score does with its own samples.
+        """async_generation: the worker's next generation (AsyncGeneration.next_round: asked for up to max_staleness
+        updates ahead, each on the weights of its time) made into a batch, as generate_and_score does with its own
+        samples."""
 
-        max_staleness 0 hands the worker the sampler's RNG state with every request and takes the advanced state
-        back, so it samples exactly what the synchronous trainer would; above 0 the worker continues its own RNG
-        from the state of the first request (after start or resume). A dead worker stops the run with a checkpoint
-        of the last finished step (run.stop_for_generation_worker)."""
-        args, device, worker = self.args, self.accelerator.device, self._async
-        version = self.run.progress.step
-        while worker.in_flight < args.max_staleness + 1:
+        def ask():
             rows = self.round_rows(next(prompts))
-            rng = sampler_rng(device) if args.max_staleness == 0 or worker.next_index == 0 else None
-            worker.request([r["input_ids"] for r in rows], rows, version, rng)
-        try:
-            got = worker.receive(version)
-        except GenerationWorkerDied as e:
-            self.run.stop_for_generation_worker(str(e))
-        if args.max_staleness == 0:
-            set_sampler_rng(got.result.rng, device)
-        m = self.run.metrics
-        m.add(M.ASYNC_STALENESS_MEAN, got.staleness, 1)
-        m.add_extreme(M.ASYNC_STALENESS_MAX, got.staleness)
-        m.add(M.ASYNC_QUEUE_SIZE, got.queued, 1)
-        m.add(M.ASYNC_ROLLOUT_WAIT, got.wait_s, 1)
-        m.add(M.ASYNC_BACKPRESSURE, got.result.idle_s, 1)
-        m.add(M.ASYNC_GENERATED_TOKENS_PER_S, got.chunk.completions.mask.sum().item(), got.result.generate_s)
-        m.add(M.ASYNC_WEIGHT_SYNC, worker.take_weight_sync_s(), 1)
+            return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
+
+        got = self._async.next_round(self.run, ask)
+        (chunk,) = got.chunks
         with self.run.gathered(self.model) as model:
-            scored = self.score_round(got.context, got.chunk)
-            batch = self.batch_of(model, got.chunk, scored, scored.gathered, [scored])
+            scored = self.score_round(got.context, chunk)
+            batch = self.batch_of(model, chunk, scored, scored.gathered, [scored])
         batch.staleness = got.staleness
         return batch
 
@@ -702,7 +661,10 @@ class GRPOTrainer(TRLTrainerAPI):
         )  # fmt: skip
         per_token_loss = out.per_token_loss
         if self._async is not None and batch.sampling_logprobs is not None:  # sampled by the worker's copy
-            per_token_loss = self.off_policy_correction(per_token_loss, old, batch, idx, mask)
+            m, behaviour = self.run.metrics, batch.sampling_logprobs[idx]
+            weights = behaviour_weights(m, old.detach(), behaviour, mask, batch.staleness, args)
+            if weights is not None:  # stale: TRL 1.16's importance-sampling correction
+                per_token_loss = per_token_loss * weights
         loss = ops.aggregate_token_loss(
             per_token_loss, mask, args.loss_type, args.max_completion_length, batch.num_items
         )
@@ -719,31 +681,6 @@ class GRPOTrainer(TRLTrainerAPI):
             if fresh and batch.sampling_logprobs is not None:
                 log_sampling_mismatch(self.run.metrics, logprobs, batch.sampling_logprobs[idx], mask)
         return loss.item()
-
-    def off_policy_correction(self, per_token_loss, old, batch: GenerationBatch, idx: slice, mask) -> torch.Tensor:
-        """async_generation: the mismatch between the trainer's log-probs `old` and the worker's that sampled the
-        tokens (off_policy/*), and, for a stale batch with vllm_importance_sampling_correction, the per-token loss
-        weighted by TRL 1.16's importance-sampling correction (ops.behaviour_correction). A batch sampled on the
-        current weights is not reweighted, as in the synchronous trainer."""
-        args, m = self.args, self.run.metrics
-        behaviour = batch.sampling_logprobs[idx]
-        with torch.no_grad():
-            d = (old.detach().double() - behaviour.double()).masked_fill(~mask, 0.0)
-            m.add_tensor(M.OFF_POLICY_MISMATCH_KL, d.exp() - 1 - d, mask)
-        if batch.staleness == 0 or not args.vllm_importance_sampling_correction:
-            return per_token_loss
-        correction = ops.behaviour_correction(
-            old,
-            behaviour,
-            mask,
-            args.vllm_importance_sampling_mode,
-            args.vllm_importance_sampling_clip_min,
-            args.vllm_importance_sampling_clip_max,
-        )
-        m.add_tensor(M.OFF_POLICY_IS_WEIGHT_MEAN, correction.weights.double(), mask)
-        m.add_tensor(M.OFF_POLICY_TRUNCATED_FRAC, correction.truncated.double(), mask)
-        m.add_tensor(M.OFF_POLICY_MASKED_FRAC, correction.masked.double(), mask)
-        return per_token_loss * correction.weights
 
     def log_micro_step(self, out: GRPOLossOutput, entropy, mask) -> None:
         """Entropy, KL and the clip statistics of one micro-batch (per token; per completion for a sequence-level

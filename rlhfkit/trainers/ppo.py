@@ -27,7 +27,7 @@ reference is the policy with its adapter disabled, not a copy (add_adapters, ref
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
@@ -64,8 +64,9 @@ from rlhfkit.rewards import (
     reward_name,
     reward_sources,
 )
-from rlhfkit.sampling import cat_padded, complete, decode, model_pad_id, sampling_config, terminator_ids
+from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id, sampling_config, terminator_ids
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
+from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_async_generation
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -114,6 +115,8 @@ class GenerationBatch:
     reward_outputs: list[RewardOutput]  # each reward source's raw values (functions, then the reward model)
     prompts: list  # the dataset's prompts (text, or lists of messages)
     completions: list[str]
+    staleness: int = 0  # updates between the weights that sampled it and those it trains (async_generation)
+    is_weights: torch.Tensor | None = None  # (B, T) importance-sampling correction of a stale batch, else None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -192,6 +195,7 @@ class PPOTrainer(TRLTrainerAPI):
         # Where exact (run.sampling_logprobs_exact), generation skips the policy forward; PPO's first ratio is then 1
         # up to fp32 rounding. Elsewhere a full forward recomputes them, as the update will see them.
         self.reuse_sampling_logprobs = run.sampling_logprobs_exact(model)
+        self._async: AsyncGeneration | None = None  # the generation worker while train() runs (async_generation)
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
@@ -293,11 +297,25 @@ class PPOTrainer(TRLTrainerAPI):
             skip=run.progress.step,  # one batch per update
             shuffle=args.shuffle_dataset,
         )
+        if args.async_generation:
+            sampling = self.sampling_config()
+            self._async = start_async_generation(run, self.model, sampling, args, attrgetter("policy"))
+        try:
+            self.training_loop(prompts)
+        finally:
+            if self._async is not None:
+                self._async.close()
+
+    def training_loop(self, prompts: Iterator[list[int]]) -> None:
+        args, sizes, run = self.args, self.sizes, self.run
         for update in run.steps():
-            # 1. Generate: complete a batch of prompts with the current policy, then score the completions.
-            rows = [self.train_dataset[i] for i in next(prompts)]
+            # 1. Generate: complete a batch of prompts with the current policy (async_generation: take the worker's
+            #    next batch, sampled by a policy at most max_staleness updates older), then score the completions.
             with run.timed(M.TIME_ROLLOUT):
-                batch = self.generate_and_score(rows)
+                if self._async is not None:
+                    batch = self.receive_generation(prompts)
+                else:
+                    batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
 
             # 2. Rewards: per-token KL penalty to the reference, score on the last real completion token.
             mask = batch.completion_mask
@@ -327,24 +345,53 @@ class PPOTrainer(TRLTrainerAPI):
             run.end_step(update, {M.OBJECTIVE_KL_COEF.name: kl_coef_used, M.EPOCH.name: epoch})
 
     # ------------------------------------------------------------------------------------------------
+    def sampling_config(self):
+        args, tok = self.args, self.tokenizer
+        return sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
+
+    def receive_generation(self, prompts: Iterator[list[int]]) -> GenerationBatch:
+        """async_generation: the worker's next batch of completions (AsyncGeneration.next_round: asked for up to
+        max_staleness updates ahead, each on the weights of its time), with this trainer's log-probs, reference
+        log-probs, values and scores; a stale batch carries its importance-sampling weights."""
+        size = self.args.local_rollout_forward_batch_size
+
+        def ask():
+            rows = [self.train_dataset[i] for i in next(prompts)]
+            return [r["input_ids"] for r in rows], size, rows
+
+        got = self._async.next_round(self.run, ask)
+        batch = self.generate_and_score(got.context, got.chunks, got.staleness)
+        mask = batch.completion_mask
+        weights = behaviour_weights(
+            self.run.metrics, batch.logprobs, batch.sampling_logprobs, mask, got.staleness, self.args
+        )
+        batch.staleness, batch.is_weights = got.staleness, weights
+        return batch
+
     @torch.inference_mode()
-    def generate_and_score(self, rows: list[dict]) -> GenerationBatch:
+    def generate_and_score(
+        self, rows: list[dict], sampled: list[Chunk] | None = None, staleness: int = 0
+    ) -> GenerationBatch:
         """Complete the prompts of `rows`, with log-probs, reference log-probs and values, in chunks of
         local_rollout_forward_batch_size; then score the completions.
 
         rows: the dataset rows (their prompts are what the task checker and the reward functions read; the prompt
-        tokens, which may have been truncated, are what the model saw)."""
+        tokens, which may have been truncated, are what the model saw). sampled: the completions' chunks when the
+        generation worker sampled them (async_generation), `staleness` updates ago; the log-probs are then the
+        current policy's, from a forward, unless the worker sampled with these very weights."""
         args, tok, device = self.args, self.tokenizer, self.accelerator.device
-        config = sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
+        config = self.sampling_config()
+        reuse_sampling_logprobs = self.reuse_sampling_logprobs and staleness == 0
         fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "terminated")
         parts: dict[str, list] = {k: [] for k in (*fields, "logprobs", "sampling_logprobs", "ref_logprobs", "values")}
         prompt_token_ids, size = [r["input_ids"] for r in rows], args.local_rollout_forward_batch_size
         with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
             model.eval()
-            for chunk in complete(model.policy, prompt_token_ids, config, size, device):
+            chunks = sampled if sampled is not None else complete(model.policy, prompt_token_ids, config, size, device)
+            for chunk in chunks:
                 completions, logprobs = chunk.completions, chunk.logprobs
                 ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
-                if self.reuse_sampling_logprobs:
+                if reuse_sampling_logprobs:
                     values = token_values(model.value_model, ids, mask)
                 else:
                     logits, values = model(ids, mask, width)
@@ -440,7 +487,8 @@ class PPOTrainer(TRLTrainerAPI):
             order = torch.randperm(sizes.local_batch_size, device=batch.prompt_ids.device)
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
                 mini = order[start : start + sizes.local_mini_batch_size]
-                fresh = epoch == 0 and start == 0  # no optimizer step on this batch yet: the sampler's weights
+                # no optimizer step on this batch yet, and sampled on these weights (not stale): the sampler's weights
+                fresh = epoch == 0 and start == 0 and batch.staleness == 0
                 for k, micro_start in enumerate(range(0, len(mini), micro)):
                     with run.accumulating(self.model, last=k == sizes.micro_batches_per_mini_batch - 1):
                         self.micro_step(batch, advantages, returns, mini[micro_start : micro_start + micro], fresh)
@@ -458,7 +506,10 @@ class PPOTrainer(TRLTrainerAPI):
         vpred = values[:, width - 1 : -1]
         pg = ops.clipped_policy_loss(new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange)
         vf = ops.clipped_value_loss(vpred, batch.values[idx], returns[idx], mask, args.cliprange_value)
-        loss = (pg.loss + args.vf_coef * vf.loss) / self.sizes.micro_batches_per_mini_batch
+        pg_loss = pg.loss
+        if batch.is_weights is not None:  # a stale batch: TRL 1.16's importance-sampling correction
+            pg_loss = ops.masked_mean(pg.per_token_loss * batch.is_weights[idx], mask)
+        loss = (pg_loss + args.vf_coef * vf.loss) / self.sizes.micro_batches_per_mini_batch
         self.accelerator.backward(loss)
         with torch.no_grad():
             entropy = ops.entropy_from_logits(logits.detach(), args.temperature)

@@ -262,6 +262,12 @@ class TrainingRun:
             self.resume = Resume(path, read_state(path))
             self.changes = self._check_changes(self.resume)
         self.accelerator, self.engine = self._make_accelerator()
+        if getattr(args, "async_generation", False) and self.engine.sharded:
+            raise ConfigError(
+                f"async_generation with {self.engine} is not supported yet: the generation worker needs the policy's "
+                "whole weights after every update, and this engine shards them. Use DDP, DeepSpeed ZeRO-1/2 or one "
+                "process, or leave async_generation off."
+            )
         self.lock: RunLock | None = None
         self._lock_output_dir()
         self._frozen: list = []  # what keeps the frozen models' engines alive (engines.prepare_frozen)
