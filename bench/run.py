@@ -47,6 +47,7 @@ SHARED_PACKAGES = (
     "numpy",
 )
 LIBRARIES = ("rlhfkit", "trl")
+ASYNC = "rlhfkit-async"  # rlhfkit with --async_generation (bench/run.py --async-staleness K)
 
 
 def log(msg: str) -> None:
@@ -159,9 +160,12 @@ def run_one(
         "eval_max_new_tokens": S.EVAL_MAX_NEW_TOKENS,
     }
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
-    runner = RUNNERS / ("rlhfkit_runner.py" if library == "rlhfkit" else f"trl_{trainer}_runner.py")
+    if library == ASYNC:  # the same runner, settings and thread count; the trainer splits the threads with its worker
+        spec["rlhfkit_settings"] = {**cfg["rlhfkit"], "async_generation": "true", "max_staleness": ns.async_staleness}
+        (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
+    runner = RUNNERS / ("rlhfkit_runner.py" if library != "trl" else f"trl_{trainer}_runner.py")
     env = child_env(ns.threads, ns.device, str(Path(paths["tokenizer"]) / "tokenizer.json"))
-    cwd = REPO_DIR if library == "rlhfkit" else run_dir  # TRL's runner starts where nothing of rlhfkit is importable
+    cwd = REPO_DIR if library != "trl" else run_dir  # TRL's runner starts where nothing of rlhfkit is importable
     with open(run_dir / "log.txt", "w") as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -183,6 +187,7 @@ def run_one(
         tail = (run_dir / "log.txt").read_text()[-4000:]
         raise RuntimeError(f"{library} {trainer} run {run} failed (exit {code}); log {run_dir / 'log.txt'}:\n{tail}")
     result = json.loads(result_path.read_text())
+    result["library"] = library  # rlhfkit's runner says "rlhfkit" for both of rlhfkit's schedules
     result["process_seconds"] = round(wall, 3)
     result["new_tokens"] = cfg["new_tokens"]
     result["run_dir"] = str(run_dir)
@@ -247,26 +252,36 @@ def medians(results: list[dict]) -> dict:
     return out
 
 
+def ratios_to_trl(med: dict, lib: str) -> dict:
+    return {
+        key: med[lib][key] / med["trl"][key]
+        if med[lib][key] is not None and med["trl"][key] not in (None, 0)
+        else None
+        for key, *_ in ROWS
+    }
+
+
 def summarize(data: dict) -> dict:
+    """Per trainer: each library's medians, and rlhfkit's (and rlhfkit-async's, when measured) ratios to TRL."""
     summary = {}
     for trainer in data["meta"]["trainers"]:
+        libraries = [*LIBRARIES, ASYNC]
         by_lib = {
-            lib: [r for r in data["runs"] if r["trainer"] == trainer and r["library"] == lib] for lib in LIBRARIES
+            lib: [r for r in data["runs"] if r["trainer"] == trainer and r["library"] == lib] for lib in libraries
         }
-        if not all(by_lib.values()):
+        if not all(by_lib[lib] for lib in LIBRARIES):
             continue
+        by_lib = {lib: runs for lib, runs in by_lib.items() if runs}
         med = {lib: medians(rs) for lib, rs in by_lib.items()}
-        ratios = {}
-        for key, *_ in ROWS:
-            a, b = med["rlhfkit"][key], med["trl"][key]
-            ratios[key] = a / b if a is not None and b not in (None, 0) else None
+
         pairs = [a["episodes_per_s"] / b["episodes_per_s"] for a, b in zip(by_lib["rlhfkit"], by_lib["trl"])]
         summary[trainer] = {
             "median": med,
-            "ratio": ratios,
+            "ratio": ratios_to_trl(med, "rlhfkit"),
+            "ratios": {lib: ratios_to_trl(med, lib) for lib in by_lib if lib != "trl"},
             "n": {k: len(v) for k, v in by_lib.items()},
             "paired_eps_ratios": pairs,
-            "versions": {lib: by_lib[lib][0]["version"] for lib in LIBRARIES},
+            "versions": {lib: runs[0]["version"] for lib, runs in by_lib.items()},
         }
     return summary
 
@@ -297,23 +312,26 @@ def title(trainer: str, data: dict) -> str:
 def table_lines(trainer: str, data: dict, summary: dict, markdown: bool) -> list[str]:
     s = summary[trainer]
     v = s["versions"]
-    head = ["", f"rlhfkit {v['rlhfkit']}", f"TRL {v['trl']}", "rlhfkit / TRL"]
+    ours = [lib for lib in ("rlhfkit", ASYNC) if lib in s["median"]]
+    names = {"rlhfkit": "rlhfkit", ASYNC: f"rlhfkit async (max_staleness {data['meta'].get('async_staleness')})"}
+    head = ["", *(f"{names[lib]} {v[lib]}" for lib in ours), f"TRL {v['trl']}"]
+    head += [f"{names[lib]} / TRL" for lib in ours]
     rows = []
     for key, label, f, better in ROWS:
-        a, b, r = s["median"]["rlhfkit"][key], s["median"]["trl"][key], s["ratio"][key]
-        if a is None and b is None:  # not measured by this version of the harness
+        values = [s["median"][lib][key] for lib in [*ours, "trl"]]
+        if all(x is None for x in values):  # not measured by this version of the harness
             continue
         note = (
             {"high": " (higher is better)", "low": " (lower is better)"}.get(better, "")
             if key in ("episodes_per_s", "peak_rss_mb")
             else ""
         )
+        ratios = [s["ratios"][lib][key] for lib in ours]
         rows.append(
             [
                 label.strip() if markdown else label,
-                fmt(a, f),
-                fmt(b, f),
-                (fmt(r, "{:.2f}") + "x" if r is not None else "-") + note,
+                *(fmt(x, f) for x in values),
+                *((fmt(r, "{:.2f}") + "x" if r is not None else "-") + note for r in ratios),
             ]
         )
     if markdown:
@@ -470,6 +488,14 @@ def main(argv: list[str] | None = None) -> int:
         "several files are merged (e.g. PPO and GRPO measured in separate invocations)",
     )
     p.add_argument("--write-readme", action="store_true", help="also rewrite README's table after this run")
+    p.add_argument(
+        "--async-staleness",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also run rlhfkit with --async_generation --max_staleness K (same threads in all: the trainer gives half "
+        "to its generation worker)",
+    )
     p.add_argument("--summary", nargs="+", metavar="RESULTS.json", help="only print the tables of results files")
     ns = p.parse_args(argv)
 
@@ -521,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine(),
             "device": ns.device,
             "threads": ns.threads,
+            "async_staleness": ns.async_staleness,
             "runs": runs,
             "quick": ns.quick,
             "trainers": trainers,
@@ -537,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     out_path = RESULTS / f"results-{stamp}.json"
     for run in range(runs):
         for trainer in trainers:
-            order = LIBRARIES if run % 2 == 0 else LIBRARIES[::-1]  # alternate who goes first
+            libraries = (*LIBRARIES, ASYNC) if ns.async_staleness is not None else LIBRARIES
+            order = libraries if run % 2 == 0 else libraries[::-1]  # alternate who goes first
             for library in order:
                 log(f"[bench] {trainer} run {run + 1}/{runs}: {library} ...")
                 r = run_one(
@@ -545,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
                     trainer,
                     run,
                     ns.seed + run,
-                    pythons[trainer][library],
+                    pythons[trainer]["trl" if library == "trl" else "rlhfkit"],
                     configs[trainer],
                     paths,
                     ns,

@@ -82,7 +82,8 @@ def wrap_generation(probe) -> None:
 
 
 def own_timings(output_dir: str) -> dict:
-    """Sum of every ``time/*`` metric rlhfkit logged in metrics.jsonl (its own phase clock, for comparison)."""
+    """Sum of every ``time/*`` metric rlhfkit logged in metrics.jsonl (its own phase clock, for comparison), and with
+    --async_generation the seconds the trainer waited for its worker and the worker for its trainer."""
     totals: dict[str, float] = {}
     path = os.path.join(output_dir, "metrics.jsonl")
     if not os.path.exists(path):
@@ -91,7 +92,8 @@ def own_timings(output_dir: str) -> dict:
         for line in f:
             row = json.loads(line)
             for key, value in row.items():
-                if key.startswith("time/") and isinstance(value, (int, float)):
+                timed = key.startswith("time/") or key in ("perf/rollout_wait_s", "rollout/backpressure_s")
+                if timed and isinstance(value, (int, float)):
                     totals[key] = round(totals.get(key, 0.0) + value, 4)
     return totals
 

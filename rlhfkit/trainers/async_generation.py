@@ -115,18 +115,19 @@ def _worker_main(
     threads: int,
     autocast_dtype: torch.dtype | None,
     port: int,
+    ready,
     requests,
     results,
 ) -> None:
-    """The worker process: build the policy copy, then answer requests in order until a None arrives."""
+    """The worker process: build the policy copy, say it is ready, join the trainer's gloo group, then answer
+    requests in order until a None arrives."""
     try:
         if threads:
             torch.set_num_threads(threads)
-        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=_CONNECT_TIMEOUT)
-        group = dist.ProcessGroupGloo(store, 1, 2, _CONNECT_TIMEOUT)
         target = torch.device(device)
         dtype = next(iter(state.values())).dtype if state else None
-        model = model_class._from_config(model_config, dtype=dtype)
+        attention = getattr(model_config, "_attn_implementation", None)
+        model = model_class._from_config(model_config, dtype=dtype, attn_implementation=attention)
         model.load_state_dict(state)
         model.generation_config = generation_config
         model.to(target).eval()
@@ -135,6 +136,9 @@ def _worker_main(
         buffers = [
             torch.empty(sum(params[i].numel() for i in g), dtype=params[g[0]].dtype) for g in _dtype_groups(params)
         ]
+        ready.set()
+        store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=_CONNECT_TIMEOUT)
+        group = dist.ProcessGroupGloo(store, 1, 2, _CONNECT_TIMEOUT)  # the trainer joins with its first request
         while True:
             start = time.perf_counter()
             request = requests.get()
@@ -228,7 +232,7 @@ class AsyncGeneration:
         state = {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
         context = mp.get_context("spawn")
         store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=_CONNECT_TIMEOUT, wait_for_workers=False)
-        self.requests, self.results = context.Queue(), context.Queue()
+        self.requests, self.results, self._started = context.Queue(), context.Queue(), context.Event()
         self.process = context.Process(
             target=_worker_main,
             args=(
@@ -242,6 +246,7 @@ class AsyncGeneration:
                 threads,
                 autocast_dtype,
                 store.port,
+                self._started,
                 self.requests,
                 self.results,
             ),
@@ -250,7 +255,7 @@ class AsyncGeneration:
         )
         self.process.start()
         self._store = store
-        self.group = dist.ProcessGroupGloo(store, 0, 2, _CONNECT_TIMEOUT)
+        self.group = None  # joined with the first request: the worker joins once it is ready
         self.sent_version = version  # the worker starts with the weights it was built from
         self.pending: collections.deque[tuple[int, Any]] = collections.deque()  # (index, context) asked, not taken
         self.next_index = 0
@@ -270,6 +275,8 @@ class AsyncGeneration:
         round."""
         if not self.process.is_alive():
             raise self._died(f"before the trainer asked for generation round {self.next_index}")
+        if self.group is None:
+            self.group = dist.ProcessGroupGloo(self._store, 0, 2, _CONNECT_TIMEOUT)
         weights = version != self.sent_version
         if weights:
             start = time.perf_counter()
@@ -322,16 +329,30 @@ class AsyncGeneration:
         value, self.weight_sync_s = self.weight_sync_s, 0.0
         return value
 
-    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> Received:
+    @property
+    def ready(self) -> bool:
+        """Whether the worker has started: a new Python process importing torch and transformers takes seconds."""
+        return self._started.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._started.wait(timeout)
+
+    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> Received | None:
         """The trainer's next generation: first ask for rounds until max_staleness + 1 are in flight, each on the
         current weights (run.progress.step updates), `ask()` giving the next round's (prompt ids, chunk size,
-        context); then take the oldest and log the asynchronous metrics into run.metrics.
+        context); then take the oldest and log the asynchronous metrics into run.metrics. None while the worker is
+        still starting and nothing was asked of it yet: the trainer then samples this generation itself, exactly as
+        the synchronous trainer does, rather than wait.
 
         max_staleness 0 hands the worker the sampler's RNG state with every request and takes the advanced state
         back, so it samples exactly what the synchronous trainer would; above 0 the worker continues its own RNG from
         the state of the first request (after start or resume). A dead worker stops the run with a checkpoint of
         the last finished update (run.stop_for_generation_worker)."""
         version = run.progress.step
+        if not self.pending and not self.ready:
+            if not self.process.is_alive():
+                run.stop_for_generation_worker(str(self._died("while it started")))
+            return None
         try:
             while self.in_flight < self.max_staleness + 1:
                 prompt_ids, batch_size, context = ask()

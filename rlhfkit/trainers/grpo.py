@@ -189,7 +189,7 @@ class GRPOTrainer(TRLTrainerAPI):
             self.ref_model = run.prepare_frozen(frozen_copy(model))
         self.model, self.optimizer = prepare_trained(run, model, (model,))
         self._batch: GenerationBatch | None = None
-        self._async: AsyncGeneration | None = None  # the generation worker while train() runs (async_generation)
+        self._async: AsyncGeneration | None = None  # the generation worker (async_generation), until train() ends
         # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
         # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
         # Both are part of a checkpoint (state_dict).
@@ -202,6 +202,9 @@ class GRPOTrainer(TRLTrainerAPI):
         run.start(
             self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks
         )  # restores a checkpoint
+        if args.async_generation:  # started now, from the final weights: it boots while the caller goes on
+            sampling = self.sampling_config(args.max_completion_length)
+            self._async = start_async_generation(run, self.model, sampling, args)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -260,10 +263,6 @@ class GRPOTrainer(TRLTrainerAPI):
         prompts = endless_batches(
             len(self.train_dataset), sizes.prompts, args.seed, skip=progress.generations, shuffle=args.shuffle_dataset
         )
-        self._async = None
-        if args.async_generation:
-            sampling = self.sampling_config(args.max_completion_length)
-            self._async = start_async_generation(self.run, self.model, sampling, args)
         try:
             self.training_loop(prompts)
         finally:
@@ -348,6 +347,8 @@ class GRPOTrainer(TRLTrainerAPI):
             return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
 
         got = self._async.next_round(self.run, ask)
+        if got is None:  # the worker is still starting
+            return self.generate_and_score(next(prompts), prompts)
         (chunk,) = got.chunks
         with self.run.gathered(self.model) as model:
             scored = self.score_round(got.context, chunk)

@@ -195,7 +195,7 @@ class PPOTrainer(TRLTrainerAPI):
         # Where exact (run.sampling_logprobs_exact), generation skips the policy forward; PPO's first ratio is then 1
         # up to fp32 rounding. Elsewhere a full forward recomputes them, as the update will see them.
         self.reuse_sampling_logprobs = run.sampling_logprobs_exact(model)
-        self._async: AsyncGeneration | None = None  # the generation worker while train() runs (async_generation)
+        self._async: AsyncGeneration | None = None  # the generation worker (async_generation), until train() ends
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
@@ -205,6 +205,8 @@ class PPOTrainer(TRLTrainerAPI):
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
         run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks)  # restores a checkpoint
+        if args.async_generation:  # started now, from the final weights: it boots while the caller goes on
+            self._async = start_async_generation(run, self.model, self.sampling_config(), args, attrgetter("policy"))
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -297,9 +299,6 @@ class PPOTrainer(TRLTrainerAPI):
             skip=run.progress.step,  # one batch per update
             shuffle=args.shuffle_dataset,
         )
-        if args.async_generation:
-            sampling = self.sampling_config()
-            self._async = start_async_generation(run, self.model, sampling, args, attrgetter("policy"))
         try:
             self.training_loop(prompts)
         finally:
@@ -360,6 +359,8 @@ class PPOTrainer(TRLTrainerAPI):
             return [r["input_ids"] for r in rows], size, rows
 
         got = self._async.next_round(self.run, ask)
+        if got is None:  # the worker is still starting
+            return self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
         batch = self.generate_and_score(got.context, got.chunks, got.staleness)
         mask = batch.completion_mask
         weights = behaviour_weights(

@@ -37,6 +37,13 @@ def asynchronous(assets, out, max_staleness, **overrides) -> GRPOConfig:
     )  # fmt: skip
 
 
+def started(trainer):
+    """The trainer, once its generation worker has started: every generation then comes from the worker (before,
+    the trainer samples the first ones itself rather than wait)."""
+    assert trainer._async.wait_ready(timeout=300)
+    return trainer
+
+
 def comparable(rows):
     return [{k: v for k, v in r.items() if k not in TIMING and k not in ASYNC_METRICS} for r in rows]
 
@@ -51,7 +58,7 @@ def synchronous_run(tiny_assets, tmp_path_factory):
 @pytest.fixture(scope="module")
 def staleness_0_run(tiny_assets, tmp_path_factory):
     out = tmp_path_factory.mktemp("async0") / "run"
-    build_grpo_trainer(asynchronous(tiny_assets, out, 0), set()).train()
+    started(build_grpo_trainer(asynchronous(tiny_assets, out, 0), set())).train()
     return out
 
 
@@ -66,9 +73,30 @@ def test_max_staleness_0_equals_the_synchronous_run(synchronous_run, staleness_0
     assert all(r["off_policy/mismatch_kl"] < 1e-5 for r in rows)  # the same weights, cached decoding vs a forward
 
 
+def test_generations_sampled_while_the_worker_starts_keep_the_run_exact(tiny_assets, tmp_path, synchronous_run):
+    """Trained at once, the trainer samples the first generations itself while the worker boots, then hands over:
+    with max_staleness 0 the run is still the synchronous one."""
+    out = tmp_path / "run"
+    trainer = build_grpo_trainer(asynchronous(tiny_assets, out, 0, max_steps=8), set())
+
+    class SlowSteps(TrainerCallback):  # steps long enough for the worker to start within the run
+        def on_step_end(self, args, state, control, **kwargs):
+            trainer._async.wait_ready(timeout=1)
+
+    trainer.add_callback(SlowSteps())
+    assert not trainer._async.ready
+    trainer.train()
+    rows = train_rows(read_jsonl(out / "metrics.jsonl"))
+    local = [r for r in rows if "sample/staleness_max" not in r]
+    assert local and len(local) < len(rows)  # the first steps sampled by the trainer, the later ones by the worker
+    synchronous = tmp_path / "sync"
+    build_grpo_trainer(config(tiny_assets, synchronous, max_steps=8), set()).train()
+    assert comparable(rows_of(out)) == comparable(rows_of(synchronous))
+
+
 def test_staleness_1_is_bounded_overlapped_and_logged(tiny_assets, tmp_path):
     out = tmp_path / "run"
-    build_grpo_trainer(asynchronous(tiny_assets, out, 1, max_steps=5, save_steps=0), set()).train()
+    started(build_grpo_trainer(asynchronous(tiny_assets, out, 1, max_steps=5, save_steps=0), set())).train()
     rows = train_rows(read_jsonl(out / "metrics.jsonl"))
     assert [r["sample/staleness_max"] for r in rows] == [0, 1, 1, 1, 1]  # the pipeline fills after the first step
     assert [r["sample/staleness_mean"] for r in rows] == [0, 1, 1, 1, 1]
@@ -137,7 +165,7 @@ class KillWorker(TrainerCallback):
 
 def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(tiny_assets, tmp_path, staleness_0_run):
     out = tmp_path / "run"
-    trainer = build_grpo_trainer(asynchronous(tiny_assets, out, 0, save_steps=0), set())
+    trainer = started(build_grpo_trainer(asynchronous(tiny_assets, out, 0, save_steps=0), set()))
     trainer.add_callback(KillWorker(trainer, step=3))
     with pytest.raises(GenerationWorkerStopped) as stopped:
         trainer.train()
@@ -147,7 +175,8 @@ def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(ti
     assert stopped.value.checkpoint.endswith("checkpoint-3") and os.path.isdir(stopped.value.checkpoint)
     assert not trainer._async.process.is_alive()
 
-    build_grpo_trainer(asynchronous(tiny_assets, out, 0, save_steps=0, resume_from_checkpoint="latest"), set()).train()
+    resumed = asynchronous(tiny_assets, out, 0, save_steps=0, resume_from_checkpoint="latest")
+    started(build_grpo_trainer(resumed, set())).train()
     assert comparable(rows_of(out)) == comparable(rows_of(staleness_0_run))
     a, b = weights(staleness_0_run), weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -179,7 +208,10 @@ def test_trl_importance_sampling_names_parse_with_trl_defaults():
     defaults = GRPOConfig()
     assert (defaults.async_generation, defaults.max_staleness) == (False, 1)
     assert defaults.vllm_importance_sampling_correction is True
-    assert (defaults.vllm_importance_sampling_mode, defaults.vllm_importance_sampling_clip_max) == ("sequence_mask", 3.0)
+    assert (defaults.vllm_importance_sampling_mode, defaults.vllm_importance_sampling_clip_max) == (
+        "sequence_mask",
+        3.0,
+    )
     flags = ["--async_generation", "--max_staleness", "2", "--vllm_importance_sampling_mode", "token_truncate"]
     args, explicit = parse_config(GRPOConfig, flags, "rlhfkit grpo")
     assert (args.async_generation, args.max_staleness, args.vllm_importance_sampling_mode) == (
