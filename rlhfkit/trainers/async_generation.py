@@ -275,7 +275,10 @@ class AsyncGeneration:
         round."""
         if not self.process.is_alive():
             raise self._died(f"before the trainer asked for generation round {self.next_index}")
-        if self.group is None:
+        if self.group is None:  # the first request: join the worker's group once it has started
+            while not self._started.wait(_POLL_S):
+                if not self.process.is_alive():
+                    raise self._died("while it started")
             self.group = dist.ProcessGroupGloo(self._store, 0, 2, _CONNECT_TIMEOUT)
         weights = version != self.sent_version
         if weights:
@@ -329,30 +332,18 @@ class AsyncGeneration:
         value, self.weight_sync_s = self.weight_sync_s, 0.0
         return value
 
-    @property
-    def ready(self) -> bool:
-        """Whether the worker has started: a new Python process importing torch and transformers takes seconds."""
-        return self._started.is_set()
-
-    def wait_ready(self, timeout: float | None = None) -> bool:
-        return self._started.wait(timeout)
-
-    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> Received | None:
+    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> Received:
         """The trainer's next generation: first ask for rounds until max_staleness + 1 are in flight, each on the
         current weights (run.progress.step updates), `ask()` giving the next round's (prompt ids, chunk size,
-        context); then take the oldest and log the asynchronous metrics into run.metrics. None while the worker is
-        still starting and nothing was asked of it yet: the trainer then samples this generation itself, exactly as
-        the synchronous trainer does, rather than wait.
+        context); then take the oldest and log the asynchronous metrics into run.metrics. The first call waits for
+        the worker to start (seconds: a new Python process imports torch and transformers), which the first
+        update's perf/rollout_wait_s shows; the trainers start it when they are built, so it boots meanwhile.
 
         max_staleness 0 hands the worker the sampler's RNG state with every request and takes the advanced state
         back, so it samples exactly what the synchronous trainer would; above 0 the worker continues its own RNG from
         the state of the first request (after start or resume). A dead worker stops the run with a checkpoint of
         the last finished update (run.stop_for_generation_worker)."""
         version = run.progress.step
-        if not self.pending and not self.ready:
-            if not self.process.is_alive():
-                run.stop_for_generation_worker(str(self._died("while it started")))
-            return None
         try:
             while self.in_flight < self.max_staleness + 1:
                 prompt_ids, batch_size, context = ask()

@@ -347,8 +347,6 @@ class GRPOTrainer(TRLTrainerAPI):
             return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
 
         got = self._async.next_round(self.run, ask)
-        if got is None:  # the worker is still starting
-            return self.generate_and_score(next(prompts), prompts)
         (chunk,) = got.chunks
         with self.run.gathered(self.model) as model:
             scored = self.score_round(got.context, chunk)

@@ -359,8 +359,6 @@ class PPOTrainer(TRLTrainerAPI):
             return [r["input_ids"] for r in rows], size, rows
 
         got = self._async.next_round(self.run, ask)
-        if got is None:  # the worker is still starting
-            return self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
         batch = self.generate_and_score(got.context, got.chunks, got.staleness)
         mask = batch.completion_mask
         weights = behaviour_weights(

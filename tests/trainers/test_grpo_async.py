@@ -37,13 +37,6 @@ def asynchronous(assets, out, max_staleness, **overrides) -> GRPOConfig:
     )  # fmt: skip
 
 
-def started(trainer):
-    """The trainer, once its generation worker has started: every generation then comes from the worker (before,
-    the trainer samples the first ones itself rather than wait)."""
-    assert trainer._async.wait_ready(timeout=300)
-    return trainer
-
-
 def comparable(rows):
     return [{k: v for k, v in r.items() if k not in TIMING and k not in ASYNC_METRICS} for r in rows]
 
@@ -58,7 +51,7 @@ def synchronous_run(tiny_assets, tmp_path_factory):
 @pytest.fixture(scope="module")
 def staleness_0_run(tiny_assets, tmp_path_factory):
     out = tmp_path_factory.mktemp("async0") / "run"
-    started(build_grpo_trainer(asynchronous(tiny_assets, out, 0), set())).train()
+    build_grpo_trainer(asynchronous(tiny_assets, out, 0), set()).train()
     return out
 
 
@@ -73,30 +66,9 @@ def test_max_staleness_0_equals_the_synchronous_run(synchronous_run, staleness_0
     assert all(r["off_policy/mismatch_kl"] < 1e-5 for r in rows)  # the same weights, cached decoding vs a forward
 
 
-def test_generations_sampled_while_the_worker_starts_keep_the_run_exact(tiny_assets, tmp_path, synchronous_run):
-    """Trained at once, the trainer samples the first generations itself while the worker boots, then hands over:
-    with max_staleness 0 the run is still the synchronous one."""
-    out = tmp_path / "run"
-    trainer = build_grpo_trainer(asynchronous(tiny_assets, out, 0, max_steps=8), set())
-
-    class SlowSteps(TrainerCallback):  # steps long enough for the worker to start within the run
-        def on_step_end(self, args, state, control, **kwargs):
-            trainer._async.wait_ready(timeout=1)
-
-    trainer.add_callback(SlowSteps())
-    assert not trainer._async.ready
-    trainer.train()
-    rows = train_rows(read_jsonl(out / "metrics.jsonl"))
-    local = [r for r in rows if "sample/staleness_max" not in r]
-    assert local and len(local) < len(rows)  # the first steps sampled by the trainer, the later ones by the worker
-    synchronous = tmp_path / "sync"
-    build_grpo_trainer(config(tiny_assets, synchronous, max_steps=8), set()).train()
-    assert comparable(rows_of(out)) == comparable(rows_of(synchronous))
-
-
 def test_staleness_1_is_bounded_overlapped_and_logged(tiny_assets, tmp_path):
     out = tmp_path / "run"
-    started(build_grpo_trainer(asynchronous(tiny_assets, out, 1, max_steps=5, save_steps=0), set())).train()
+    build_grpo_trainer(asynchronous(tiny_assets, out, 1, max_steps=5, save_steps=0), set()).train()
     rows = train_rows(read_jsonl(out / "metrics.jsonl"))
     assert [r["sample/staleness_max"] for r in rows] == [0, 1, 1, 1, 1]  # the pipeline fills after the first step
     assert [r["sample/staleness_mean"] for r in rows] == [0, 1, 1, 1, 1]
@@ -106,6 +78,15 @@ def test_staleness_1_is_bounded_overlapped_and_logged(tiny_assets, tmp_path):
         assert 0 < r["off_policy/mismatch_kl"] < 1  # one step of learning rate 1e-3 apart
         assert 0 <= r["off_policy/masked_frac"] <= 1 and r["off_policy/truncated_frac"] == 0  # sequence_mask
     assert all(r["rollout/generated_tokens_per_s"] > 0 for r in rows)
+
+
+def test_staleness_1_reproduces_with_its_seed(tiny_assets, tmp_path):
+    """The schedule, not timing, decides which weights sample each generation, so two runs are the same run."""
+    runs = [tmp_path / "a", tmp_path / "b"]
+    for out in runs:
+        build_grpo_trainer(asynchronous(tiny_assets, out, 1, max_steps=3, save_steps=0), set()).train()
+    assert comparable(rows_of(runs[0])) == comparable(rows_of(runs[1]))
+    assert [r["sample/staleness_max"] for r in train_rows(read_jsonl(runs[0] / "metrics.jsonl"))] == [0, 1, 1]
 
 
 @pytest.mark.parametrize("mode, clip_max, shift", [("token_truncate", 3.0, 0.5), ("token_truncate", 1.2, 0.5),
@@ -165,7 +146,7 @@ class KillWorker(TrainerCallback):
 
 def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(tiny_assets, tmp_path, staleness_0_run):
     out = tmp_path / "run"
-    trainer = started(build_grpo_trainer(asynchronous(tiny_assets, out, 0, save_steps=0), set()))
+    trainer = build_grpo_trainer(asynchronous(tiny_assets, out, 0, save_steps=0), set())
     trainer.add_callback(KillWorker(trainer, step=3))
     with pytest.raises(GenerationWorkerStopped) as stopped:
         trainer.train()
@@ -176,7 +157,7 @@ def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(ti
     assert not trainer._async.process.is_alive()
 
     resumed = asynchronous(tiny_assets, out, 0, save_steps=0, resume_from_checkpoint="latest")
-    started(build_grpo_trainer(resumed, set())).train()
+    build_grpo_trainer(resumed, set()).train()
     assert comparable(rows_of(out)) == comparable(rows_of(staleness_0_run))
     a, b = weights(staleness_0_run), weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)

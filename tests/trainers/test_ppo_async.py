@@ -9,7 +9,7 @@ from rlhfkit.errors import GenerationWorkerStopped
 from rlhfkit.metrics import registry
 from rlhfkit.trainers.build import build_ppo_trainer
 from tests.helpers import expand_templates
-from tests.trainers.test_grpo_async import KillWorker, comparable, started
+from tests.trainers.test_grpo_async import KillWorker, comparable
 from tests.trainers.test_ppo import read_jsonl, small_config
 from tests.trainers.test_resume import rows_of, weights
 
@@ -34,7 +34,7 @@ def update_rows(out):
 @pytest.fixture(scope="module")
 def staleness_0_run(tiny_assets, tmp_path_factory):
     out = tmp_path_factory.mktemp("ppo-async0") / "run"
-    started(build_ppo_trainer(asynchronous(tiny_assets, out, 0))).train()
+    build_ppo_trainer(asynchronous(tiny_assets, out, 0)).train()
     return out
 
 
@@ -49,9 +49,7 @@ def test_max_staleness_0_equals_the_synchronous_run(tiny_assets, tmp_path, stale
 
 def test_staleness_1_is_bounded_corrected_and_logged(tiny_assets, tmp_path):
     out = tmp_path / "run"
-    started(
-        build_ppo_trainer(asynchronous(tiny_assets, out, 1, vllm_importance_sampling_mode="token_truncate"))
-    ).train()
+    build_ppo_trainer(asynchronous(tiny_assets, out, 1, vllm_importance_sampling_mode="token_truncate")).train()
     rows = update_rows(out)
     assert [r["sample/staleness_max"] for r in rows] == [0, 1, 1, 1]
     logged = set().union(*(r.keys() for r in read_jsonl(out / "metrics.jsonl"))) - {"step"}
@@ -64,12 +62,12 @@ def test_staleness_1_is_bounded_corrected_and_logged(tiny_assets, tmp_path):
 
 def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(tiny_assets, tmp_path, staleness_0_run):
     out = tmp_path / "run"
-    trainer = started(build_ppo_trainer(asynchronous(tiny_assets, out, 0)))
+    trainer = build_ppo_trainer(asynchronous(tiny_assets, out, 0))
     trainer.add_callback(KillWorker(trainer, step=2))
     with pytest.raises(GenerationWorkerStopped, match="exited with code -9") as stopped:
         trainer.train()
     assert stopped.value.checkpoint.endswith("checkpoint-2")
-    started(build_ppo_trainer(asynchronous(tiny_assets, out, 0, resume_from_checkpoint="latest"))).train()
+    build_ppo_trainer(asynchronous(tiny_assets, out, 0, resume_from_checkpoint="latest")).train()
     assert comparable(rows_of(out)) == comparable(rows_of(staleness_0_run))
     a, b = weights(staleness_0_run), weights(out)
     assert all(torch.equal(a[k], b[k]) for k in a)
