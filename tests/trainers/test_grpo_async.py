@@ -15,7 +15,8 @@ from rlhfkit.errors import ConfigError, GenerationWorkerStopped
 from rlhfkit.metrics import registry as M
 from rlhfkit.trainers.async_generation import flatten_weights, load_flat_weights
 from rlhfkit.trainers.build import build_grpo_trainer
-from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows
+from tests.helpers import run_two_processes
+from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows, two_process_grpo_command
 from tests.trainers.test_resume import rows_of, weights
 
 ASYNC_METRICS = {m.name for m in M.metrics_for("grpo") if m.when.startswith("async_generation")}
@@ -198,3 +199,15 @@ def test_trl_importance_sampling_names_parse_with_trl_defaults():
     assert (args.async_generation, args.max_staleness, args.vllm_importance_sampling_mode) == (
         True, 2, "token_truncate",
     )  # fmt: skip
+
+
+def test_two_trainer_processes_each_with_a_worker_equal_the_synchronous_launch(tiny_assets, tmp_path):
+    """accelerate launch with 2 CPU processes: each trainer process has its own worker for its share of every
+    generation; at max_staleness 0 the run is the synchronous 2-process run."""
+    outs = {mode: tmp_path / mode for mode in ("sync", "async")}
+    for mode, out in outs.items():
+        command = two_process_grpo_command(tiny_assets, out, "tests.trainers.grpo_rewards:recorded_length")
+        extra = ["--async_generation", "--max_staleness", "0"] if mode == "async" else []
+        run_two_processes([*command, "--max_steps", "3", *extra], tmp_path)
+    assert comparable(rows_of(outs["async"])) == comparable(rows_of(outs["sync"]))
+    assert [r["sample/staleness_max"] for r in train_rows(read_jsonl(outs["async"] / "metrics.jsonl"))] == [0, 0, 0]
