@@ -18,6 +18,7 @@ import collections
 import queue
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -104,26 +105,32 @@ def load_flat_weights(params: Sequence[torch.Tensor], flats: Sequence[torch.Tens
             offset += n
 
 
+@dataclass
+class _Policy:
+    """What the worker builds its copy of the policy from (the first message it receives)."""
+
+    model_class: type
+    model_config: Any
+    generation_config: GenerationConfig
+    state: dict[str, torch.Tensor]  # the whole state dict, on the CPU
+    names: list[str]  # the parameters in the order the weights travel
+    sampling: GenerationConfig
+
+
 def _worker_main(
-    model_class: type,
-    model_config: Any,
-    generation_config: GenerationConfig,
-    state: dict[str, torch.Tensor],
-    names: list[str],
-    sampling: GenerationConfig,
-    device: str,
-    threads: int,
-    autocast_dtype: torch.dtype | None,
-    port: int,
-    ready,
-    requests,
-    results,
+    device: str, threads: int, autocast_dtype: torch.dtype | None, port: int, ready, requests, results
 ) -> None:
-    """The worker process: build the policy copy, say it is ready, join the trainer's gloo group, then answer
-    requests in order until a None arrives."""
+    """The worker process: import what sampling needs while the trainer is still being built, build the policy copy
+    from the first message, say it is ready, join the trainer's gloo group, then answer requests in order until a
+    None arrives."""
     try:
         if threads:
             torch.set_num_threads(threads)
+        policy = requests.get()
+        if policy is None:
+            return
+        model_class, model_config, state, names = policy.model_class, policy.model_config, policy.state, policy.names
+        generation_config, sampling = policy.generation_config, policy.sampling
         target = torch.device(device)
         dtype = next(iter(state.values())).dtype if state else None
         attention = getattr(model_config, "_attn_implementation", None)
@@ -175,6 +182,12 @@ def _worker_main(
         raise
 
 
+def _kill(process) -> None:
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
 def _to_cpu(chunk: Chunk) -> Chunk:
     c = chunk.completions
     return Chunk(
@@ -208,60 +221,48 @@ class Received:
 
 
 class AsyncGeneration:
-    """The trainer's side: starts the worker, asks for rounds up to `max_staleness` ahead, sends weights, hands the
-    rounds back in order.
+    """The trainer's side: starts the worker, gives it the policy (`load`), asks for rounds up to `max_staleness`
+    ahead, sends weights, hands the rounds back in order.
 
-    policy: the unwrapped policy with whole weights (its current weights are version `version`). sampling: the
-    training sampler's GenerationConfig. threads: the worker's torch threads (0: its default). autocast_dtype: the
-    precision sampling runs under (accelerate's --bf16/--fp16 autocast), None for none.
+    The process starts at once, so that its imports (seconds) overlap with the rest of the trainer's construction.
+    device: where it samples. threads: its torch threads (0: its default). autocast_dtype: the precision sampling
+    runs under (accelerate's --bf16/--fp16 autocast), None for none.
     """
 
     def __init__(
-        self,
-        policy: nn.Module,
-        sampling: GenerationConfig,
-        device: torch.device,
-        max_staleness: int,
-        version: int,
-        threads: int = 0,
-        autocast_dtype: torch.dtype | None = None,
+        self, device: torch.device, max_staleness: int, threads: int = 0, autocast_dtype: torch.dtype | None = None
     ):
         self.device, self.max_staleness = device, max_staleness
-        self.params = [p for _, p in policy.named_parameters()]
-        names = [name for name, _ in policy.named_parameters()]
-        state = {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
         context = mp.get_context("spawn")
         store = dist.TCPStore("127.0.0.1", 0, 2, True, timeout=_CONNECT_TIMEOUT, wait_for_workers=False)
         self.requests, self.results, self._started = context.Queue(), context.Queue(), context.Event()
         self.process = context.Process(
             target=_worker_main,
-            args=(
-                type(policy),
-                policy.config,
-                policy.generation_config,
-                state,
-                names,
-                sampling,
-                str(device),
-                threads,
-                autocast_dtype,
-                store.port,
-                self._started,
-                self.requests,
-                self.results,
-            ),
+            args=(str(device), threads, autocast_dtype, store.port, self._started, self.requests, self.results),
             daemon=True,
             name="rlhfkit-generation",
         )
         self.process.start()
+        # A trainer whose construction fails after this point never calls close(): the worker ends with this object.
+        self._finalizer = weakref.finalize(self, _kill, self.process)
         self._store = store
         self.group = None  # joined with the first request: the worker joins once it is ready
-        self.sent_version = version  # the worker starts with the weights it was built from
+        self.params: list[torch.Tensor] = []
+        self.sent_version = 0  # the version of the weights the worker holds (load)
         self.pending: collections.deque[tuple[int, Any]] = collections.deque()  # (index, context) asked, not taken
         self.next_index = 0
         self._sends: list = []  # the last weight transfer's (work, tensor): kept alive until it completes
         self.weight_sync_s = 0.0  # trainer seconds spent sending weights since the last take_weight_sync_s
-        self.restore_threads = 0  # the trainer's torch threads before start_async_generation split them (0: kept)
+        self.restore_threads = 0  # the trainer's torch threads before start_generation_worker split them (0: kept)
+
+    def load(self, policy: nn.Module, sampling: GenerationConfig, version: int) -> None:
+        """Give the worker its copy of `policy` (unwrapped, whole weights: version `version`) and the training
+        sampler's GenerationConfig `sampling`."""
+        self.params = [p for _, p in policy.named_parameters()]
+        names = [name for name, _ in policy.named_parameters()]
+        state = {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
+        self.requests.put(_Policy(type(policy), policy.config, policy.generation_config, state, names, sampling))
+        self.sent_version = version
 
     @property
     def in_flight(self) -> int:
@@ -337,7 +338,7 @@ class AsyncGeneration:
         current weights (run.progress.step updates), `ask()` giving the next round's (prompt ids, chunk size,
         context); then take the oldest and log the asynchronous metrics into run.metrics. The first call waits for
         the worker to start (seconds: a new Python process imports torch and transformers), which the first
-        update's perf/rollout_wait_s shows; the trainers start it when they are built, so it boots meanwhile.
+        update's perf/rollout_wait_s shows; the trainers start it first thing, so it imports while they load.
 
         max_staleness 0 hands the worker the sampler's RNG state with every request and takes the advanced state
         back, so it samples exactly what the synchronous trainer would; above 0 the worker continues its own RNG from
@@ -371,19 +372,17 @@ class AsyncGeneration:
         if self.process.is_alive() and not self.pending:
             self.requests.put(None)
             self.process.join(timeout=30)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        self._finalizer()  # kills it if it is still alive
         self.requests.close()
         self.results.close()
         if self.restore_threads:
             torch.set_num_threads(self.restore_threads)
 
 
-def start_async_generation(run, model: nn.Module, sampling: GenerationConfig, args, policy=lambda m: m):
-    """The generation worker of a run, built from the current weights of `policy(model)` (the unwrapped, whole
-    model; a resumed run's weights too). On a CPU, generation_threads 0 splits the trainer's torch threads between
-    the two (the worker gets half, at least 1)."""
+def start_generation_worker(run, args) -> AsyncGeneration:
+    """The generation worker of a run, started before the trainer loads its models (it gets them with `load`). On a
+    CPU, generation_threads 0 splits the trainer's torch threads between the two (the worker gets half, at least
+    1); close() gives the trainer its threads back."""
     acc = run.accelerator
     threads, total = args.generation_threads, torch.get_num_threads()
     split = threads == 0 and acc.device.type == "cpu"
@@ -391,16 +390,7 @@ def start_async_generation(run, model: nn.Module, sampling: GenerationConfig, ar
         threads = max(1, total // 2)
         torch.set_num_threads(max(1, total - threads))
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(str(acc.mixed_precision))
-    with run.gathered(model) as whole:
-        worker = AsyncGeneration(
-            policy(whole),
-            sampling,
-            acc.device,
-            args.max_staleness,
-            version=run.progress.step,
-            threads=threads,
-            autocast_dtype=autocast,
-        )
+    worker = AsyncGeneration(acc.device, args.max_staleness, threads=threads, autocast_dtype=autocast)
     worker.restore_threads = total if split else 0
     return worker
 

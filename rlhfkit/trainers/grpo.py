@@ -81,7 +81,7 @@ from rlhfkit.sampling import (
     terminator_ids,
 )
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
-from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_async_generation
+from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_generation_worker
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -165,6 +165,8 @@ class GRPOTrainer(TRLTrainerAPI):
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
+        # async_generation: the worker starts now and imports while the models load; it gets the policy at the end
+        self._async: AsyncGeneration | None = start_generation_worker(run, args) if args.async_generation else None
         hub = Hub.from_args(args)
         if isinstance(model, str):
             model = load_trained_policy(model, args, "model_name_or_path", hub)
@@ -189,7 +191,6 @@ class GRPOTrainer(TRLTrainerAPI):
             self.ref_model = run.prepare_frozen(frozen_copy(model))
         self.model, self.optimizer = prepare_trained(run, model, (model,))
         self._batch: GenerationBatch | None = None
-        self._async: AsyncGeneration | None = None  # the generation worker (async_generation), until train() ends
         # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
         # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
         # Both are part of a checkpoint (state_dict).
@@ -202,9 +203,9 @@ class GRPOTrainer(TRLTrainerAPI):
         run.start(
             self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks
         )  # restores a checkpoint
-        if args.async_generation:  # started now, from the final weights: it boots while the caller goes on
-            sampling = self.sampling_config(args.max_completion_length)
-            self._async = start_async_generation(run, self.model, sampling, args)
+        if self._async is not None:  # the policy's weights as training starts (a resumed run's too)
+            with run.gathered(self.model) as policy:
+                self._async.load(policy, self.sampling_config(args.max_completion_length), run.progress.step)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:

@@ -66,7 +66,7 @@ from rlhfkit.rewards import (
 )
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id, sampling_config, terminator_ids
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
-from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_async_generation
+from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_generation_worker
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -169,6 +169,8 @@ class PPOTrainer(TRLTrainerAPI):
         self.args = args
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = run.accelerator
+        # async_generation: the worker starts now and imports while the models load; it gets the policy at the end
+        self._async: AsyncGeneration | None = start_generation_worker(run, args) if args.async_generation else None
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
@@ -195,7 +197,6 @@ class PPOTrainer(TRLTrainerAPI):
         # Where exact (run.sampling_logprobs_exact), generation skips the policy forward; PPO's first ratio is then 1
         # up to fp32 rounding. Elsewhere a full forward recomputes them, as the update will see them.
         self.reuse_sampling_logprobs = run.sampling_logprobs_exact(model)
-        self._async: AsyncGeneration | None = None  # the generation worker (async_generation), until train() ends
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
@@ -205,8 +206,9 @@ class PPOTrainer(TRLTrainerAPI):
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
         run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks)  # restores a checkpoint
-        if args.async_generation:  # started now, from the final weights: it boots while the caller goes on
-            self._async = start_async_generation(run, self.model, self.sampling_config(), args, attrgetter("policy"))
+        if self._async is not None:  # the policy's weights as training starts (a resumed run's too)
+            with run.gathered(self.model) as model:
+                self._async.load(model.policy, self.sampling_config(), run.progress.step)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
