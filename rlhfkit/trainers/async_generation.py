@@ -15,11 +15,12 @@ Scoring stays in the trainer: reward functions, reward models and the metrics ne
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -377,6 +378,16 @@ class AsyncGeneration:
         self.results.close()
         if self.restore_threads:
             torch.set_num_threads(self.restore_threads)
+
+
+@contextlib.contextmanager
+def generating(worker: AsyncGeneration | None) -> Iterator[None]:
+    """Around a trainer's training loop: the generation worker (if any) is closed when the loop ends, however."""
+    try:
+        yield
+    finally:
+        if worker is not None:
+            worker.close()
 
 
 def start_generation_worker(run, args) -> AsyncGeneration:

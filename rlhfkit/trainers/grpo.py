@@ -81,7 +81,12 @@ from rlhfkit.sampling import (
     terminator_ids,
 )
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
-from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_generation_worker
+from rlhfkit.trainers.async_generation import (
+    AsyncGeneration,
+    behaviour_weights,
+    generating,
+    start_generation_worker,
+)
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -264,11 +269,8 @@ class GRPOTrainer(TRLTrainerAPI):
         prompts = endless_batches(
             len(self.train_dataset), sizes.prompts, args.seed, skip=progress.generations, shuffle=args.shuffle_dataset
         )
-        try:
+        with generating(self._async):  # the worker (async_generation) ends with the training, however it ends
             self.training_loop(prompts)
-        finally:
-            if self._async is not None:
-                self._async.close()
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
         args, sizes, run = self.args, self.sizes, self.run

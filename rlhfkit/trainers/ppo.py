@@ -66,7 +66,12 @@ from rlhfkit.rewards import (
 )
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id, sampling_config, terminator_ids
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
-from rlhfkit.trainers.async_generation import AsyncGeneration, behaviour_weights, start_generation_worker
+from rlhfkit.trainers.async_generation import (
+    AsyncGeneration,
+    behaviour_weights,
+    generating,
+    start_generation_worker,
+)
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -301,11 +306,8 @@ class PPOTrainer(TRLTrainerAPI):
             skip=run.progress.step,  # one batch per update
             shuffle=args.shuffle_dataset,
         )
-        try:
+        with generating(self._async):  # the worker (async_generation) ends with the training, however it ends
             self.training_loop(prompts)
-        finally:
-            if self._async is not None:
-                self._async.close()
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
         args, sizes, run = self.args, self.sizes, self.run
