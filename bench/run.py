@@ -161,7 +161,12 @@ def run_one(
     }
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
     if library == ASYNC:  # the same runner, settings and thread count; the trainer splits the threads with its worker
-        spec["rlhfkit_settings"] = {**cfg["rlhfkit"], "async_generation": "true", "max_staleness": ns.async_staleness}
+        spec["rlhfkit_settings"] = {
+            **cfg["rlhfkit"],
+            "async_generation": "true",
+            "max_staleness": ns.async_staleness,
+            "generation_threads": ns.async_generation_threads,
+        }
         (run_dir / "spec.json").write_text(json.dumps(spec, indent=2))
     runner = RUNNERS / ("rlhfkit_runner.py" if library != "trl" else f"trl_{trainer}_runner.py")
     env = child_env(ns.threads, ns.device, str(Path(paths["tokenizer"]) / "tokenizer.json"))
@@ -496,6 +501,14 @@ def main(argv: list[str] | None = None) -> int:
         help="also run rlhfkit with --async_generation --max_staleness K (same threads in all: the trainer gives half "
         "to its generation worker)",
     )
+    p.add_argument(
+        "--async-generation-threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --async-staleness: the worker's --generation_threads (default 0: half the threads; N > 0 gives the "
+        "worker N and leaves the trainer all --threads, oversubscribing the cores)",
+    )
     p.add_argument("--summary", nargs="+", metavar="RESULTS.json", help="only print the tables of results files")
     ns = p.parse_args(argv)
 
@@ -548,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": ns.device,
             "threads": ns.threads,
             "async_staleness": ns.async_staleness,
+            "async_generation_threads": ns.async_generation_threads,
             "runs": runs,
             "quick": ns.quick,
             "trainers": trainers,
