@@ -37,7 +37,16 @@ HERE = ROOT / "bench" / "health"
 RUNS = HERE / ".runs"
 RECORDS = HERE / "records"
 CPU_2PROC = ROOT / "examples" / "accelerate_configs" / "cpu_2proc.yaml"
-WALL_CLOCK = ("time/", "step_time", "eps")  # metrics that measure the machine, not the run
+# Metrics that measure the machine, not the run (async_generation's waits, speeds and queue depth among them).
+WALL_CLOCK = (
+    "time/",
+    "step_time",
+    "eps",
+    "perf/",
+    "rollout/backpressure_s",
+    "rollout/generated_tokens_per_s",
+    "sample/rollout_queue_size",
+)
 
 
 def selected(patterns: list[str]) -> list[Spec]:

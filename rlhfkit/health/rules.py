@@ -44,6 +44,9 @@ CLIPPED, ZERO_STD = M.COMPLETIONS_CLIPPED_RATIO.name, M.FRAC_REWARD_ZERO_STD.nam
 CLIP_REGION = M.CLIP_RATIO_REGION_MEAN.name
 RESPONSE_LENGTH = M.TOKENS_RESPONSES_LEN_MEAN.name  # to put PPO's KL per sequence on GRPO's per-token scale
 LOGP_GAP = M.SAMPLING_LOGP_DIFFERENCE_MEAN.name
+# Asynchronous generation: the policy that sampled a batch against the trainer's at the update.
+MISMATCH_KL, MASKED_FRAC = M.OFF_POLICY_MISMATCH_KL.name, M.OFF_POLICY_MASKED_FRAC.name
+STALENESS = M.ASYNC_STALENESS_MEAN.name
 PPO_SCORES_STD, GRPO_REWARD_STD = M.OBJECTIVE_SCORES_STD.name, M.REWARD_STD.name
 # Over-optimisation: the score the policy is trained on (PPO: the reward model's / functions' score; GRPO: the total
 # reward) against the task's true success (its checker), on sampled (rollout/) or greedy eval (eval/) completions.
@@ -153,6 +156,18 @@ class Thresholds:
         0.05, f"`{LOGP_GAP}` (nats/token) above this is a warning: sampling and training disagree."
     )
     logprob_gap_critical: float = _knob(0.5, f"`{LOGP_GAP}` (nats/token) above this is critical.")
+    # Asynchronous generation: the sampling policy against the training one.
+    off_policy_kl_warning: float = _knob(
+        0.2,
+        f"`{MISMATCH_KL}` level (median of smooth_window, nats/token) at which the batches are too far off-policy "
+        "for the correction to mend.",
+    )
+    off_policy_kl_critical: float = _knob(
+        1.0, f"A single `{MISMATCH_KL}` above this (nats/token) is critical: the sampler's policy is another one."
+    )
+    off_policy_masked_warning: float = _knob(
+        0.1, f"`{MASKED_FRAC}` level (median of smooth_window) at which too much of each batch no longer trains."
+    )
     # Reward scale.
     reward_scale_factor: float = _knob(
         100.0, "A reward spread (std) this many times its median over the previous observations is a scale jump."
@@ -672,6 +687,36 @@ def check_logprob_gap(h: History, t: Thresholds) -> Hit | None:
     )  # fmt: skip
 
 
+def check_off_policy(h: History, t: Thresholds) -> Hit | None:
+    """async_generation: the policy that sampled the batches (the behaviour policy, up to max_staleness updates old)
+    against the trainer's at the update: a single KL of a nat per token at once, else the levels (medians of
+    smooth_window observations) of the KL and of the share of tokens the correction masks."""
+    staleness = h.row.get(STALENESS)
+    stale = f" (batches {_g(staleness)} updates old on average)" if staleness is not None else ""
+    now = h.row.get(MISMATCH_KL)
+    if now is not None and math.isfinite(now) and now >= t.off_policy_kl_critical:
+        return Hit(
+            CRITICAL, {MISMATCH_KL: now}, f"{MISMATCH_KL} = {_g(now)} nats/token at this step{stale}: the batch was "
+            "sampled by a policy that no longer resembles the one training on it.",
+            {MISMATCH_KL: t.off_policy_kl_critical},
+        )  # fmt: skip
+    n, found, limits, parts = t.smooth_window, {}, {}, []
+    kl = _level(h, MISMATCH_KL, n)
+    if kl is not None and kl >= t.off_policy_kl_warning:
+        found[MISMATCH_KL], limits[MISMATCH_KL] = kl, t.off_policy_kl_warning
+        parts.append(f"{MISMATCH_KL} = {_g(kl)} nats/token")
+    masked = _level(h, MASKED_FRAC, n)
+    if masked is not None and masked >= t.off_policy_masked_warning:
+        found[MASKED_FRAC], limits[MASKED_FRAC] = masked, t.off_policy_masked_warning
+        parts.append(f"{MASKED_FRAC} = {masked:.0%} of the tokens")
+    if not found:
+        return None
+    return Hit(
+        WARNING, found, f"{' and '.join(parts)} (median of the last {n} steps){stale}: the batches were sampled by a "
+        "policy too far from the one training on them for the importance-sampling correction to mend.", limits,
+    )  # fmt: skip
+
+
 def check_reward_scale(h: History, t: Thresholds) -> Hit | None:
     for name in (PPO_SCORES_STD, GRPO_REWARD_STD):
         now = h.row.get(name)
@@ -798,6 +843,24 @@ RULES: tuple[Rule, ...] = (
         "0.01). Make the sampler's settings the trainer's; with a separate inference engine, correct with "
         "importance sampling.",
         check_logprob_gap,
+    ),
+    Rule(
+        "off_policy_mismatch",
+        (MISMATCH_KL, MASKED_FRAC, STALENESS),
+        (WARNING, CRITICAL),
+        f"median of the last $smooth_window observations of `{MISMATCH_KL}` >= $off_policy_kl_warning nats/token, or "
+        f"of `{MASKED_FRAC}` >= $off_policy_masked_warning (warning); a single `{MISMATCH_KL}` >= "
+        f"$off_policy_kl_critical nats/token (critical, at once); logged with async_generation only, and `{STALENESS}` "
+        "gives the batches' age in the message",
+        "With async_generation the batches are sampled by a copy of the policy up to max_staleness updates old, and "
+        "the importance-sampling correction reweights them to the trainer's policy. Here the two policies are so "
+        "far apart that the correction cannot mend it: most of the batch's weight goes to few completions or is "
+        "masked away, and the updates follow what an old policy did rather than the current one (on the built-in "
+        "task, GRPO at learning rate 5e-4 and max_staleness 4 loses all its success within ten updates; the "
+        "synchronous run at that learning rate declines slowly or holds). Lower --max_staleness (1 already overlaps "
+        "each update's optimisation with the next batch's generation) or the learning_rate; check "
+        "off_policy/importance_weight_mean, which falls far below 1 when the correction discards most of the batch.",
+        check_off_policy,
     ),
     Rule(
         "reward_scale_jump",

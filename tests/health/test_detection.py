@@ -8,6 +8,7 @@ import pytest
 
 from bench.health import build
 from bench.health.specs import MODES, SPECS
+from rlhfkit.health import Thresholds
 from rlhfkit.health.detection import Record, load_records, render_markdown, success_fall, verdict
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +103,23 @@ def test_every_failure_mode_is_flagged_and_recall_is_at_least_90_percent():
     flagged = {v.record.mode for v in sick if v.flagged_at is not None}
     assert flagged == set(MODES)
     assert sum(v.flagged_at is not None for v in sick) >= 0.9 * len(sick)
+
+
+def test_stale_batches_are_a_real_failure_flagged_first_by_the_off_policy_rule():
+    """stale_offpolicy: true success falls to nothing after the onset, and off_policy_mismatch flags it first, within
+    5 steps; the healthy asynchronous runs (max_staleness 1 and 4, GRPO and PPO) stay quiet at 3/4 of its thresholds."""
+    stale = [r for r in RECORDS if r.mode == "stale_offpolicy"]
+    assert len(stale) == 2
+    for r in stale:
+        success = [row["rollout/task_success"] for row in r.rows if "rollout/task_success" in row]
+        before, end = success[r.onset - 11 : r.onset - 1], success[-20:]
+        assert sum(before) / len(before) > 0.2 and sum(end) / len(end) < 0.02, r.name
+        v = verdict(r)
+        assert v.flagged_by == "off_policy_mismatch" and v.delay <= 5, (r.name, v.flagged_by, v.delay)
+    healthy_async = [r for r in RECORDS if r.healthy and any("off_policy/mismatch_kl" in row for row in r.rows)]
+    assert {r.algorithm for r in healthy_async} == {"grpo", "ppo"} and len(healthy_async) >= 4
+    tighter = Thresholds(off_policy_kl_warning=0.15, off_policy_kl_critical=0.75, off_policy_masked_warning=0.075)
+    assert [(r.name, f.step) for r in healthy_async for f in verdict(r, tighter).findings] == []
 
 
 def test_the_issues_learning_rate_is_critical_within_two_updates():

@@ -303,6 +303,44 @@ def test_logprob_mismatch_at_once():
     assert replay(series(name, [0.049] * 10)) == []
 
 
+def _async_rows(kls, masked=None, staleness=4.0):
+    """Rows of an async_generation run: the mismatch KL per step, the masked share (0 unless given), the age."""
+    masked = masked or [0.0] * len(kls)
+    return [
+        {"off_policy/mismatch_kl": k, "off_policy/masked_frac": m, "sample/staleness_mean": staleness, "reward": 1.0}
+        for k, m in zip(kls, masked)
+    ]
+
+
+def test_off_policy_mismatch_on_the_median_of_five():
+    # The labelled stale_offpolicy run's shape: about 0.05 at max_staleness 4, then 0.19, 0.5, 0.57, 0.88 after the
+    # learning rate rises: the median of the last five reaches 0.2 at the 4th high value (step 8 here).
+    kls = [0.05, 0.03, 0.07, 0.02, 0.19, 0.5, 0.57, 0.88, 0.63, 0.55]
+    assert replay(_async_rows(kls)) == [(8, "off_policy_mismatch", WARNING)]
+    (f,) = findings(_async_rows(kls))
+    assert f.metrics == {"off_policy/mismatch_kl": 0.5} and f.thresholds == {"off_policy/mismatch_kl": 0.2}
+    assert "batches 4 updates old" in f.message and "max_staleness" in f.advice
+    # Healthy max_staleness 1 and 4 runs of the built-in task stay below 0.02 and 0.13: quiet, even with single
+    # values above the level's threshold.
+    assert replay(_async_rows([0.01, 0.016, 0.005] * 10, staleness=1.0)) == []
+    assert replay(_async_rows([0.05, 0.127, 0.1, 0.25, 0.03] * 6)) == []
+
+
+def test_off_policy_mismatch_on_the_masked_share_and_critical_at_once():
+    masked = [0.02, 0.05, 0.08, 0.15, 0.3, 0.2]  # the median of the last five: 0.08 at the 5th, 0.15 at the 6th
+    assert replay(_async_rows([0.01] * 6, masked)) == [(6, "off_policy_mismatch", WARNING)]
+    (f,) = findings(_async_rows([0.01] * 6, masked))
+    assert f.metrics == {"off_policy/masked_frac": 0.15} and "15% of the tokens" in f.message
+    assert replay(_async_rows([0.01] * 20, [0.09] * 20)) == []
+    # A KL of a nat per token needs no window; the first steps of a run (no masked share yet) are read too.
+    assert replay(series("off_policy/mismatch_kl", [1e-7, 1.0])) == [(2, "off_policy_mismatch", CRITICAL)]
+    assert replay(series("off_policy/mismatch_kl", [0.99])) == []
+    # A synchronous run logs none of these metrics: the rule never evaluates.
+    monitor = HealthMonitor()
+    monitor.observe(1, {"reward": 1.0, "kl": 0.01})
+    assert "off_policy_mismatch" not in monitor.firing()
+
+
 @pytest.mark.parametrize("name", ["objective/scores_std", "reward_std"])
 def test_reward_scale_jump_against_the_previous_ten(name):
     stream = series(name, [0.5, 0.7] * 5 + [60.0])  # median 0.6: 60 is exactly 100x
