@@ -322,7 +322,13 @@ class AsyncGeneration:
         self.process.join(timeout=10)  # a killed process may not have been reaped yet: its exit code
         code = self.process.exitcode
         how = f"exited with code {code}" if code is not None else "stopped answering"
-        return GenerationWorkerDied(f"the generation worker (pid {self.process.pid}) {how} {when}")
+        hint = ""
+        if not self._started.is_set():  # the usual cause: a script without the guard runs again in the worker
+            hint = (
+                ". A spawned worker imports the script that started training again: build the trainer under "
+                '`if __name__ == "__main__":` (docs/async.md)'
+            )
+        return GenerationWorkerDied(f"the generation worker (pid {self.process.pid}) {how} {when}{hint}")
 
     def _ready(self) -> int:
         try:
