@@ -855,7 +855,7 @@ ASYNC_ROLLOUT_WAIT = Metric(
     name="perf/rollout_wait_s",
     meaning="Seconds per step the trainer sat waiting for the generation worker.",
     formula="mean over the window's steps and processes of the seconds between asking the queue for a generation "
-    "and getting it",
+    "and getting it (the first update's also holds the wait for the worker to start)",
     unit="s",
     reduction="mean",
     trainers=BOTH,

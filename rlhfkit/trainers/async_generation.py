@@ -255,6 +255,7 @@ class AsyncGeneration:
         self._sends: list = []  # the last weight transfer's (work, tensor): kept alive until it completes
         self.weight_sync_s = 0.0  # trainer seconds spent sending weights since the last take_weight_sync_s
         self.restore_threads = 0  # the trainer's torch threads before start_generation_worker split them (0: kept)
+        self.start_wait_s = 0.0  # seconds the first request waited for the worker to start (until taken)
 
     def load(self, policy: nn.Module, sampling: GenerationConfig, version: int) -> None:
         """Give the worker its copy of `policy` (unwrapped, whole weights: version `version`) and the training
@@ -278,10 +279,12 @@ class AsyncGeneration:
         if not self.process.is_alive():
             raise self._died(f"before the trainer asked for generation round {self.next_index}")
         if self.group is None:  # the first request: join the worker's group once it has started
+            start = time.perf_counter()
             while not self._started.wait(_POLL_S):
                 if not self.process.is_alive():
                     raise self._died("while it started")
             self.group = dist.ProcessGroupGloo(self._store, 0, 2, _CONNECT_TIMEOUT)
+            self.start_wait_s = time.perf_counter() - start
         weights = version != self.sent_version
         if weights:
             start = time.perf_counter()
@@ -366,7 +369,8 @@ class AsyncGeneration:
         m.add(M.ASYNC_STALENESS_MEAN, got.staleness, 1)
         m.add_extreme(M.ASYNC_STALENESS_MAX, got.staleness)
         m.add(M.ASYNC_QUEUE_SIZE, got.queued, 1)
-        m.add(M.ASYNC_ROLLOUT_WAIT, got.wait_s, 1)
+        m.add(M.ASYNC_ROLLOUT_WAIT, got.wait_s + self.start_wait_s, 1)  # the worker's start counts as waiting
+        self.start_wait_s = 0.0
         m.add(M.ASYNC_BACKPRESSURE, got.result.idle_s, 1)
         tokens = sum(c.completions.mask.sum().item() for c in got.chunks)
         m.add(M.ASYNC_GENERATED_TOKENS_PER_S, tokens, got.result.generate_s)
