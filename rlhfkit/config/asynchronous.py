@@ -74,8 +74,9 @@ class AsyncGenerationConfig(CheckedConfig):
 
     def _check_combinations(self) -> None:
         super()._check_combinations()
+        # The bounds only act with async_generation (as TRL's only with vLLM): checked when they will be used.
         low, high = self.vllm_importance_sampling_clip_min, self.vllm_importance_sampling_clip_max
-        if low is not None and high is not None and low > high:
+        if self.async_generation and low is not None and high is not None and low > high:
             raise ConfigError(
                 f"vllm_importance_sampling_clip_min ({low}) is greater than vllm_importance_sampling_clip_max "
                 f"({high}): the correction keeps its weight between them. Swap them, or unset one."
