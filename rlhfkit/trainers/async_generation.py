@@ -164,7 +164,8 @@ def _worker_main(
             start = time.perf_counter()
             with torch.no_grad(), torch.autocast(target.type, autocast_dtype, enabled=autocast_dtype is not None):
                 chunks = [
-                    _to_cpu(c) for c in complete(model, request.prompt_ids, sampling, request.batch_size, target)
+                    _chunk_to(c, torch.device("cpu"))
+                    for c in complete(model, request.prompt_ids, sampling, request.batch_size, target)
                 ]
             generate_s = time.perf_counter() - start
             results.put(
@@ -187,16 +188,6 @@ def _kill(process) -> None:
     if process.is_alive():
         process.kill()
         process.join()
-
-
-def _to_cpu(chunk: Chunk) -> Chunk:
-    c = chunk.completions
-    return Chunk(
-        chunk.prompt_ids.cpu(),
-        chunk.prompt_mask.cpu(),
-        Completions(c.ids.cpu(), c.mask.cpu(), c.terminated.cpu()),
-        None if chunk.logprobs is None else chunk.logprobs.cpu(),
-    )
 
 
 def _chunk_to(chunk: Chunk, device: torch.device) -> Chunk:
