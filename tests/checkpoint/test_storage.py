@@ -14,12 +14,11 @@ from accelerate import Accelerator
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-import rlhfkit.checkpoint as checkpoint
-from rlhfkit.checkpoint import save_into, verify_checkpoint
+from rlhfkit.checkpoint import save_checkpoint, save_into, storage, verify_checkpoint
 from rlhfkit.cli import main
 from rlhfkit.errors import StorageError
-from tests.test_checkpoint import fake_checkpoint
-from tests.test_checkpoint_integrity import grpo_flags
+from tests.checkpoint.test_integrity import grpo_flags
+from tests.checkpoint.test_save_load import fake_checkpoint
 
 
 def failing_safetensors(monkeypatch, fails):
@@ -100,7 +99,7 @@ def test_torch_zip_writer_failure_on_a_full_disk(tmp_path, monkeypatch, torch_er
         return real_save(obj, f, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save)
-    monkeypatch.setattr(checkpoint, "_free_bytes", lambda directory: 0 if full else 10**12)
+    monkeypatch.setattr(storage, "_free_bytes", lambda directory: 0 if full else 10**12)
     with pytest.raises(StorageError) as info:
         fake_checkpoint(accelerator, tmp_path / "checkpoint-2", 2)
     message = str(info.value)
@@ -118,7 +117,7 @@ def test_torch_zip_writer_failure_on_a_full_disk(tmp_path, monkeypatch, torch_er
     with pytest.raises(
         StorageError, match=r"checkpoint-3.tmp/model.safetensors: PermissionError: .*Permission denied"
     ):
-        checkpoint.save_checkpoint(accelerator, tmp_path / "checkpoint-3", denied, None, {"progress": {"step": 3}})
+        save_checkpoint(accelerator, tmp_path / "checkpoint-3", denied, None, {"progress": {"step": 3}})
     assert not (tmp_path / "checkpoint-3.tmp").exists()
 
     # A bug in a writer is not a storage error: it propagates as it is.
@@ -126,14 +125,14 @@ def test_torch_zip_writer_failure_on_a_full_disk(tmp_path, monkeypatch, torch_er
         raise KeyError("oops")
 
     with pytest.raises(KeyError):
-        checkpoint.save_checkpoint(accelerator, tmp_path / "checkpoint-4", bug, None, {"progress": {"step": 4}})
+        save_checkpoint(accelerator, tmp_path / "checkpoint-4", bug, None, {"progress": {"step": 4}})
 
 
 def test_too_little_free_space_fails_before_writing(tmp_path, monkeypatch):
     accelerator = Accelerator(cpu=True)
     fake_checkpoint(accelerator, tmp_path / "checkpoint-1", 1)
     size = sum(p.stat().st_size for p in (tmp_path / "checkpoint-1").rglob("*") if p.is_file())
-    monkeypatch.setattr(checkpoint, "_free_bytes", lambda directory: size // 2)
+    monkeypatch.setattr(storage, "_free_bytes", lambda directory: size // 2)
     writes = []
     monkeypatch.setattr(torch, "save", lambda *a, **k: writes.append(a))
     with pytest.raises(StorageError) as info:
@@ -154,7 +153,7 @@ def test_written_files_follow_the_umask(tmp_path):
 
         save_into(accelerator, str(tmp_path / "final"), write)
         fake_checkpoint(accelerator, tmp_path / "checkpoint-1", 1)
-        checkpoint.save_checkpoint(accelerator, tmp_path / "checkpoint-2", write, None, {"progress": {"step": 2}})
+        save_checkpoint(accelerator, tmp_path / "checkpoint-2", write, None, {"progress": {"step": 2}})
     finally:
         os.umask(old)
     files = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "weights-written"]

@@ -17,7 +17,7 @@ from rlhfkit.checkpoint import (
 )
 from rlhfkit.cli import main
 from rlhfkit.errors import StorageError
-from tests.test_checkpoint import fake_checkpoint
+from tests.checkpoint.test_save_load import fake_checkpoint
 
 
 def flip_byte(path, offset=None):
