@@ -38,13 +38,13 @@ def _health() -> str:
 
 
 def _trl_flags() -> str:
-    from rlhfkit.config.trl_flags import render_markdown
+    from rlhfkit.config.trl_flags_docs import render_markdown
 
     return render_markdown()
 
 
 def _grpo_config_table() -> str:
-    from rlhfkit.config.trl_flags import render_grpo_config_table
+    from rlhfkit.config.trl_flags_docs import render_grpo_config_table
 
     return render_grpo_config_table()
 

@@ -68,6 +68,14 @@ def test_ignored_keys_of_a_config_file_get_the_note_too(tmp_path, capsys):
     assert err.count("rlhfkit: note:") == 2 and "log_level (in --config" in err and "ddp_timeout (in --config" in err
 
 
+def test_a_training_config_that_becomes_its_full_arguments_is_built_once(capsys):
+    """PPOConfig(model_name_or_path=...) is a PPOArguments: its keywords are screened, and its checks run, once."""
+    config = PPOConfig(model_name_or_path="m", torch_dtype="float16", do_train=True)
+    assert type(config).__name__ == "PPOArguments" and config.dtype == "float16"
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and "do_train has no effect" in err[0] and "torch_dtype is the old name" in err[1]
+
+
 def test_torch_dtype_is_the_old_name_of_dtype(capsys):
     config, _ = parse_config(GRPOConfig, ["--torch_dtype", "bfloat16"], "rlhfkit grpo")
     assert config.dtype == "bfloat16" and config.torch_dtype is None

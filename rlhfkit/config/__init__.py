@@ -6,7 +6,7 @@
 - script.py: TRL's other groups of flags, ScriptArguments (GRPOScriptArguments) and ModelConfig;
 - batch_sizes.py: the sizes that follow from the flags, the number of processes and the dataset (exact divisions);
 - parse.py: from a command line and a --config YAML file to a checked config;
-- trl_flags.py: TRL's flags that rlhfkit does not take, and why (docs/trl-flags.md).
+- trl_flags.py: TRL's flags that rlhfkit does not take, and why; trl_flags_docs.py: their page (docs/trl-flags.md).
 """
 
 from rlhfkit.config.batch_sizes import (
@@ -28,9 +28,6 @@ from rlhfkit.config.train import (
     config_field_names,
 )
 from rlhfkit.errors import ConfigError
-
-# trl_flags explains the TRL keywords the configs do not take (train.set_keyword_screen): loaded with the configs.
-from rlhfkit.config import trl_flags  # noqa: E402, F401  (isort: skip)
 
 __all__ = [
     "EVAL_STRATEGIES",

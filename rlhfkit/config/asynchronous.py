@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
-from rlhfkit.config.rules import FLAG, OneOf, OrNone, integer, meta, number, on_off_flags
-from rlhfkit.config.train import CheckedConfig
+from rlhfkit.config.rules import FLAG, OneOf, OrNone, integer, meta, number
+from rlhfkit.config.train import CheckedConfig, config_dataclass
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.importance import IS_CORRECTION_MODES
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class AsyncGenerationConfig(CheckedConfig):
     """Generation in a worker process beside the trainer, and the correction of the stale batches it makes."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from rlhfkit.config.asynchronous import AsyncGenerationConfig, check_async_adapter
 from rlhfkit.config.batch_sizes import grpo_generation_shape
@@ -19,10 +19,9 @@ from rlhfkit.config.rules import (
     integer,
     meta,
     number,
-    on_off_flags,
 )
 from rlhfkit.config.script import GRPOScriptArguments, ModelConfig, check_adapter_merge
-from rlhfkit.config.train import TrainConfig
+from rlhfkit.config.train import TrainConfig, config_dataclass
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.advantages import GROUP_SCALES
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
@@ -36,14 +35,14 @@ MODEL_INIT_FIELDS = {
 }
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class GRPOConfig(AsyncGenerationConfig, TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.GRPOTrainer` (names, meanings and defaults as in TRL's ``GRPOConfig``).
 
     As in TRL, ``per_device_train_batch_size`` counts completions: 16 with ``num_generations=8`` is 2 prompts.
     """
 
+    trl_command = "grpo"  # the keywords it does not take are explained as `trl grpo`'s flags (config/trl_flags.py)
     exp_name: str = inherited(TrainConfig, "exp_name", "grpo")
     model_init_kwargs: dict | str | None = field(
         default=None,
@@ -427,8 +426,7 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
             )
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class GRPOArguments(GRPOConfig, GRPOScriptArguments, ModelConfig):
     """Every flag of ``rlhfkit grpo`` in one dataclass: GRPOConfig's training arguments with TRL's
     GRPOScriptArguments and ModelConfig groups (config/script.py). ``GRPOConfig(model_name_or_path=...)`` builds one;

@@ -124,7 +124,7 @@ def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
     if all(name in fields or name.removeprefix("no_") in fields for name in written):
         # Only rlhfkit's own flags: TRL's list, which imports transformers' TrainingArguments (+11 MB), is not needed.
         return list(argv)
-    refused = trl_flags.not_taken(trl_flags.command_of(cls), fields)
+    refused = trl_flags.not_taken(cls.trl_command, fields)
     kept, errors, ignored, value_of = [], [], [], ""
     for arg in argv:
         if value_of:  # the previous argument was an ignored flag: drop its value too
@@ -201,7 +201,7 @@ def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
     if not isinstance(values, dict):
         raise UsageError(f"--config {path!r} must hold a mapping of field: value.")
     unknown = sorted(set(values) - set(config_field_names(cls)) - set(LAUNCH_FLAGS))
-    refused = trl_flags.not_taken(trl_flags.command_of(cls), set(config_field_names(cls)))
+    refused = trl_flags.not_taken(cls.trl_command, set(config_field_names(cls)))
     for key in [key for key in unknown if key in refused]:
         if refused[key].status == trl_flags.IGNORED:
             del values[key]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from rlhfkit.config.asynchronous import AsyncGenerationConfig, check_async_adapter
 from rlhfkit.config.rules import (
@@ -18,10 +18,9 @@ from rlhfkit.config.rules import (
     integer,
     meta,
     number,
-    on_off_flags,
 )
 from rlhfkit.config.script import REWARD_FUNCS_HELP, ModelConfig, ScriptArguments, check_adapter_merge
-from rlhfkit.config.train import TrainConfig
+from rlhfkit.config.train import TrainConfig, config_dataclass
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.kl import KL_ESTIMATORS
 
@@ -29,11 +28,11 @@ from rlhfkit.ops.kl import KL_ESTIMATORS
 PPO_KL_ESTIMATORS = tuple(e for e in KL_ESTIMATORS if e != "k2")
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class PPOConfig(AsyncGenerationConfig, TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.PPOTrainer` (names and meanings as in TRL's ``PPOConfig``)."""
 
+    trl_command = "ppo"  # the keywords it does not take are explained as `trl ppo`'s flags (config/trl_flags.py)
     exp_name: str = inherited(TrainConfig, "exp_name", "ppo")
     sft_model_path: str | None = field(
         default=None,
@@ -189,8 +188,7 @@ class PPOConfig(AsyncGenerationConfig, TrainConfig):
             )
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class PPOArguments(PPOConfig, ScriptArguments, ModelConfig):
     """Every flag of ``rlhfkit ppo`` in one dataclass: PPOConfig's training arguments with TRL's ScriptArguments and
     ModelConfig groups (config/script.py). ``PPOConfig(model_name_or_path=...)`` builds one; a trainer given a plain

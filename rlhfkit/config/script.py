@@ -10,7 +10,7 @@ GRPOArguments (config/ppo.py, config/grpo.py) are dataclasses made of the three 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from rlhfkit.config.rules import (
     FLAG,
@@ -23,9 +23,8 @@ from rlhfkit.config.rules import (
     integer,
     meta,
     number,
-    on_off_flags,
 )
-from rlhfkit.config.train import CheckedConfig, note
+from rlhfkit.config.train import CheckedConfig, config_dataclass, note
 from rlhfkit.errors import ConfigError
 
 
@@ -43,8 +42,7 @@ REWARD_FUNCS_HELP = (
 )
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class ScriptArguments(CheckedConfig):
     """The prompt dataset (TRL's ``ScriptArguments`` names and defaults)."""
 
@@ -65,8 +63,7 @@ class ScriptArguments(CheckedConfig):
     )
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class GRPOScriptArguments(ScriptArguments):
     """The prompt dataset and the reward sources of `trl grpo` (TRL's ``GRPOScriptArguments``)."""
 
@@ -82,8 +79,7 @@ class GRPOScriptArguments(ScriptArguments):
     )
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class ModelConfig(CheckedConfig):
     """The policy's checkpoint, dtype, LoRA adapter and quantised loading (TRL's ``ModelConfig`` names and
     defaults)."""

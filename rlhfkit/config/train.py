@@ -6,14 +6,14 @@ then the rules that tie fields together, before anything is loaded or written.
 
 from __future__ import annotations
 
-import difflib
+import functools
 import math
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from rlhfkit.config import trl_flags
 from rlhfkit.config.rules import (
     FLAG,
     JSON_OBJECT,
@@ -31,7 +31,7 @@ from rlhfkit.config.rules import (
     on_off_flags,
 )
 from rlhfkit.data import PROMPT_OVERFLOW
-from rlhfkit.errors import ConfigError, FieldNotTakenError
+from rlhfkit.errors import ConfigError
 from rlhfkit.health.rules import HEALTH_MODES, parse_thresholds
 from rlhfkit.optim import LR_SCHEDULER_TYPES, OPTIMIZERS, lr_factor, other_optimizers, other_schedules
 from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
@@ -90,35 +90,27 @@ def note(text: str) -> None:
         print(f"rlhfkit: note: {text}", file=sys.stderr)
 
 
-class _TakesTRLNames(type):
-    """Metaclass of the configs: a keyword the dataclass's __init__ does not take is explained before Python's bare
-    "unexpected keyword argument": TRL's fields rlhfkit refuses get the command line's reason, the accepted-and-ignored
-    ones are dropped with one note (config/trl_flags.py screen_keyword), other names get a close match.
+class CheckedConfig:
+    """Base of every config dataclass (each declared with :func:`config_dataclass`). ``__post_init__`` turns JSON text
+    into dicts, applies the accepted spellings (``_apply_aliases``), checks every field's rule, then the rules that tie
+    fields together (``_check_combinations``). Subclasses extend those two cooperatively, each calling ``super()``, so
+    a dataclass made of several groups (PPOArguments: PPOConfig, ScriptArguments and ModelConfig) runs every group's.
 
-    A training config given a field of its script or model arguments (``PPOConfig(model_name_or_path=...)``) builds
-    its full arguments class instead (``full_arguments``: PPOArguments, a PPOConfig subclass holding every flag of
+    A training config given a field of its script or model arguments (``PPOConfig(model_name_or_path=...)``) is its
+    full arguments class instead (``full_arguments``: PPOArguments, a PPOConfig subclass holding every flag of
     ``rlhfkit ppo``), so rlhfkit's one-config Python use keeps working while TRL's parsers see TRL's field groups."""
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        taken = {f.name for f in fields(cls) if f.init}
+    # The TRL command whose flags explain a keyword the config does not take (config/trl_flags.py); the groups both
+    # commands share are screened as trl ppo's.
+    trl_command = "ppo"
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> CheckedConfig:
+        # Python runs __init__ of the object's own class, once, when it is an instance of `cls` (as PPOArguments is a
+        # PPOConfig): the full arguments' __init__ then takes the keywords.
         full = getattr(cls, "full_arguments", cls)
-        known = {f.name for f in fields(full) if f.init}  # the flags of the command line
-        if full is not cls and known & (set(kwargs) - taken):
-            return full(*args, **kwargs)
-        for name in [name for name in kwargs if name not in taken]:
-            if _keyword_screen is not None:
-                _keyword_screen(cls, name, sorted(known))  # raises, or returns for a keyword to drop
-            else:
-                unexpected_keyword(cls, name, sorted(known))
-            del kwargs[name]
-        return super().__call__(*args, **kwargs)
-
-
-class CheckedConfig(metaclass=_TakesTRLNames):
-    """Base of every config dataclass. ``__post_init__`` turns JSON text into dicts, applies the accepted spellings
-    (``_apply_aliases``), checks every field's rule, then the rules that tie fields together
-    (``_check_combinations``). Subclasses extend those two cooperatively, each calling ``super()``, so a dataclass
-    made of several groups (PPOArguments: PPOConfig, ScriptArguments and ModelConfig) runs every group's."""
+        if full is not cls and _init_names(full) & (kwargs.keys() - _init_names(cls)):
+            return super().__new__(full)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         decode_json_fields(self)  # JSON text of a dict field (from the command line) becomes the dict
@@ -136,22 +128,35 @@ class CheckedConfig(metaclass=_TakesTRLNames):
         return asdict(self)
 
 
-# config/trl_flags.py's screen_keyword, set by set_keyword_screen when it is imported (it imports the configs, so this
-# module cannot import it; rlhfkit.config's __init__ imports it, so it is set before any config is built).
-_keyword_screen: Callable[[type, str, list[str]], None] | None = None
+def config_dataclass(cls: type[CheckedConfig]) -> type[CheckedConfig]:
+    """Class decorator of every config: ``@dataclass``, ``--no_NAME`` for its on/off fields (rules.on_off_flags), and
+    an ``__init__`` that explains a keyword the dataclass does not take before Python's bare "unexpected keyword
+    argument": TRL's fields rlhfkit refuses raise FieldNotTakenError with the command line's reason, the
+    accepted-and-ignored ones are dropped after one note, other names get the closest flag
+    (trl_flags.screen_keyword)."""
+    cls = on_off_flags(dataclass(cls))
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: CheckedConfig, *args: Any, **kwargs: Any) -> None:
+        config = type(self)
+        taken = _init_names(config)
+        if not taken.issuperset(kwargs):
+            flags = _init_names(getattr(config, "full_arguments", config))  # the flags of the command line
+            for name in [name for name in kwargs if name not in taken]:
+                # raises FieldNotTakenError, or returns the note of a keyword rlhfkit accepts and ignores
+                note(trl_flags.screen_keyword(config.__name__, config.trl_command, name, flags))
+                del kwargs[name]
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
 
 
-def set_keyword_screen(screen: Callable[[type, str, list[str]], None]) -> None:
-    global _keyword_screen
-    _keyword_screen = screen
-
-
-def unexpected_keyword(cls: type, name: str, taken: list[str]) -> None:
-    """Raise FieldNotTakenError for a keyword of `cls` that is no field and no TRL field: Python's message, and the
-    closest field name."""
-    close = difflib.get_close_matches(name, taken, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    raise FieldNotTakenError(f"{cls.__name__}.__init__() got an unexpected keyword argument {name!r}.{hint}")
+@functools.cache
+def _init_names(cls: type) -> frozenset[str]:
+    """The keywords the dataclass `cls` takes."""
+    return frozenset(f.name for f in fields(cls) if f.init)
 
 
 def _thresholds_complaint(value: Any) -> str | None:
@@ -162,8 +167,7 @@ def _thresholds_complaint(value: Any) -> str | None:
     return None
 
 
-@on_off_flags
-@dataclass
+@config_dataclass
 class TrainConfig(CheckedConfig):
     """Fields shared by every trainer (names and meanings as TRL's / transformers' TrainingArguments)."""
 
