@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from filelock import FileLock
 
 from rlhfkit.data import progress_bars_hidden
 from rlhfkit.sampling import right_pad
@@ -422,35 +423,20 @@ def cache_root() -> Path:
     return Path(os.environ.get("RLHFKIT_CACHE") or Path.home() / ".cache" / "rlhfkit").expanduser()
 
 
-@contextmanager
-def _file_lock(path: Path):
-    """Exclusive advisory lock (POSIX flock); elsewhere a no-op, the atomic rename still prevents torn builds."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        try:
-            import fcntl
-        except ImportError:  # Windows
-            yield
-            return
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def builtin_assets(preset: str = "default", seed: int = 0, log=print, task: str = DEFAULT_TASK) -> Path:
     """Path of the cached built-in assets, building them on first use.
 
     Cache dir: cache_root() / f"{task}-{preset}-seed{seed}-v{BUILDER_VERSION}". Concurrent callers (e.g. several
-    accelerate processes) serialise on a lock file; the first builds, the others find task.json and reuse it.
+    accelerate processes) serialise on a lock file beside it (filelock: the operating system's lock, which a killed
+    builder does not keep); the first builds, the others find task.json and reuse it.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
     target = cache_root() / f"{task}-{preset}-seed{seed}-v{BUILDER_VERSION}"
     if Assets(target).is_built():
         return target
-    with _file_lock(target.with_name(target.name + ".lock")):
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(target.with_name(target.name + ".lock")):
         if not Assets(target).is_built():
             log(f"[rlhfkit] building the built-in task assets into {target} (first use; cached afterwards)")
             build_tiny(target, seed=seed, preset=preset, log=log, task=task)

@@ -5,8 +5,9 @@ output_dir/
   run_config_history.jsonl  one line per part of the run (its start, then each resume): {"part", "time",
                   "start_step", "resumed_from", "changed" (field -> {"from", "to"}: the settings that differ from the
                   checkpoint's), "allowed_by_flag" (those only --allow_config_change let through), "config"}
-  .rlhfkit.lock   while a run writes the directory: its writer's lock (RunLock), holding {"pid", "host", "command",
-                  "started"}; removed when the run ends
+  .rlhfkit.lock   while a run writes the directory: who holds its lock (RunLock), {"pid", "host", "command",
+                  "started"}; removed when the run ends (a run that died leaves it, and it no longer means anything)
+  .rlhfkit.mutex  the lock itself (RunLock), empty; it may stay after the run
   metrics.jsonl   one line per RunLogger.log() call: {"step": int, metric: value, ...}
   samples.jsonl   one line per completion-table row: {"step": int, "key": str, column: value, ...}
   health.jsonl    one line per health finding (written by rlhfkit.health)
@@ -16,7 +17,7 @@ Lines are appended and the file closed at once, so a crash loses at most the lin
 Non-finite floats are written as NaN / Infinity, as Python's json module does (and reads back).
 Readers (resume, doctor, report) go through :func:`read_jsonl`, which skips a line torn by a crash.
 
-Stdlib only: checking an output_dir while parsing the config must not import the training stack.
+Stdlib and filelock only: checking an output_dir while parsing the config must not import the training stack.
 """
 
 from __future__ import annotations
@@ -32,10 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-try:
-    import fcntl
-except ImportError:  # Windows: no flock; runs there are not locked
-    fcntl = None
+from filelock import FileLock, Timeout
 
 CONFIG_FILE = "run_config.json"  # not config.json: the final model saved in the same directory writes that
 METRICS_FILE = "metrics.jsonl"
@@ -44,7 +42,8 @@ HEALTH_FILE = "health.jsonl"
 BEFORE_AFTER_FILE = "before_after.json"  # rlhfkit quickstart: the trained policy against its starting model
 MERGED_DIR = "merged"
 HISTORY_FILE = "run_config_history.jsonl"
-LOCK_FILE = ".rlhfkit.lock"
+LOCK_FILE = ".rlhfkit.lock"  # who holds the run directory's lock
+MUTEX_FILE = ".rlhfkit.mutex"  # the lock itself
 
 
 def read_jsonl(path: str | os.PathLike) -> tuple[list[dict[str, Any]], list[int]]:
@@ -191,20 +190,24 @@ def read_history(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
 class RunLock:
     """An exclusive lock on a run directory: its holder is the only process writing it.
 
-    An ``fcntl.flock`` on output_dir/.rlhfkit.lock, which holds the holder's pid, host, command line and start time
-    for the message another run gets. The operating system drops a flock when its process ends, however it ends
-    (SIGKILL, out of memory, a lost node), so a dead run's lock file never blocks the next run. Within one process a
-    new lock on a directory supersedes the process's earlier one (a notebook's trainer rebuilt after an error, whose
-    run never ended); a RunLock no longer referenced is released as it is garbage collected.
+    The operating system's lock on output_dir/.rlhfkit.mutex, through filelock (flock on Unix, LockFileEx on
+    Windows), and beside it output_dir/.rlhfkit.lock, the holder's pid, host, command line and start time for the
+    message another run gets. The operating system drops the lock when its process ends, however it ends (SIGKILL, out
+    of memory, a lost node), so a dead run never blocks the next one: that run takes the lock and rewrites the holder
+    file the dead run left. The holder is a file of its own because the lock file is filelock's: depending on its
+    version and platform filelock keeps or deletes it on release, and on Windows its locked first byte cannot be read
+    by another process.
 
-    flock is advisory and local to a machine's kernel: runs on other machines sharing the directory over NFS are
-    seen only where the file system forwards flocks (NFSv4 does; some do not). Windows has no flock: no lock there.
+    Within one process a new lock on a directory supersedes the process's earlier one (a notebook's trainer rebuilt
+    after an error, whose run never ended); a RunLock no longer referenced is released as it is garbage collected.
+    The lock is advisory and, on Unix, local to a machine's kernel: runs on other machines sharing the directory over
+    NFS are seen only where the file system forwards flocks (NFSv4 does; some do not).
     """
 
     _held: weakref.WeakValueDictionary[str, RunLock] = weakref.WeakValueDictionary()  # this process's, by path
 
-    def __init__(self, path: Path, file):
-        self.path, self._file = path, file
+    def __init__(self, directory: Path, lock: FileLock):
+        self.directory, self._lock, self._pid = directory, lock, os.getpid()
 
     @classmethod
     def acquire(cls, output_dir: str | os.PathLike, command: str | None = None) -> tuple[RunLock | None, dict]:
@@ -212,97 +215,82 @@ class RunLock:
         {"pid", "host", "command", "started"}) when another process holds it (locked_message says so)."""
         directory = Path(output_dir)
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / LOCK_FILE
-        key = os.path.realpath(path)
+        key = _key(directory)
         previous = cls._held.pop(key, None)
         if previous is not None:
             previous.release()
-        while True:
-            file = open(path, "a+", encoding="utf-8")  # noqa: SIM115 (held for the life of the run)
-            if fcntl is None:
-                break
-            try:
-                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _holder(file)
-                file.close()
-                return None, holder
-            # The previous holder removes the file as it releases it: if that happened between our open and our
-            # flock, we hold a lock on a removed file, which the next run would not see. Lock the file at the path.
-            if _same_file(file, path):
-                break
-            file.close()
-        file.seek(0)
-        file.truncate()
+        lock = _mutex(directory)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            return None, _holder(directory)
         info = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "command": command if command is not None else shlex.join([sys.executable, *sys.argv]),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        file.write(json.dumps(info) + "\n")
-        file.flush()
-        lock = cls(path, file)
-        cls._held[key] = lock
-        return lock, {}
+        try:
+            (directory / LOCK_FILE).write_text(json.dumps(info) + "\n", encoding="utf-8")
+        except BaseException:
+            lock.release()
+            raise
+        run_lock = cls(directory, lock)
+        cls._held[key] = run_lock
+        return run_lock, {}
 
     @property
     def held(self) -> bool:
-        return self._file is not None
+        return self._lock is not None
 
     def release(self) -> None:
-        """Remove the lock file and release the lock (again: nothing)."""
-        file, self._file = self._file, None
-        if file is None:
+        """Remove the holder file and release the lock (again, or in a forked child: nothing)."""
+        lock, self._lock = self._lock, None
+        if lock is None or os.getpid() != self._pid:
             return
-        key = os.path.realpath(self.path)
+        key = _key(self.directory)
         if RunLock._held.get(key) is self:
             del RunLock._held[key]
         try:
-            if _same_file(file, self.path):
-                self.path.unlink()  # still holding the lock: no other run holds this file
+            (self.directory / LOCK_FILE).unlink()  # still holding the lock: the holder file is this run's
         except OSError:
             pass
-        file.close()  # releases the flock
+        lock.release()
 
     def __del__(self):
         try:
             self.release()
-        except Exception:  # interpreter shutdown: the process's end releases the flock anyway
+        except Exception:  # interpreter shutdown: the process's end releases the lock anyway
             pass
 
 
 def locked_by(output_dir: str | os.PathLike) -> dict[str, Any] | None:
     """The holder of output_dir's lock ({"pid", "host", "command", "started"}, possibly {} when unreadable) when
-    another process holds it, else None. Reads only: creates nothing."""
-    path = Path(output_dir) / LOCK_FILE
-    if fcntl is None or os.path.realpath(path) in RunLock._held:
+    another process holds it, else None. Creates nothing: a directory without the lock file is not locked."""
+    directory = Path(output_dir)
+    if not (directory / MUTEX_FILE).is_file() or _key(directory) in RunLock._held:
         return None
+    probe = _mutex(directory)
     try:
-        file = open(path, encoding="utf-8")  # noqa: SIM115
-    except OSError:
-        return None
-    with file:
-        try:
-            fcntl.flock(file.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return _holder(file)
-        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+        probe.acquire(timeout=0)
+    except Timeout:
+        return _holder(directory)
+    probe.release()
     return None
 
 
-def _same_file(file, path: Path) -> bool:
-    try:
-        here, there = os.fstat(file.fileno()), os.stat(path)
-    except OSError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+def _mutex(directory: Path) -> FileLock:
+    # Not thread-local: a run may end (and release its lock) on another thread than the one that started it.
+    return FileLock(directory / MUTEX_FILE, thread_local=False)
 
 
-def _holder(file) -> dict[str, Any]:
+def _key(directory: Path) -> str:
+    return os.path.realpath(directory / LOCK_FILE)
+
+
+def _holder(directory: Path) -> dict[str, Any]:
     try:
-        file.seek(0)
-        info = json.loads(file.read() or "{}")
+        info = json.loads((directory / LOCK_FILE).read_text(encoding="utf-8") or "{}")
     except (OSError, ValueError):
         return {}
     return info if isinstance(info, dict) else {}
@@ -320,6 +308,6 @@ def locked_message(output_dir: str | os.PathLike, holder: Mapping[str, Any]) -> 
         f"--output_dir {directory} is being written by another run: process {pid}{where}{started}{command}. Two runs "
         "in one directory would mix their metrics and race on its checkpoints. Wait for that run to end, or stop it "
         f"(kill -INT {pid}: it saves a checkpoint, then continue it with --resume_from_checkpoint latest), or choose "
-        f"another --output_dir. The lock ({directory / LOCK_FILE}) is released when that process exits, however it "
+        f"another --output_dir. The lock ({directory / MUTEX_FILE}) is released when that process exits, however it "
         "ends."
     )

@@ -1,4 +1,7 @@
 import json
+import subprocess
+import sys
+import threading
 
 import pytest
 import torch
@@ -6,6 +9,7 @@ from safetensors.torch import load_file
 
 from rlhfkit.tasks import builtin_assets, evaluate_success, import_ref, load_task
 from rlhfkit.tasks.build import BUILDER_VERSION, build_tiny
+from rlhfkit.tasks.registry import DEFAULT_TASK
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +91,31 @@ def test_refuses_to_overwrite_foreign_dir(tmp_path):
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
 
-def test_builtin_assets_honours_cache_env(tmp_path, monkeypatch):
+BUILDER = """
+import sys, time
+from filelock import FileLock
+held = FileLock(sys.argv[1])
+held.acquire()
+print("held", flush=True)
+time.sleep(600)
+"""  # a process building the assets: it holds their lock (argv[1])
+
+
+def test_builtin_assets_honours_cache_env_and_waits_for_another_builder(tmp_path, monkeypatch):
     monkeypatch.setenv("RLHFKIT_CACHE", str(tmp_path))
     messages = []
-    path = builtin_assets("test", log=messages.append)
+    # Another process building the same assets holds their lock: this one waits, until that process is killed.
+    lock = tmp_path / f"{DEFAULT_TASK}-test-seed0-v{BUILDER_VERSION}.lock"
+    holder = subprocess.Popen([sys.executable, "-c", BUILDER, str(lock)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    waiting = threading.Thread(target=lambda: messages.append(builtin_assets("test", log=messages.append)))
+    waiting.start()
+    waiting.join(timeout=1.0)
+    assert waiting.is_alive() and not messages
+    holder.kill()
+    holder.wait()
+    waiting.join(timeout=300)
+    path = messages.pop()
     assert path.parent == tmp_path and (path / "task.json").exists()
     assert messages  # built on first use
     messages.clear()

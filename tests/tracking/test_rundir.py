@@ -1,7 +1,12 @@
-"""The run directory files: run_config.json, metrics.jsonl, samples.jsonl; reading them back."""
+"""The run directory files: run_config.json, metrics.jsonl, samples.jsonl; reading them back; the run directory's
+lock (the whole run's lifetime under it is tests/trainers/test_run_lock.py)."""
 
 import json
 import math
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,9 +14,13 @@ import torch
 
 from rlhfkit.tracking.rundir import (
     CONFIG_FILE,
+    LOCK_FILE,
     METRICS_FILE,
     RunDirectory,
+    RunLock,
     holds_run,
+    locked_by,
+    locked_message,
     read_config,
     read_jsonl,
     to_jsonable,
@@ -87,3 +96,68 @@ def test_holds_run_once_a_step_is_logged_or_a_config_stands_alone(tmp_path):
     assert holds_run(tmp_path)
     (tmp_path / METRICS_FILE).unlink()
     assert holds_run(tmp_path)  # a config without metrics.jsonl is someone's run
+
+
+HOLDER = """
+import sys, time
+from rlhfkit.tracking.rundir import RunLock
+lock, holder = RunLock.acquire(sys.argv[1], command="rlhfkit grpo --output_dir shared")
+print("locked" if lock is not None else "refused", flush=True)
+if lock is not None:
+    time.sleep(600)
+"""
+
+
+def holding(output_dir) -> subprocess.Popen:
+    """Another process holding output_dir's lock."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(output_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_lock_held_by_another_process_is_refused_naming_its_pid_host_and_command(tmp_path):
+    proc = holding(tmp_path)
+    try:
+        lock, holder = RunLock.acquire(tmp_path)
+        assert lock is None and holder["pid"] == proc.pid and holder["host"] == socket.gethostname()
+        assert holder["command"] == "rlhfkit grpo --output_dir shared" and holder["started"]
+        assert locked_by(tmp_path) == holder
+        message = locked_message(tmp_path, holder)
+        assert f"process {proc.pid}, started " in message and "command: rlhfkit grpo --output_dir shared" in message
+        assert "not this machine" not in message
+        assert f"on host gpu-node-7 (not this machine), started {holder['started']}" in locked_message(
+            tmp_path, {**holder, "host": "gpu-node-7"}
+        )
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_dead_holder_never_blocks_the_next_run(tmp_path):
+    proc = holding(tmp_path)
+    proc.kill()  # SIGKILL on POSIX: no cleanup runs
+    proc.wait()
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == proc.pid  # its holder file stays...
+    assert locked_by(tmp_path) is None  # ... but holds nothing
+    lock, holder = RunLock.acquire(tmp_path, command="the next run")
+    assert lock is not None and lock.held and holder == {}
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["command"] == "the next run"
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+    assert not (tmp_path / LOCK_FILE).exists() and not lock.held
+    lock.release()  # again: nothing
+
+
+def test_a_process_supersedes_its_own_lock_and_does_not_see_itself_as_the_holder(tmp_path):
+    assert locked_by(tmp_path / "new") is None and not (tmp_path / "new").exists()  # reading creates nothing
+    first, _ = RunLock.acquire(tmp_path)
+    assert locked_by(tmp_path) is None  # this process's own lock
+    second, _ = RunLock.acquire(tmp_path)
+    assert not first.held and second.held
+    done = subprocess.run([sys.executable, "-c", HOLDER, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "refused"
+    del second  # garbage collected: released
+    proc = holding(tmp_path)
+    proc.kill()
+    proc.wait()
