@@ -25,6 +25,7 @@ from transformers import (
 )
 
 from rlhfkit.errors import ModelLoadError
+from rlhfkit.lora import lora_config
 
 
 def native_dtype() -> torch.dtype:
@@ -403,21 +404,14 @@ def with_lora(model: nn.Module, args, task_type: str = "CAUSAL_LM") -> nn.Module
     --disable_dropout is on (the default), like every other dropout, so PPO's first ratio stays exactly 1.
     """
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
     except ImportError as e:
         raise ModelLoadError("--use_peft needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
-    targets = args.lora_target_modules
-    if targets == ["all-linear"]:
-        targets = "all-linear"  # peft's shorthand is a string; a list holds module names
-    config = LoraConfig(
-        task_type=task_type,
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
+    config = lora_config(
+        args,
+        task_type,
         lora_dropout=0.0 if args.disable_dropout else args.lora_dropout,
-        target_modules=targets,
         modules_to_save=args.lora_modules_to_save if task_type == "CAUSAL_LM" else None,
-        use_rslora=args.use_rslora,
-        use_dora=args.use_dora,
         revision=args.model_revision,  # recorded in adapter_config.json, so loaders fetch the same base
     )
     try:

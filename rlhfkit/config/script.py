@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import field
 
+from rlhfkit import lora
 from rlhfkit.config.rules import (
     FLAG,
     PATH,
@@ -237,20 +238,7 @@ class ModelConfig(CheckedConfig):
         ``get_peft_config(model_args)``); None without --use_peft."""
         if not self.use_peft:
             return None
-        try:
-            from peft import LoraConfig
-        except ImportError as e:
-            raise ConfigError("use_peft needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
-        return LoraConfig(
-            r=self.lora_r,
-            lora_alpha=self.lora_alpha,
-            lora_dropout=self.lora_dropout,
-            target_modules="all-linear" if self.lora_target_modules == ["all-linear"] else self.lora_target_modules,
-            modules_to_save=self.lora_modules_to_save,
-            task_type=self.lora_task_type,
-            use_rslora=self.use_rslora,
-            use_dora=self.use_dora,
-        )
+        return lora.lora_config(self, self.lora_task_type)
 
     def quantised(self) -> str | None:
         """The flag that loads quantised weights, if any."""

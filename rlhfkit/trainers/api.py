@@ -17,6 +17,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from rlhfkit.checkpoint import save_into
 from rlhfkit.errors import ConfigError
+from rlhfkit.lora import lora_flags
 from rlhfkit.trainers.run import TrainingRun
 
 
@@ -154,7 +155,7 @@ def trl_constructor_arguments(
         )
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(args) if f.init}
     if peft_config is not None:
-        values |= _lora_fields(peft_config)
+        values |= lora_flags(peft_config)
     if quantization_config is not None:
         values |= _quantization_fields(quantization_config, values)
     full = type(args).full_arguments
@@ -165,52 +166,6 @@ def trl_constructor_arguments(
             args.__post_init__()
         return args
     return full(**values)
-
-
-# LoraConfig field -> the config field that carries it (and LoraConfig's value that needs no field).
-_LORA_FIELDS = {
-    "r": "lora_r",
-    "lora_alpha": "lora_alpha",
-    "lora_dropout": "lora_dropout",
-    "target_modules": "lora_target_modules",
-    "modules_to_save": "lora_modules_to_save",
-    "use_rslora": "use_rslora",
-    "use_dora": "use_dora",
-}
-
-
-def _lora_fields(peft_config) -> dict[str, Any]:
-    try:
-        from peft import LoraConfig
-    except ImportError as e:
-        raise ConfigError("peft_config needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
-    if not isinstance(peft_config, LoraConfig):
-        raise ConfigError(
-            f"peft_config is a {type(peft_config).__name__}: rlhfkit trains LoRA adapters only (its reference "
-            "model is the policy with the adapter disabled). Pass a peft LoraConfig or use --use_peft."
-        )
-    default = LoraConfig()
-    ignored = {"task_type", "peft_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping"}
-    carried = set(_LORA_FIELDS)
-    other = sorted(
-        name
-        for name in vars(default)
-        if name not in carried | ignored and getattr(peft_config, name, None) != getattr(default, name)
-    )
-    if other:
-        raise ConfigError(
-            f"peft_config sets {', '.join(other)}, which rlhfkit's LoRA does not take (it carries "
-            f"{', '.join(sorted(carried))}). Leave them at peft's defaults, or use --use_peft with --lora_* flags."
-        )
-    values = {field: getattr(peft_config, name) for name, field in _LORA_FIELDS.items()}
-    targets = values["lora_target_modules"]
-    if isinstance(targets, str):
-        values["lora_target_modules"] = [targets]
-    elif targets is not None:
-        values["lora_target_modules"] = sorted(targets)
-    if values["lora_modules_to_save"] is not None:
-        values["lora_modules_to_save"] = list(values["lora_modules_to_save"])
-    return {"use_peft": True, **values}
 
 
 def _quantization_fields(quantization_config, values: dict[str, Any]) -> dict[str, Any]:
