@@ -5,7 +5,7 @@ TRL's defaults are read from the classes themselves where they are installed: TR
 transformers' ``TrainingArguments``, which TRL's configs extend. TRL 1.12's ``PPOConfig`` (TRL's last PPO, gone from
 1.13 on) cannot be installed beside 1.16, so its defaults are recorded here (TRL_1_12_PPO_DEFAULTS). Its
 ``ScriptArguments`` and ``ModelConfig`` have the same defaults as 1.16's (compared when they were recorded).
-``make docs`` renders the table; tests/test_config_trl_defaults.py keeps it true.
+``make docs`` renders the table; tests/config/test_trl_defaults.py keeps it true.
 """
 
 from __future__ import annotations

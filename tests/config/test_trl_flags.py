@@ -19,7 +19,7 @@ from rlhfkit.config import (
 from rlhfkit.config.parse import _parser, parse_config
 from rlhfkit.errors import UsageError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = {"ppo": PPOArguments, "grpo": GRPOArguments}  # every flag of each command
 
 

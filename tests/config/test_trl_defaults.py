@@ -8,7 +8,7 @@ import trl
 from rlhfkit.config import trl_defaults
 from rlhfkit.docs import PAGES, expected
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_table_in_the_page_is_the_live_comparison():
