@@ -11,7 +11,7 @@ import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from rlhfkit.config import trl_flags
 from rlhfkit.config.rules import (
@@ -35,6 +35,11 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.health.rules import HEALTH_MODES, parse_thresholds
 from rlhfkit.optim import LR_SCHEDULER_TYPES, OPTIMIZERS, lr_factor, other_optimizers, other_schedules
 from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+else:  # Python 3.10: typing_extensions comes with torch
+    from typing_extensions import dataclass_transform
 
 # transformers' names (TrainingArguments) for the strategies rlhfkit.trainers.run schedules rows, evaluations and
 # checkpoints by.
@@ -90,6 +95,9 @@ def note(text: str) -> None:
         print(f"rlhfkit: note: {text}", file=sys.stderr)
 
 
+_Config = TypeVar("_Config", bound="CheckedConfig")
+
+
 class CheckedConfig:
     """Base of every config dataclass (each declared with :func:`config_dataclass`). ``__post_init__`` turns JSON text
     into dicts, applies the accepted spellings (``_apply_aliases``), checks every field's rule, then the rules that tie
@@ -104,7 +112,7 @@ class CheckedConfig:
     # commands share are screened as trl ppo's.
     trl_command = "ppo"
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> CheckedConfig:
+    def __new__(cls: type[_Config], *args: Any, **kwargs: Any) -> _Config:
         # Python runs __init__ of the object's own class, once, when it is an instance of `cls` (as PPOArguments is a
         # PPOConfig): the full arguments' __init__ then takes the keywords.
         full = getattr(cls, "full_arguments", cls)
@@ -128,7 +136,8 @@ class CheckedConfig:
         return asdict(self)
 
 
-def config_dataclass(cls: type[CheckedConfig]) -> type[CheckedConfig]:
+@dataclass_transform(field_specifiers=(field,))
+def config_dataclass(cls: type[_Config]) -> type[_Config]:
     """Class decorator of every config: ``@dataclass``, ``--no_NAME`` for its on/off fields (rules.on_off_flags), and
     an ``__init__`` that explains a keyword the dataclass does not take before Python's bare "unexpected keyword
     argument": TRL's fields rlhfkit refuses raise FieldNotTakenError with the command line's reason, the
