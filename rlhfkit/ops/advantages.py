@@ -53,7 +53,7 @@ def _std(x: Tensor, dim: int | None = None) -> Tensor:
     return x.std() if dim is None else x.std(dim, keepdim=True)
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale: str = "group", eps: float = 1e-4) -> Tensor:
+def group_advantages(rewards: Tensor, group_size: int, scale: str, eps: float = 1e-4) -> Tensor:
     """GRPO advantages: each completion's reward relative to the other completions of the same prompt.
 
     rewards: (B,) float with B = num_groups * G; the G completions of one prompt are contiguous

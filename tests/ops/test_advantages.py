@@ -172,6 +172,6 @@ def test_group_advantages_shift_invariant_and_zero_for_tied_groups(scale):
 
 def test_group_advantages_reject_bad_arguments():
     with pytest.raises(ValueError, match="groups of 4"):
-        ops.group_advantages(torch.zeros(6), 4)
+        ops.group_advantages(torch.zeros(6), 4, scale="group")
     with pytest.raises(ValueError, match="'std'"):
         ops.group_advantages(torch.zeros(4), 2, scale="std")
