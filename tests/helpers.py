@@ -38,7 +38,7 @@ def full_forward_logprobs(model, chunk, temperature: float):
     cut to the response's): the independent reference that sampling log-probs are checked against."""
     width = chunk.prompt_ids.shape[1]
     logits = policy_logits(model, chunk.input_ids, chunk.attention_mask)[:, width - 1 : -1]
-    return ops.logprobs_from_logits(logits, chunk.completions.ids, temperature)
+    return ops.logprobs_from_logits(logits, chunk.completion_ids, temperature)
 
 
 def expand_templates(

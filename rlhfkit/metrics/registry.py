@@ -898,8 +898,8 @@ ASYNC_WEIGHT_SYNC = Metric(
     when=_ASYNC,
 )
 _BEHAVIOUR = (
-    "over the completion tokens of each micro-batch, with d_bt = logp_old_bt - logp_behaviour_bt, logp_old the "
-    "trainer's log-probs at the update and logp_behaviour the worker's at sampling"
+    "over the completion tokens of each micro-batch, with d_bt = logp_old_bt - logp_sample_bt, logp_old the "
+    "trainer's log-probs at the update and logp_sample the worker's at sampling"
 )
 OFF_POLICY_MISMATCH_KL = Metric(
     name="off_policy/mismatch_kl",

@@ -15,7 +15,7 @@ from rlhfkit.ops.entropy import (
     entropy_window_sums,
     window_entropy,
 )
-from rlhfkit.ops.importance import IS_CORRECTION_MODES, BehaviourCorrection, behaviour_correction
+from rlhfkit.ops.importance import IS_CORRECTION_MODES, OffPolicyCorrection, off_policy_correction
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
 from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.losses import (
@@ -35,16 +35,15 @@ from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_l
 
 __all__ = [
     "AdaptiveKLController",
-    "BehaviourCorrection",
     "IS_CORRECTION_MODES",
     "GRPOLossOutput",
     "GAEOutput",
     "GroupSelection",
+    "OffPolicyCorrection",
     "PenalizedRewards",
     "PolicyLossOutput",
     "ValueLossOutput",
     "adaptive_entropy_coef",
-    "behaviour_correction",
     "aggregate_token_loss",
     "applied_entropy_coef",
     "clipped_policy_loss",
@@ -68,6 +67,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "off_policy_correction",
     "select_groups",
     "truncate_after_stop_token",
     "vespo_gamma_weights",

@@ -14,7 +14,7 @@ from torch import Tensor
 IS_CORRECTION_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-class BehaviourCorrection(NamedTuple):
+class OffPolicyCorrection(NamedTuple):
     """Every field is (B, T), 1 / False outside the mask."""
 
     weights: Tensor  # the weight each token's loss is multiplied by
@@ -23,24 +23,24 @@ class BehaviourCorrection(NamedTuple):
     masked: Tensor  # bool: the ratio was outside [clip_min, clip_max], so the weight is 0
 
 
-def behaviour_correction(
+def off_policy_correction(
     old_logprobs: Tensor,
-    behaviour_logprobs: Tensor,
+    sampling_logprobs: Tensor,
     mask: Tensor,
     mode: str,
-    clip_min: float | None = None,
-    clip_max: float | None = 3.0,
-) -> BehaviourCorrection:
+    clip_min: float | None,
+    clip_max: float | None,
+) -> OffPolicyCorrection:
     """Importance weights pi_old / pi_behaviour of the completion tokens (no gradient flows through them).
 
-    old_logprobs: (B, T) the trainer's log-probs of the tokens at the start of the update. behaviour_logprobs: (B, T)
+    old_logprobs: (B, T) the trainer's log-probs of the tokens at the start of the update. sampling_logprobs: (B, T)
     the log-probs the sampler drew them with (NaN where it gave none: that token counts as agreeing, ratio 1).
     mask: (B, T) bool, True = real completion token. mode: one of IS_CORRECTION_MODES. clip_min / clip_max: the
     bounds (None: unbounded on that side).
     """
     if mode not in IS_CORRECTION_MODES:
         raise ValueError(f"mode {mode!r}: must be one of {', '.join(IS_CORRECTION_MODES)}")
-    diff = torch.nan_to_num(torch.where(mask, old_logprobs - behaviour_logprobs, 0.0), nan=0.0).detach()
+    diff = torch.nan_to_num(torch.where(mask, old_logprobs - sampling_logprobs, 0.0), nan=0.0).detach()
     if mode.startswith("sequence"):
         diff = diff.sum(dim=-1, keepdim=True).expand_as(diff)
     ratio = torch.exp(diff)
@@ -53,7 +53,7 @@ def behaviour_correction(
     else:
         weights = torch.where(outside, 0.0, ratio)
         truncated, masked = torch.zeros_like(outside), outside
-    return BehaviourCorrection(
+    return OffPolicyCorrection(
         weights=torch.where(mask, weights, 1.0),
         ratio=torch.where(mask, ratio, 1.0),
         truncated=truncated,

@@ -76,7 +76,7 @@ def generate(
 
 
 class Completions(NamedTuple):
-    """Sampled completions, truncated after their first terminator token."""
+    """Sampled completions, truncated after their first terminator token (a Chunk's completion fields)."""
 
     ids: torch.Tensor  # (B, T) long, pad_token_id after the end
     mask: torch.Tensor  # (B, T) bool, True up to and including the terminator
@@ -94,22 +94,28 @@ def truncate_completions(raw: torch.Tensor, stop_ids: list[int], pad_token_id: i
 
 
 class Chunk(NamedTuple):
-    """Prompts of one generation chunk and their completions."""
+    """The sampler's output: prompts of one generation chunk and their completions, truncated after the first
+    terminator. The trainers' batches keep these names (completion_ids, completion_mask, sampling_logprobs)."""
 
     prompt_ids: torch.Tensor  # (B, Lp) long, left-padded
     prompt_mask: torch.Tensor  # (B, Lp) bool
-    completions: Completions
-    logprobs: (
-        torch.Tensor | None
-    )  # (B, T) sampling log-probs of the completion tokens, 0 outside the mask; greedy: None
+    completion_ids: torch.Tensor  # (B, T) long, pad_token_id after the end
+    completion_mask: torch.Tensor  # (B, T) bool, True up to and including the terminator
+    terminated: torch.Tensor  # (B,) bool, True if the completion ends with a terminator (EOS or the stop token)
+    # (B, T) the sampler's log-probs of the completion tokens, 0 outside the mask; None when greedy
+    sampling_logprobs: torch.Tensor | None
 
     @property
     def input_ids(self) -> torch.Tensor:
-        return torch.cat([self.prompt_ids, self.completions.ids], dim=1)
+        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
 
     @property
     def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.completions.mask], dim=1)
+        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
+
+    def to(self, device: torch.device | str) -> Chunk:
+        """The same chunk on `device` (the generation worker's chunks travel on the CPU)."""
+        return Chunk(*(None if t is None else t.to(device) for t in self))
 
 
 def complete(
@@ -133,8 +139,8 @@ def complete(
         ids, mask = (t.to(device) for t in left_pad(prompt_token_ids[i : i + batch_size], pad_token_id))
         raw = generate(model, ids, mask, config)
         completions = truncate_completions(raw.tokens, stops, pad_token_id)
-        logprobs = None if raw.logprobs is None else torch.where(completions.mask, raw.logprobs, 0.0)
-        yield Chunk(ids, mask, completions, logprobs)
+        logprobs = None if raw.sampling_logprobs is None else torch.where(completions.mask, raw.sampling_logprobs, 0.0)
+        yield Chunk(ids, mask, *completions, logprobs)
 
 
 def decode(
@@ -182,7 +188,7 @@ def complete_texts(
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(seed)
         for chunk in complete(model, encoded, config, batch_size, device):
-            ids, mask, terminated = (t.cpu() for t in chunk.completions)
+            ids, mask, terminated = (t.cpu() for t in (chunk.completion_ids, chunk.completion_mask, chunk.terminated))
             text_mask = mask & ~torch.isin(ids, torch.tensor(stops))  # the terminator is not part of the text
             out.texts.extend(decode(tokenizer, ids, text_mask))
             out.terminated.extend(terminated.tolist())

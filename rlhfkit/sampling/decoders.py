@@ -31,7 +31,7 @@ class Generated(NamedTuple):
     """Raw sampled tokens and their log-probabilities."""
 
     tokens: torch.Tensor  # (B, T') long, pad_token_id after a row's stop token
-    logprobs: torch.Tensor | None  # (B, T') float32 log-prob of each sampled token under softmax(logits / temperature)
+    sampling_logprobs: torch.Tensor | None  # (B, T') float32 log-prob of each sampled token under softmax(logits / temperature)
     # (the full distribution, as the losses use it, even when top_k / top_p / min_p restricted the draw or a
     # repetition penalty reshaped it); None when greedy
 

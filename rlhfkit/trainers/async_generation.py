@@ -1,9 +1,9 @@
 """Asynchronous generation: a worker process samples completions with its own copy of the policy while the trainer
 optimises (GRPO's --async_generation; docs/async.md).
 
-The trainer asks for one generation round at a time (`RoundRequest`: prompts' token ids, the policy version the
+The trainer asks for one generation round at a time (`_RoundRequest`: prompts' token ids, the policy version the
 worker must sample with, and optionally the sampler's RNG state) through a multiprocessing queue, and the worker
-answers in order (`RoundResult`: the completions, the sampler's log-probs, the version it used). New weights travel
+answers in order (`_RoundResult`: the sampler's Chunks, with its log-probs, and the version it used). New weights travel
 over a private two-rank gloo process group (TCPStore + ProcessGroupGloo, apart from accelerate's), one flat tensor
 per dtype, sent just before the request that needs them; the worker receives them when it reaches that request, so
 every round is sampled with exactly the version named in it. The trainer bounds staleness by how far ahead it asks
@@ -33,7 +33,7 @@ from transformers import GenerationConfig
 
 from rlhfkit import ops
 from rlhfkit.metrics import registry as M
-from rlhfkit.sampling import Chunk, Completions, complete
+from rlhfkit.sampling import Chunk, complete
 
 _POLL_S = 1.0  # how often the trainer checks that the worker is alive while waiting for a round
 _CONNECT_TIMEOUT = timedelta(minutes=10)  # the worker's start (imports, model) and each weight transfer
@@ -43,8 +43,10 @@ class GenerationWorkerDied(RuntimeError):
     """The generation worker exited (killed, out of memory, an error) while the trainer waited for a round."""
 
 
+# The worker's messages: a request per generation round, answered in order by a result or a failure. Private to this
+# module: what a trainer gets from a round is its Chunks (next_round).
 @dataclass
-class RoundRequest:
+class _RoundRequest:
     index: int  # the generation round, counted from the start of training
     prompt_ids: list[list[int]]  # this process's prompts (GRPO: G copies of each), in order
     batch_size: int  # prompts per sampling chunk
@@ -54,7 +56,7 @@ class RoundRequest:
 
 
 @dataclass
-class RoundResult:
+class _RoundResult:
     index: int
     version: int
     chunks: list[Chunk]  # prompts, completions and the sampler's log-probs, on the CPU, chunk by chunk
@@ -164,12 +166,11 @@ def _worker_main(
             start = time.perf_counter()
             with torch.no_grad(), torch.autocast(target.type, autocast_dtype, enabled=autocast_dtype is not None):
                 chunks = [
-                    _chunk_to(c, torch.device("cpu"))
-                    for c in complete(model, request.prompt_ids, sampling, request.batch_size, target)
+                    c.to("cpu") for c in complete(model, request.prompt_ids, sampling, request.batch_size, target)
                 ]
             generate_s = time.perf_counter() - start
             results.put(
-                RoundResult(
+                _RoundResult(
                     request.index,
                     request.version,
                     chunks,
@@ -188,28 +189,6 @@ def _kill(process) -> None:
     if process.is_alive():
         process.kill()
         process.join()
-
-
-def _chunk_to(chunk: Chunk, device: torch.device) -> Chunk:
-    c = chunk.completions
-    return Chunk(
-        chunk.prompt_ids.to(device),
-        chunk.prompt_mask.to(device),
-        Completions(c.ids.to(device), c.mask.to(device), c.terminated.to(device)),
-        None if chunk.logprobs is None else chunk.logprobs.to(device),
-    )
-
-
-@dataclass
-class Received:
-    """A round as the trainer takes it: the completions and what the asynchronous metrics need."""
-
-    chunks: list[Chunk]  # on the trainer's device
-    context: Any  # what the trainer attached to the request (its prompts' rows)
-    staleness: int  # optimizer steps between the weights that sampled it and the trainer's now
-    queued: int  # rounds ready in the queue when the trainer took this one (this one included)
-    wait_s: float  # seconds the trainer waited for it
-    result: RoundResult
 
 
 class AsyncGeneration:
@@ -288,13 +267,14 @@ class AsyncGeneration:
                 raise self._died(f"while the trainer sent it the weights of update {version} ({e})") from None
             self.sent_version = version
             self.weight_sync_s += time.perf_counter() - start
-        self.requests.put(RoundRequest(self.next_index, prompt_ids, batch_size, version, weights, rng))
+        self.requests.put(_RoundRequest(self.next_index, prompt_ids, batch_size, version, weights, rng))
         self.pending.append((self.next_index, context))
         self.next_index += 1
 
-    def receive(self, version: int) -> Received:
-        """The oldest round asked for, waiting for it; `version`: the trainer's current weights (for staleness).
-        Raises GenerationWorkerDied if the worker stops first."""
+    def _receive(self) -> tuple[_RoundResult, Any, float, int]:
+        """The oldest round asked for, waiting for it: its result, the context it was asked with, the seconds waited
+        and the rounds ready in the queue when it was taken (itself included). Raises GenerationWorkerDied if the
+        worker stops first."""
         index, context = self.pending.popleft()
         start = time.perf_counter()
         while True:
@@ -308,9 +288,7 @@ class AsyncGeneration:
         if isinstance(result, _Failure):
             raise GenerationWorkerDied(f"the generation worker failed on round {index}:\n{result.text}")
         assert result.index == index, (result.index, index)
-        queued = 1 + self._ready()
-        chunks = [_chunk_to(c, self.device) for c in result.chunks]
-        return Received(chunks, context, version - result.version, queued, wait_s, result)
+        return result, context, wait_s, 1 + self._ready()
 
     def _died(self, when: str) -> GenerationWorkerDied:
         self.process.join(timeout=10)  # a killed process may not have been reaped yet: its exit code
@@ -334,12 +312,15 @@ class AsyncGeneration:
         value, self.weight_sync_s = self.weight_sync_s, 0.0
         return value
 
-    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> Received:
-        """The trainer's next generation: first ask for rounds until max_staleness + 1 are in flight, each on the
-        current weights (run.progress.step updates), `ask()` giving the next round's (prompt ids, chunk size,
-        context); then take the oldest and log the asynchronous metrics into run.metrics. The first call waits for
-        the worker to start (seconds: a new Python process imports torch and transformers), which the first
-        update's perf/rollout_wait_s shows; the trainers start it first thing, so it imports while they load.
+    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> tuple[list[Chunk], Any, int]:
+        """The trainer's next generation: its chunks (on the trainer's device), the context it was asked with, and its
+        staleness (optimizer steps between the weights that sampled it and the trainer's now).
+
+        First ask for rounds until max_staleness + 1 are in flight, each on the current weights (run.progress.step
+        updates), `ask()` giving the next round's (prompt ids, chunk size, context); then take the oldest and log the
+        asynchronous metrics into run.metrics. The first call waits for the worker to start (seconds: a new Python
+        process imports torch and transformers), which the first update's perf/rollout_wait_s shows; the trainers
+        start it first thing, so it imports while they load.
 
         max_staleness 0 hands the worker the sampler's RNG state with every request and takes the advanced state
         back, so it samples exactly what the synchronous trainer would; above 0 the worker continues its own RNG from
@@ -351,22 +332,24 @@ class AsyncGeneration:
                 prompt_ids, batch_size, context = ask()
                 rng = sampler_rng(self.device) if self.max_staleness == 0 or self.next_index == 0 else None
                 self.request(prompt_ids, batch_size, context, version, rng)
-            got = self.receive(version)
+            result, context, wait_s, queued = self._receive()
         except GenerationWorkerDied as e:
             run.stop_for_generation_worker(str(e))
         if self.max_staleness == 0:
-            set_sampler_rng(got.result.rng, self.device)
+            set_sampler_rng(result.rng, self.device)
+        staleness = version - result.version
+        chunks = [c.to(self.device) for c in result.chunks]
         m = run.metrics
-        m.add(M.ASYNC_STALENESS_MEAN, got.staleness, 1)
-        m.add_extreme(M.ASYNC_STALENESS_MAX, got.staleness)
-        m.add(M.ASYNC_QUEUE_SIZE, got.queued, 1)
-        m.add(M.ASYNC_ROLLOUT_WAIT, got.wait_s + self.start_wait_s, 1)  # the worker's start counts as waiting
+        m.add(M.ASYNC_STALENESS_MEAN, staleness, 1)
+        m.add_extreme(M.ASYNC_STALENESS_MAX, staleness)
+        m.add(M.ASYNC_QUEUE_SIZE, queued, 1)
+        m.add(M.ASYNC_ROLLOUT_WAIT, wait_s + self.start_wait_s, 1)  # the worker's start counts as waiting
         self.start_wait_s = 0.0
-        m.add(M.ASYNC_BACKPRESSURE, got.result.idle_s, 1)
-        tokens = sum(c.completions.mask.sum().item() for c in got.chunks)
-        m.add(M.ASYNC_GENERATED_TOKENS_PER_S, tokens, got.result.generate_s)
+        m.add(M.ASYNC_BACKPRESSURE, result.idle_s, 1)
+        tokens = sum(c.completion_mask.sum().item() for c in chunks)
+        m.add(M.ASYNC_GENERATED_TOKENS_PER_S, tokens, result.generate_s)
         m.add(M.ASYNC_WEIGHT_SYNC, self.take_weight_sync_s(), 1)
-        return got
+        return chunks, context, staleness
 
     def close(self) -> None:
         """Stop the worker: at once if it is generating rounds no one will take (they would only delay the end of
@@ -408,19 +391,21 @@ def start_generation_worker(run, args) -> AsyncGeneration:
 
 
 @torch.no_grad()
-def behaviour_weights(metrics, old: torch.Tensor, behaviour: torch.Tensor, mask: torch.Tensor, staleness: int, args):
-    """A batch the worker sampled: log how far the trainer's log-probs `old` (B, T) are from the worker's
-    `behaviour` (B, T) over `mask` (off_policy/*), and return the per-token weights (B, T) of TRL 1.16's
-    importance-sampling correction (ops.behaviour_correction with the vllm_importance_sampling_* settings) for a
-    stale batch, or None: a batch sampled on the current weights is not reweighted, as in the synchronous trainer,
-    nor is any with vllm_importance_sampling_correction off."""
-    d = (old.double() - behaviour.double()).masked_fill(~mask, 0.0)
+def off_policy_weights(
+    metrics, old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor, staleness: int, args
+) -> torch.Tensor | None:
+    """One micro-batch the worker sampled, in either trainer: log how far the trainer's log-probs `old_logprobs`
+    (B, T) are from the worker's `sampling_logprobs` (B, T) over `mask` (off_policy/*), and return the per-token
+    weights (B, T) of TRL 1.16's importance-sampling correction (ops.off_policy_correction with the
+    vllm_importance_sampling_* settings) for a stale batch, or None: a batch sampled on the current weights is not
+    reweighted, as in the synchronous trainer, nor is any with vllm_importance_sampling_correction off."""
+    d = (old_logprobs.double() - sampling_logprobs.double()).masked_fill(~mask, 0.0)
     metrics.add_tensor(M.OFF_POLICY_MISMATCH_KL, d.exp() - 1 - d, mask)
     if staleness == 0 or not args.vllm_importance_sampling_correction:
         return None
-    correction = ops.behaviour_correction(
-        old,
-        behaviour,
+    correction = ops.off_policy_correction(
+        old_logprobs,
+        sampling_logprobs,
         mask,
         args.vllm_importance_sampling_mode,
         args.vllm_importance_sampling_clip_min,

@@ -33,8 +33,17 @@ Deliberate differences from TRL (docs/algorithms/grpo.md gives the details):
 * the generation batch is split into micro-batches in order (TRL shuffles it first): only bnpo's per-micro-batch
   token mean depends on the split (docs/algorithms/grpo.md).
 
+Asynchronous generation (--async_generation): the off-policy variant of TRL 1.16's asynchronous GRPO. A worker process
+samples each generation with a copy of the policy up to ``max_staleness`` optimizer steps older than the weights it
+trains; the ratio r stays relative to logp_old (the trainer's log-probs), and a stale batch's per-token loss is
+multiplied by the truncated or masked importance weight pi_old / pi_behaviour (``vllm_importance_sampling_*``;
+generation.py, async_generation.py, docs/async.md). ``max_staleness 0`` is the synchronous algorithm exactly.
+
 LoRA (--use_peft): the policy trains an adapter; the reference (beta > 0) is the policy with its adapter disabled, not
-a copy (reference_logprobs).
+a copy (GRPOGeneration.reference_logprobs).
+
+The loop's phases are numbered as docs/algorithms/grpo.md numbers the steps; steps 1-4 (a generation) live in
+generation.py.
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from fractions import Fraction
 
 import torch
@@ -59,7 +68,6 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
     Hub,
-    adapter_disabled,
     disable_dropout,
     frozen_copy,
     load_tokenizer,
@@ -69,24 +77,16 @@ from rlhfkit.models import (
     with_lora,
 )
 from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, GRPOLossOutput
-from rlhfkit.rewards import RewardOutput, RewardSources, reward_sources
-from rlhfkit.sampling import (
-    Chunk,
-    Completions,
-    cat_padded,
-    complete,
-    decode,
-    model_pad_id,
-    sampling_config,
-    terminator_ids,
-)
+from rlhfkit.rewards import RewardSources, reward_sources
+from rlhfkit.sampling import decode, sampling_config, terminator_ids
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
 from rlhfkit.trainers.async_generation import (
     AsyncGeneration,
-    behaviour_weights,
     generating,
+    off_policy_weights,
     start_generation_worker,
 )
+from rlhfkit.trainers.generation import GRPOBatch, GRPOGeneration, MicroBatch
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -97,42 +97,6 @@ from rlhfkit.trainers.shared import (
     take_reward_logs,
     tokenize_datasets,
 )
-
-
-@dataclass
-class GenerationBatch:
-    """One generation on this process: N = local prompts x G completions, groups contiguous. T completion width."""
-
-    prompts: list  # (N,) the dataset's prompts (text, or lists of messages), each repeated G times
-    completions: list[str]  # (N,) completion text (special tokens removed)
-    input_ids: torch.Tensor  # (N, Lp + T) left-padded prompt then right-padded completion
-    attention_mask: torch.Tensor  # (N, Lp + T) bool
-    prompt_width: int  # Lp
-    completion_ids: torch.Tensor  # (N, T)
-    loss_mask: torch.Tensor  # (N, T) bool: completion tokens that count in the loss
-    advantages: torch.Tensor  # (N,) float32
-    rewards: torch.Tensor  # (K, N) float64 raw rewards per source, NaN where not applicable
-    old_logprobs: torch.Tensor | None  # (N, T), only when the generation outlives an optimizer step
-    ref_logprobs: torch.Tensor | None  # (N, T), only when beta > 0
-    num_items: float  # loss tokens of one optimizer step per process, on average: dapo/cispo/vespo's normaliser
-    global_tokens: int  # prompt + completion tokens, all processes
-    sampling_logprobs: torch.Tensor | None = None  # (N, T) the sampler's log-probs of the completion tokens
-    logged_columns: dict[str, list] = field(default_factory=dict)  # the reward functions' log_extra, (N,) each
-    rounds: int = 1  # generation rounds (prompt batches drawn) that made it: more than 1 only with dynamic_sampling
-    staleness: int = 0  # optimizer steps between the weights that sampled it and those it trains (async_generation)
-
-
-@dataclass
-class GenerationRound:
-    """One round of sampling and scoring on this process (GRPOTrainer.sample_round): its completions, not yet a batch."""
-
-    chunk: Chunk  # this process's prompts and completions
-    prompts: list  # (n,) the dataset's prompts
-    completions: list[str]  # (n,) completion text
-    rewards: torch.Tensor  # (K, n) float64 raw rewards per source
-    gathered: torch.Tensor  # (P x n,) float64 total rewards of every process, in process order (CPU)
-    logged_columns: dict[str, list]  # the reward functions' log_extra, (n,) each
-    tokens: int  # prompt + completion tokens, all processes
 
 
 class GRPOTrainer(TRLTrainerAPI):
@@ -195,7 +159,7 @@ class GRPOTrainer(TRLTrainerAPI):
         if args.beta != 0.0 and not args.use_peft:
             self.ref_model = run.prepare_frozen(frozen_copy(model))
         self.model, self.optimizer = prepare_trained(run, model, (model,))
-        self._batch: GenerationBatch | None = None
+        self.generation = GRPOGeneration(self)  # steps 1-4: prompts to the batch the loss trains on
         # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
         # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
         # Both are part of a checkpoint (state_dict).
@@ -232,8 +196,9 @@ class GRPOTrainer(TRLTrainerAPI):
         """A generation that still has micro-batches to serve is part of the state, and so is the adaptive entropy
         controller's (its coefficient and the last step's entropy)."""
         micro_steps = self.run.progress.step * self.args.gradient_accumulation_steps
-        unfinished = self._batch is not None and micro_steps % self.sizes.micro_steps_per_generation != 0
-        state = {"batch": asdict(self._batch) if unfinished else None}
+        batch = self.generation.batch
+        unfinished = batch is not None and micro_steps % self.sizes.micro_steps_per_generation != 0
+        state = {"batch": asdict(batch) if unfinished else None}
         if self.args.use_adaptive_entropy:
             state["entropy_control"] = {
                 "entropy_coef": self.entropy_coef,
@@ -245,7 +210,7 @@ class GRPOTrainer(TRLTrainerAPI):
         if state.get("batch") is not None:
             # Checkpoints written before the batch's fields took the prompt / completion names keep the older ones.
             older = {"query_width": "prompt_width", "response_ids": "completion_ids"}
-            self._batch = GenerationBatch(**{older.get(k, k): v for k, v in state["batch"].items()})
+            self.generation.batch = GRPOBatch(**{older.get(k, k): v for k, v in state["batch"].items()})
         control = state.get("entropy_control")
         if self.args.use_adaptive_entropy and control is not None:  # else the controller starts from the config
             self.entropy_coef = float(control["entropy_coef"])
@@ -273,270 +238,33 @@ class GRPOTrainer(TRLTrainerAPI):
             self.training_loop(prompts)
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
-        args, sizes, run = self.args, self.sizes, self.run
-        progress, accumulation = run.progress, args.gradient_accumulation_steps
+        run = self.run
         for step in run.steps():
-            # 1. Generate G completions per prompt and score them whenever the last generation has served its
-            #    steps_per_generation x num_iterations micro-batches (async_generation: take the worker's next
-            #    generation); this step's micro-batches, in order.
-            micro_batches, fresh = [], False  # fresh: the batch was generated on these weights
+            # 1-4. This step's micro-batches; a new generation whenever the last one has served its
+            #      steps_per_generation x num_iterations micro-batches: G completions per prompt (async_generation: the
+            #      worker's next generation), rewards, advantages, old and reference log-probs (generation.py).
             with run.timed(M.TIME_ROLLOUT):
-                for micro in range((step - 1) * accumulation, step * accumulation):
-                    if micro % sizes.micro_steps_per_generation == 0:
-                        if self._async is not None:
-                            self._batch = self.receive_generation(prompts)
-                        else:
-                            self._batch = self.generate_and_score(next(prompts), prompts)
-                        fresh = self._batch.staleness == 0
-                        progress.generations += self._batch.rounds  # dynamic_sampling may draw further prompts
-                        progress.episode += sizes.completions * self._batch.rounds
-                        progress.num_tokens += self._batch.global_tokens
-                    micro_batches.append((self._batch, micro % sizes.steps_per_generation, fresh))
+                micro_batches = self.generation.micro_batches(step, prompts)
 
-            # 2. Optimise: one optimizer step over the gradient_accumulation_steps micro-batches (then, with
-            #    use_adaptive_entropy, the entropy controller's step).
+            # 5-6. Loss and optimizer step over the gradient_accumulation_steps micro-batches (then the adaptive
+            #      entropy controller's step and, with sync_ref_model, the reference's).
             with run.timed(M.TIME_OPTIMIZATION):
-                self.optimize(micro_batches)
-            if args.sync_ref_model and step % args.ref_model_sync_steps == 0:
-                self.sync_reference()
+                self.optimize(step, micro_batches)
 
-            # 3. The completions table on evaluation steps (and logging steps with log_completions).
-            if run.schedule.is_eval_step(step) or (args.log_completions and run.schedule.is_log_step(step)):
-                self.log_completions(self._batch, step)
+            # 7. The completions table on evaluation steps (and logging steps with log_completions).
+            self.log_completions(step)
 
-            # 4. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
-            epoch = progress.episode / (args.num_generations * len(self.train_dataset))  # G completions per prompt
-            last = {M.NUM_TOKENS.name: progress.num_tokens, M.LEARNING_RATE.name: run.lr, M.EPOCH.name: epoch}
-            run.end_step(step, last)
+            # 8. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
+            run.end_step(step, self.last_scalars())
+
+    def last_scalars(self) -> dict[str, float]:
+        """What a row ending at this step logs as it stands now: the token count, learning rate and epoch (G
+        completions per prompt)."""
+        args, run, progress = self.args, self.run, self.run.progress
+        epoch = progress.episode / (args.num_generations * len(self.train_dataset))
+        return {M.NUM_TOKENS.name: progress.num_tokens, M.LEARNING_RATE.name: run.lr, M.EPOCH.name: epoch}
 
     # ------------------------------------------------------------------------------------------------
-    @torch.no_grad()  # not inference_mode: the batch's tensors feed the loss's autograd graph later
-    def generate_and_score(
-        self, prompt_indices: list[int], more_prompts: Iterator[list[int]] | None = None
-    ) -> GenerationBatch:
-        """Sample G completions per prompt of the generation (all processes'), keep this process's slice, score
-        them, compute advantages over the whole generation and the no-gradient log-probs.
-
-        dynamic_sampling: after each round, the groups with reward spread are counted (on every process's rewards,
-        so all processes agree) and further generation batches of prompts are drawn from `more_prompts` until each
-        process holds its share of such groups, or max_num_gen_batches rounds were made (ops.select_groups); the
-        batch is then made of the kept groups."""
-        args = self.args
-        with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
-            rounds = [self.sample_round(model, prompt_indices)]
-            if not args.dynamic_sampling:
-                return self.batch_of(model, rounds[0].chunk, rounds[0], rounds[0].gathered, rounds)
-            cap, processes = args.max_num_gen_batches or math.inf, self.accelerator.num_processes
-            while True:
-                rewards = [r.gathered for r in rounds]
-                selection = ops.select_groups(rewards, args.num_generations, self.sizes.prompts, processes)
-                if selection.enough or len(rounds) >= cap or more_prompts is None:
-                    break
-                rounds.append(self.sample_round(model, next(more_prompts)))
-            m = self.run.metrics  # the same numbers on every process: their pooled mean is the number
-            m.add(M.DYNAMIC_SAMPLING_EXTRA_ROUNDS, len(rounds) - 1, 1)
-            m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_DROPPED, selection.zero_std_dropped, 1)
-            m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED, selection.filled, 1)
-            return self.kept_batch(model, rounds, selection.kept)
-
-    @torch.no_grad()
-    def receive_generation(self, prompts: Iterator[list[int]]) -> GenerationBatch:
-        """async_generation: the worker's next generation (AsyncGeneration.next_round: asked for up to max_staleness
-        updates ahead, each on the weights of its time) made into a batch, as generate_and_score does with its own
-        samples."""
-
-        def ask():
-            rows = self.round_rows(next(prompts))
-            return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
-
-        got = self._async.next_round(self.run, ask)
-        (chunk,) = got.chunks
-        with self.run.gathered(self.model) as model:
-            scored = self.score_round(got.context, chunk)
-            batch = self.batch_of(model, chunk, scored, scored.gathered, [scored])
-        batch.staleness = got.staleness
-        return batch
-
-    def sample_round(self, model: nn.Module, prompt_indices: list[int]) -> GenerationRound:
-        """One round: this process's slice of the completions to `prompt_indices` (all processes' prompts), with
-        `model` the unwrapped policy holding its whole weights; scored, gathered and logged (completions/*,
-        rewards/*, frac_reward_zero_std describe every round's completions)."""
-        rows = self.round_rows(prompt_indices)
-        model.eval()
-        config = self.sampling_config(self.args.max_completion_length)
-        (chunk,) = complete(model, [r["input_ids"] for r in rows], config, len(rows), self.accelerator.device)
-        model.train()
-        return self.score_round(rows, chunk)
-
-    def round_rows(self, prompt_indices: list[int]) -> list[dict]:
-        """This process's dataset rows of a round: each prompt of `prompt_indices` (all processes') G times, sliced."""
-        acc, G, n = self.accelerator, self.args.num_generations, self.sizes.local_completions
-        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)  # this process's
-        repeated = [i for i in prompt_indices for _ in range(G)][mine]  # groups are contiguous; one may span processes
-        fetched = {i: self.train_dataset[i] for i in dict.fromkeys(repeated)}  # each prompt's row read once
-        return [fetched[i] for i in repeated]
-
-    def score_round(self, rows: list[dict], chunk: Chunk) -> GenerationRound:
-        """The round of the completions `chunk` (one chunk, all of this process's rows): scored, gathered and logged
-        (completions/*, rewards/*, frac_reward_zero_std)."""
-        args, acc, tok = self.args, self.accelerator, self.tokenizer
-        G, n, device = args.num_generations, self.sizes.local_completions, acc.device
-        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)  # this process's
-        completions = chunk.completions
-        ids, mask = chunk.input_ids, chunk.attention_mask
-        prompts = [r[args.dataset_text_field] for r in rows]
-        texts = decode(tok, completions.ids, completions.mask)
-
-        # Rewards: each source's raw values, then the weighted total per completion.
-        sequence, completion = (ids, mask), (completions.ids, completions.mask)
-        outputs = self.rewards.score(rows, prompts, texts, sequence, completion, trainer_state=self.state)
-        total = self.rewards.total(outputs, prompts)
-        logged_columns, logged_metrics = take_reward_logs(self.rewards, acc)  # log_extra, log_metric (collective)
-        self.run.reward_metrics.add(logged_metrics)
-
-        # Every process's rewards, in process order: a group spanning processes is one group.
-        gathered = acc.gather(total.to(device)).double().cpu()
-        zero_std = ops.zero_std_groups(gathered, G).repeat_interleave(G)[mine]
-        counts = torch.tensor([chunk.prompt_mask.sum(), completions.mask.sum()], dtype=torch.float64, device=device)
-        prompt_tokens, completion_tokens = acc.reduce(counts, "sum").tolist()
-        self.log_generation(outputs, total, zero_std, completions, prompts, texts)
-        return GenerationRound(
-            chunk=chunk,
-            prompts=prompts,
-            completions=texts,
-            rewards=torch.stack([o.values for o in outputs]),
-            gathered=gathered,
-            logged_columns=logged_columns,
-            tokens=int(prompt_tokens + completion_tokens),
-        )
-
-    def kept_batch(self, model: nn.Module, rounds: list[GenerationRound], kept: list[int]) -> GenerationBatch:
-        """The batch of the groups `kept` (ops.select_groups: indices into the rounds' groups, process by process):
-        this process's share are groups it generated, whose rows are padded again to a common width (prompts on the
-        left, completions on the right) when they come from several rounds."""
-        G, P, acc = self.args.num_generations, self.accelerator.num_processes, self.accelerator
-        per_round = self.sizes.prompts  # groups of a round, all processes
-        local_groups = per_round // P
-        mine = kept[acc.process_index * local_groups : (acc.process_index + 1) * local_groups]
-        gathered = torch.cat([r.gathered for r in rounds]).view(-1, G)[kept].reshape(-1)  # the batch's, all processes
-        first = rounds[0]
-        if len(rounds) == 1:  # one round holds exactly the batch's groups: all of them are kept, in order
-            return self.batch_of(model, first.chunk, first, gathered, rounds)
-        parts: list[tuple[GenerationRound, torch.Tensor]] = []  # (round, this process's rows of it), in order
-        for r, source in enumerate(rounds):
-            groups = [g % per_round - acc.process_index * local_groups for g in mine if g // per_round == r]
-            if groups:
-                rows = [g * G + i for g in groups for i in range(G)]
-                parts.append((source, torch.tensor(rows, device=source.chunk.prompt_ids.device)))
-        pad = model_pad_id(model, self.tokenizer.pad_token_id)
-        chunks = [(source.chunk, rows) for source, rows in parts]
-        logprobs = None
-        if all(c.logprobs is not None for c, _ in chunks):
-            logprobs = cat_padded([c.logprobs[rows] for c, rows in chunks], 0.0)
-        chunk = Chunk(
-            prompt_ids=cat_padded([c.prompt_ids[rows] for c, rows in chunks], pad, left=True),
-            prompt_mask=cat_padded([c.prompt_mask[rows] for c, rows in chunks], False, left=True),
-            completions=Completions(
-                ids=cat_padded([c.completions.ids[rows] for c, rows in chunks], pad),
-                mask=cat_padded([c.completions.mask[rows] for c, rows in chunks], False),
-                terminated=torch.cat([c.completions.terminated[rows] for c, rows in chunks]),
-            ),
-            logprobs=logprobs,
-        )
-        scored = GenerationRound(
-            chunk=chunk,
-            prompts=[source.prompts[i] for source, rows in parts for i in rows.tolist()],
-            completions=[source.completions[i] for source, rows in parts for i in rows.tolist()],
-            rewards=torch.cat([source.rewards[:, rows.to(source.rewards.device)] for source, rows in parts], dim=1),
-            gathered=gathered,
-            logged_columns={
-                key: [v for source, rows in parts for v in (source.logged_columns[key][i] for i in rows.tolist())]
-                for key in first.logged_columns
-            },
-            tokens=0,
-        )
-        return self.batch_of(model, chunk, scored, gathered, rounds)
-
-    def batch_of(
-        self,
-        model: nn.Module,
-        chunk: Chunk,
-        scored: GenerationRound,
-        gathered: torch.Tensor,
-        rounds: list[GenerationRound],
-    ) -> GenerationBatch:
-        """The GenerationBatch of this process's completions `chunk` with their texts and rewards (`scored`):
-        advantages over the whole batch (all processes' total rewards `gathered`, so scale_rewards="batch" uses the
-        batch std; each process's completions a contiguous block in gathered order), the loss mask and the
-        no-gradient log-probs. rounds: every round generated for it (episode and token counts)."""
-        args, acc = self.args, self.accelerator
-        G, device = args.num_generations, acc.device
-        n = self.sizes.local_completions
-        mine = slice(acc.process_index * n, (acc.process_index + 1) * n)
-        completions = chunk.completions
-        ids, mask = chunk.input_ids, chunk.attention_mask
-        advantages = ops.group_advantages(gathered, G, args.scale_rewards)[mine].float().to(device)
-
-        mask_truncated = args.mask_truncated_completions
-        loss_mask = completions.mask & completions.terminated[:, None] if mask_truncated else completions.mask
-        loss_tokens = acc.reduce(loss_mask.sum().to(torch.float64).reshape(1), "sum").item()
-
-        width = chunk.prompt_ids.shape[1]
-        old_logprobs = None
-        if args.gradient_accumulation_steps % self.sizes.micro_steps_per_generation:  # outlives an optimizer step
-            # logp_old: the sampling log-probs where exact, else a full forward's
-            exact = self.run.sampling_logprobs_exact(model)
-            old_logprobs = chunk.logprobs if exact else self.logprobs(model, ids, mask, width, completions.ids)
-        ref_logprobs = self.reference_logprobs(model, ids, mask, width, completions.ids)
-        return GenerationBatch(
-            prompts=scored.prompts,
-            completions=scored.completions,
-            input_ids=ids,
-            attention_mask=mask,
-            prompt_width=width,
-            completion_ids=completions.ids,
-            loss_mask=loss_mask,
-            advantages=advantages,
-            rewards=scored.rewards,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            num_items=self.step_tokens(loss_tokens),
-            global_tokens=sum(r.tokens for r in rounds),
-            sampling_logprobs=chunk.logprobs,
-            logged_columns=scored.logged_columns,
-            rounds=len(rounds),
-        )
-
-    def step_tokens(self, generation_tokens: float) -> float:
-        """TRL's normaliser of dapo, cispo and vespo: a generation's loss tokens (all processes) per process, spread
-        over the optimizer steps it spans (steps_per_generation / gradient_accumulation_steps of them)."""
-        args = self.args
-        return (
-            generation_tokens
-            / self.accelerator.num_processes
-            * args.gradient_accumulation_steps
-            / self.sizes.steps_per_generation
-        )
-
-    def logprobs(self, model, ids, mask, width, completion_ids) -> torch.Tensor:
-        """Log-probs (N, T) of the completion tokens under `model`, in micro-batches of per_device_train_batch_size."""
-        step = self.args.per_device_train_batch_size
-        parts = []
-        for i in range(0, len(ids), step):
-            logits = response_logits(model, ids[i : i + step], mask[i : i + step], width)
-            parts.append(ops.logprobs_from_logits(logits, completion_ids[i : i + step], self.args.temperature))
-        return torch.cat(parts)
-
-    def reference_logprobs(self, model, ids, mask, width, completion_ids) -> torch.Tensor | None:
-        """(N, T) log-probs of the reference (beta > 0; else None): the frozen copy's, or with LoRA the policy's with
-        its adapter disabled."""
-        if self.args.beta == 0.0:
-            return None
-        if self.ref_model is not None:
-            return self.logprobs(self.ref_model, ids, mask, width, completion_ids)
-        with adapter_disabled(model) as base:
-            return self.logprobs(base, ids, mask, width, completion_ids)
-
     def sampling_config(self, max_new_tokens: int):
         """The training sampler's GenerationConfig: temperature, top_k / top_p / min_p, repetition_penalty and
         generation_kwargs."""
@@ -560,32 +288,10 @@ class GRPOTrainer(TRLTrainerAPI):
         for ref, own in zip(self.ref_model.parameters(), self.policy.parameters(), strict=True):
             ref.mul_(1 - alpha).add_(own.detach().to(ref.dtype), alpha=alpha)
 
-    def log_generation(
-        self, outputs: list[RewardOutput], total, zero_std, completions: Completions, prompts, texts
-    ) -> None:
-        """Completion lengths, rewards and true success of one generation, pooled when reduced. zero_std: (N,)
-        whether each completion's group (which may span processes) had identical rewards."""
-        m = self.run.metrics
-        lengths = completions.mask.sum(1).double()
-        m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
-        m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
-        m.add_tensor(M.COMPLETIONS_MAX_LENGTH, lengths)
-        m.add_tensor(M.COMPLETIONS_CLIPPED_RATIO, (~completions.terminated).double())
-        for metric in (
-            M.COMPLETIONS_MEAN_TERMINATED_LENGTH,
-            M.COMPLETIONS_MIN_TERMINATED_LENGTH,
-            M.COMPLETIONS_MAX_TERMINATED_LENGTH,
-        ):
-            m.add_tensor(metric, lengths, completions.terminated)
-        self.rewards.log(m, outputs)
-        m.add_tensor(M.REWARD, total)
-        m.add_tensor(M.REWARD_STD, total)
-        m.add_tensor(M.FRAC_REWARD_ZERO_STD, zero_std.double())
-        count_task_success(m, M.ROLLOUT_TASK_SUCCESS, self.task, prompts, texts)
-
-    def optimize(self, micro_batches: list[tuple[GenerationBatch, int, bool]]) -> None:
-        """One optimizer step over micro-batches given as (generation, index of the micro-batch in it, whether the
-        generation was made on the current weights)."""
+    def optimize(self, step: int, micro_batches: list[MicroBatch]) -> None:
+        """Optimizer step `step` over micro-batches given as (generation, index of the micro-batch in it, whether the
+        generation was made on the current weights); then the adaptive entropy controller's step and, every
+        ref_model_sync_steps steps with sync_ref_model, the reference's."""
         args, run, size = self.args, self.run, self.args.per_device_train_batch_size
         entropy_coef, entropy_sums = None, None  # the entropy term's coefficient this step; None: no entropy term
         if self.entropy_bonus_enabled:  # every micro-batch of the step applies the same coefficient
@@ -605,6 +311,8 @@ class GRPOTrainer(TRLTrainerAPI):
             self.adapt_entropy_coef(entropy_sums)
         if entropy_coef is not None:
             self.run.metrics.add(M.ENTROPY_COEF, self.entropy_coef, 1)
+        if args.sync_ref_model and step % args.ref_model_sync_steps == 0:
+            self.sync_reference()
 
     def adapt_entropy_coef(self, entropy_sums: torch.Tensor) -> None:
         """The adaptive controller's step (a collective): the step's token-weighted mean entropy over every
@@ -626,7 +334,7 @@ class GRPOTrainer(TRLTrainerAPI):
 
     def micro_step(
         self,
-        batch: GenerationBatch,
+        batch: GRPOBatch,
         idx: slice,
         fresh: bool = False,
         entropy_coef: float | None = None,
@@ -663,8 +371,8 @@ class GRPOTrainer(TRLTrainerAPI):
         )  # fmt: skip
         per_token_loss = out.per_token_loss
         if self._async is not None and batch.sampling_logprobs is not None:  # sampled by the worker's copy
-            m, behaviour = self.run.metrics, batch.sampling_logprobs[idx]
-            weights = behaviour_weights(m, old.detach(), behaviour, mask, batch.staleness, args)
+            m, sampling_logprobs = self.run.metrics, batch.sampling_logprobs[idx]
+            weights = off_policy_weights(m, old.detach(), sampling_logprobs, mask, batch.staleness, args)
             if weights is not None:  # stale: TRL 1.16's importance-sampling correction
                 per_token_loss = per_token_loss * weights
         loss = ops.aggregate_token_loss(
@@ -709,8 +417,12 @@ class GRPOTrainer(TRLTrainerAPI):
             m.add_extreme(M.CLIP_RATIO_HIGH_MAX, high.sum() / tokens)
 
     # ------------------------------------------------------------------------------------------------
-    def log_completions(self, batch: GenerationBatch, step: int) -> None:
-        """The latest generation's completions (this process's share): prompt, completion, rewards, advantage."""
+    def log_completions(self, step: int) -> None:
+        """The latest generation's completions (this process's share) on evaluation steps, and on logging steps with
+        log_completions: prompt, completion, rewards, advantage."""
+        schedule, batch = self.run.schedule, self.generation.batch
+        if not (schedule.is_eval_step(step) or (self.args.log_completions and schedule.is_log_step(step))):
+            return
         columns = ["prompt", "completion", *self.rewards.names, "advantage"]
         rewards = batch.rewards.t().tolist()
         prompts = [prompt_text(p, self.tokenizer) for p in batch.prompts]  # a conversation as the model read it
@@ -743,10 +455,13 @@ class GRPOTrainer(TRLTrainerAPI):
         )
         size, repeat = args.per_device_eval_batch_size, sampled or 1
         for part in eval_chunks(self.run, self.model, self.eval_dataset, config, size, repeat=repeat):
-            completions, chunk = part.chunk.completions, part.chunk
+            chunk = part.chunk
             prompts = [r[args.dataset_text_field] for r in part.rows]
-            texts = decode(tok, completions.ids, completions.mask)
-            sequence, completion = (chunk.input_ids, chunk.attention_mask), (completions.ids, completions.mask)
+            texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
+            sequence, completion = (
+                (chunk.input_ids, chunk.attention_mask),
+                (chunk.completion_ids, chunk.completion_mask),
+            )
             outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion, trainer_state=self.state)
             total = self.rewards.total(outputs, prompts)
             metrics.add_tensor(M.EVAL_REWARD, total[: part.own])

@@ -30,6 +30,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
+from typing import NamedTuple
 
 import torch
 from datasets import Dataset
@@ -68,8 +69,8 @@ from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id, 
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
 from rlhfkit.trainers.async_generation import (
     AsyncGeneration,
-    behaviour_weights,
     generating,
+    off_policy_weights,
     start_generation_worker,
 )
 from rlhfkit.trainers.run import TrainingRun
@@ -82,6 +83,15 @@ from rlhfkit.trainers.shared import (
     take_reward_logs,
     tokenize_datasets,
 )
+
+
+class ShapedRewards(NamedTuple):
+    """An update's per-token rewards (step 2), each (B, T) and 0 outside the completion mask."""
+
+    kl: torch.Tensor  # KL(policy || reference) estimate per token (--kl_estimator)
+    rewards: torch.Tensor  # -kl_coef x kl, plus the score at the last real token (whitened with --whiten_rewards)
+    non_score_reward: torch.Tensor  # -kl_coef x kl
+    kl_coef: float  # the coefficient used (the adaptive controller moves it after the update)
 
 
 class PolicyAndValue(nn.Module):
@@ -104,16 +114,17 @@ class PolicyAndValue(nn.Module):
 
 
 @dataclass
-class GenerationBatch:
-    """One update's completions on this process, scored. B completions, Lp prompt width, T completion width."""
+class PPOBatch:
+    """One update's completions on this process, scored: the sampler's Chunk fields (sampling/completions.py), then
+    what generation adds. B completions, Lp prompt width, T completion width."""
 
     prompt_ids: torch.Tensor  # (B, Lp) long, left-padded
     prompt_mask: torch.Tensor  # (B, Lp) bool
     completion_ids: torch.Tensor  # (B, T) long, right-padded
     completion_mask: torch.Tensor  # (B, T) bool, True up to and including the terminator
     terminated: torch.Tensor  # (B,) bool
-    logprobs: torch.Tensor  # (B, T) policy log-probs at generation time (temperature-scaled): logp_old
-    sampling_logprobs: torch.Tensor  # (B, T) the sampler's log-probs of the same tokens (logprobs, where exact)
+    sampling_logprobs: torch.Tensor  # (B, T) the sampler's log-probs of the same tokens (old_logprobs, where exact)
+    old_logprobs: torch.Tensor  # (B, T) logp_old: the policy's log-probs at generation (temperature-scaled)
     ref_logprobs: torch.Tensor  # (B, T)
     values: torch.Tensor  # (B, T) value predictions at generation time
     scores: torch.Tensor  # (B,) weighted sum of the reward sources, after the EOS trick
@@ -121,7 +132,6 @@ class GenerationBatch:
     prompts: list  # the dataset's prompts (text, or lists of messages)
     completions: list[str]
     staleness: int = 0  # updates between the weights that sampled it and those it trains (async_generation)
-    is_weights: torch.Tensor | None = None  # (B, T) importance-sampling correction of a stale batch, else None
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -310,71 +320,55 @@ class PPOTrainer(TRLTrainerAPI):
             self.training_loop(prompts)
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
-        args, sizes, run = self.args, self.sizes, self.run
+        run = self.run
         for update in run.steps():
             # 1. Generate: complete a batch of prompts with the current policy (async_generation: take the worker's
             #    next batch, sampled by a policy at most max_staleness updates older), then score the completions.
             with run.timed(M.TIME_ROLLOUT):
-                if self._async is not None:
-                    batch = self.receive_generation(prompts)
-                else:
-                    batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
+                batch = self.generate(prompts)
 
             # 2. Rewards: per-token KL penalty to the reference, score on the last real completion token.
-            mask = batch.completion_mask
-            kl = ops.kl_per_token(batch.logprobs, batch.ref_logprobs, args.kl_estimator) * mask
-            shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, self.kl_coef)
-            rewards = shaped.rewards
-            if args.whiten_rewards:
-                rewards = ops.masked_whiten(rewards, mask, keep_mean=True)
+            rewards = self.shaped_rewards(batch)
 
-            # 3. Advantages: GAE over completion tokens, then whitened over the generation batch.
-            gae = ops.gae(rewards, batch.values, mask, args.gamma, args.lam)
-            advantages = ops.masked_whiten(gae.advantages, mask)
-            self.log_generation(batch, kl, shaped.non_score_reward, gae)
+            # 3. Advantages: GAE over completion tokens, then whitened over the generation batch (the generation's
+            #    statistics are logged here).
+            gae = self.advantages(batch, rewards)
 
             # 4. Optimise: num_ppo_epochs passes of shuffled mini-batches, one optimizer step per mini-batch.
             with run.timed(M.TIME_OPTIMIZATION):
-                self.optimize(batch, advantages, gae.returns)
-            run.progress.episode += sizes.batch_size
+                self.optimize(batch, gae)
 
             # 5. Adapt the KL coefficient towards kl_target with this update's KL (Ziegler et al. 2019), if enabled.
-            kl_coef_used = self.kl_coef
-            if self.kl_ctl:
-                self.kl_ctl.update(run.global_mean(kl.sum(1)), sizes.batch_size)
+            self.adapt_kl_coef(rewards.kl)
 
             # 6. Log the window, health checks, evaluation and checkpoints on schedule; stop early if asked.
-            epoch = run.progress.episode / len(self.train_dataset)  # one episode per prompt
-            run.end_step(update, {M.OBJECTIVE_KL_COEF.name: kl_coef_used, M.EPOCH.name: epoch})
+            run.end_step(update, self.last_scalars(rewards.kl_coef))
 
-    # ------------------------------------------------------------------------------------------------
+    # 1. Generate ------------------------------------------------------------------------------------------------
     def sampling_config(self):
         args, tok = self.args, self.tokenizer
         return sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
 
-    def receive_generation(self, prompts: Iterator[list[int]]) -> GenerationBatch:
-        """async_generation: the worker's next batch of completions (AsyncGeneration.next_round: asked for up to
-        max_staleness updates ahead, each on the weights of its time), with this trainer's log-probs, reference
-        log-probs, values and scores; a stale batch carries its importance-sampling weights."""
-        size = self.args.local_rollout_forward_batch_size
+    def generate(self, prompts: Iterator[list[int]]) -> PPOBatch:
+        """The next batch of prompts (this process's rows), completed and scored: by the policy itself, or by the
+        generation worker (async_generation: asked for up to max_staleness updates ahead, each on the weights of its
+        time; the batch keeps its staleness, which micro_step corrects for). Its episodes count as generated."""
+        if self._async is None:
+            batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
+        else:
+            size = self.args.local_rollout_forward_batch_size
 
-        def ask():
-            rows = [self.train_dataset[i] for i in next(prompts)]
-            return [r["input_ids"] for r in rows], size, rows
+            def ask():
+                rows = [self.train_dataset[i] for i in next(prompts)]
+                return [r["input_ids"] for r in rows], size, rows
 
-        got = self._async.next_round(self.run, ask)
-        batch = self.generate_and_score(got.context, got.chunks, got.staleness)
-        mask = batch.completion_mask
-        weights = behaviour_weights(
-            self.run.metrics, batch.logprobs, batch.sampling_logprobs, mask, got.staleness, self.args
-        )
-        batch.staleness, batch.is_weights = got.staleness, weights
+            chunks, rows, staleness = self._async.next_round(self.run, ask)
+            batch = self.generate_and_score(rows, chunks, staleness)
+        self.run.progress.episode += self.sizes.batch_size
         return batch
 
     @torch.inference_mode()
-    def generate_and_score(
-        self, rows: list[dict], sampled: list[Chunk] | None = None, staleness: int = 0
-    ) -> GenerationBatch:
+    def generate_and_score(self, rows: list[dict], sampled: list[Chunk] | None = None, staleness: int = 0) -> PPOBatch:
         """Complete the prompts of `rows`, with log-probs, reference log-probs and values, in chunks of
         local_rollout_forward_batch_size; then score the completions.
 
@@ -385,26 +379,25 @@ class PPOTrainer(TRLTrainerAPI):
         args, tok, device = self.args, self.tokenizer, self.accelerator.device
         config = self.sampling_config()
         reuse_sampling_logprobs = self.reuse_sampling_logprobs and staleness == 0
-        fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "terminated")
-        parts: dict[str, list] = {k: [] for k in (*fields, "logprobs", "sampling_logprobs", "ref_logprobs", "values")}
+        fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "terminated", "sampling_logprobs")
+        parts: dict[str, list] = {k: [] for k in (*fields, "old_logprobs", "ref_logprobs", "values")}
         prompt_token_ids, size = [r["input_ids"] for r in rows], args.local_rollout_forward_batch_size
         with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
             model.eval()
             chunks = sampled if sampled is not None else complete(model.policy, prompt_token_ids, config, size, device)
             for chunk in chunks:
-                completions, logprobs = chunk.completions, chunk.logprobs
                 ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
                 if reuse_sampling_logprobs:
+                    old_logprobs = chunk.sampling_logprobs
                     values = token_values(model.value_model, ids, mask)
                 else:
                     logits, values = model(ids, mask, width)
-                    logprobs = ops.logprobs_from_logits(logits, completions.ids, args.temperature)
-                parts["logprobs"].append(logprobs)
-                parts["sampling_logprobs"].append(chunk.logprobs)
-                parts["ref_logprobs"].append(self.reference_logprobs(model, ids, mask, width, completions.ids))
+                    old_logprobs = ops.logprobs_from_logits(logits, chunk.completion_ids, args.temperature)
+                parts["old_logprobs"].append(old_logprobs)
+                parts["ref_logprobs"].append(self.reference_logprobs(model, ids, mask, width, chunk.completion_ids))
                 parts["values"].append(values[:, width - 1 : -1])
-                for key, value in zip(fields, (chunk.prompt_ids, chunk.prompt_mask, *completions)):
-                    parts[key].append(value)
+                for key in fields:
+                    parts[key].append(getattr(chunk, key))
             model.train()
             pad = model_pad_id(model.policy, tok.pad_token_id)  # TRL's [PAD] may lie beyond the embeddings
         # Chunks can differ in width: prompts are padded again on the left, completions on the right.
@@ -420,20 +413,21 @@ class PPOTrainer(TRLTrainerAPI):
         outputs = self.rewards.score(rows, prompts, completions, sequence, completion, trainer_state=self.state)
         _, logged_metrics = take_reward_logs(self.rewards, self.accelerator)  # log_metric (a collective)
         self.run.reward_metrics.add(logged_metrics)
-        return GenerationBatch(
+        return PPOBatch(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             completion_ids=completion_ids,
             completion_mask=completion_mask,
             terminated=terminated,
-            logprobs=cat_padded(parts["logprobs"], 0.0) * completion_mask,
             sampling_logprobs=cat_padded(parts["sampling_logprobs"], 0.0) * completion_mask,
+            old_logprobs=cat_padded(parts["old_logprobs"], 0.0) * completion_mask,
             ref_logprobs=cat_padded(parts["ref_logprobs"], 0.0) * completion_mask,
             values=cat_padded(parts["values"], 0.0) * completion_mask,
             scores=self.final_scores(outputs, prompts, terminated),
             reward_outputs=outputs,
             prompts=prompts,
             completions=completions,
+            staleness=staleness,
         )
 
     def final_scores(self, outputs: list[RewardOutput], prompts: list, terminated: torch.Tensor) -> torch.Tensor:
@@ -444,13 +438,31 @@ class PPOTrainer(TRLTrainerAPI):
             total, terminated, args.missing_eos_penalty, args.non_eos_penalty, args.penalty_reward_value
         )
 
-    def log_generation(self, batch: GenerationBatch, kl: torch.Tensor, non_score_reward: torch.Tensor, gae) -> None:
+    # 2. Rewards, 3. Advantages ---------------------------------------------------------------------------------
+    def shaped_rewards(self, batch: PPOBatch) -> ShapedRewards:
+        """Per-token rewards: -kl_coef x KL(policy || reference) on every completion token (--kl_estimator), plus the
+        score on the last real one; whitened with --whiten_rewards (keeping the mean)."""
+        args, mask, kl_coef = self.args, batch.completion_mask, self.kl_coef
+        kl = ops.kl_per_token(batch.old_logprobs, batch.ref_logprobs, args.kl_estimator) * mask
+        shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, kl_coef)
+        rewards = ops.masked_whiten(shaped.rewards, mask, keep_mean=True) if args.whiten_rewards else shaped.rewards
+        return ShapedRewards(kl, rewards, shaped.non_score_reward, kl_coef)
+
+    def advantages(self, batch: PPOBatch, rewards: ShapedRewards) -> ops.GAEOutput:
+        """GAE(gamma, lam) over the completion tokens, the advantages whitened over the generation batch (this
+        process's), and the returns; the generation's statistics are logged from the raw GAE."""
+        mask = batch.completion_mask
+        gae = ops.gae(rewards.rewards, batch.values, mask, self.args.gamma, self.args.lam)
+        self.log_generation(batch, rewards, gae)
+        return ops.GAEOutput(advantages=ops.masked_whiten(gae.advantages, mask), returns=gae.returns)
+
+    def log_generation(self, batch: PPOBatch, rewards: ShapedRewards, gae: ops.GAEOutput) -> None:
         """Statistics of the scored generation batch, pooled over processes when reduced."""
         m, mask = self.run.metrics, batch.completion_mask
         n = len(batch.scores)
-        seq_kl, seq_nsr = kl.sum(1), non_score_reward.sum(1)
+        seq_kl, seq_nsr = rewards.kl.sum(1), rewards.non_score_reward.sum(1)
         m.add(M.OBJECTIVE_KL, seq_kl.sum(), n)
-        m.add(M.OBJECTIVE_ENTROPY, (-batch.logprobs * mask).sum(), n)
+        m.add(M.OBJECTIVE_ENTROPY, (-batch.old_logprobs * mask).sum(), n)
         m.add(M.OBJECTIVE_NON_SCORE_REWARD, seq_nsr.sum(), n)
         m.add(M.OBJECTIVE_SCORES, batch.scores.sum(), n)
         m.add_tensor(M.OBJECTIVE_SCORES_STD, batch.scores)
@@ -472,7 +484,7 @@ class PPOTrainer(TRLTrainerAPI):
         m.add_tensor(M.TOKENS_RESPONSES_LEN_STD, completion_lengths)
         m.add_values(M.ENV_REWARD_DIST, batch.scores)
         m.add_values(M.OBJECTIVE_KL_DIST, seq_kl)
-        m.add_values(M.OBJECTIVE_LOGPROBS, batch.logprobs[mask])
+        m.add_values(M.OBJECTIVE_LOGPROBS, batch.old_logprobs[mask])
         m.add_values(M.OBJECTIVE_REF_LOGPROBS, batch.ref_logprobs[mask])
         m.add_values(M.TOKENS_QUERIES_DIST, prompt_lengths)
         m.add_values(M.TOKENS_RESPONSES_DIST, completion_lengths)
@@ -480,12 +492,13 @@ class PPOTrainer(TRLTrainerAPI):
             self.rewards.log(m, batch.reward_outputs)
         count_task_success(m, M.ROLLOUT_TASK_SUCCESS, self.task, batch.prompts, batch.completions)
 
-    def optimize(self, batch: GenerationBatch, advantages: torch.Tensor, returns: torch.Tensor) -> None:
+    # 4. Optimise, 5. Adaptive KL, 6. Log ---------------------------------------------------------------------
+    def optimize(self, batch: PPOBatch, gae: ops.GAEOutput) -> None:
         """num_ppo_epochs passes of shuffled mini-batches; each mini-batch accumulates its micro-batches, then one
-        optimizer step."""
+        optimizer step. gae: the whitened advantages and the returns."""
         args, sizes, run = self.args, self.sizes, self.run
         micro = args.per_device_train_batch_size
-        self.run.metrics.add_values(M.POLICY_ADVANTAGES_DIST, advantages[batch.completion_mask])
+        self.run.metrics.add_values(M.POLICY_ADVANTAGES_DIST, gae.advantages[batch.completion_mask])
         for epoch in range(args.num_ppo_epochs):
             order = torch.randperm(sizes.local_batch_size, device=batch.prompt_ids.device)
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
@@ -494,24 +507,39 @@ class PPOTrainer(TRLTrainerAPI):
                 fresh = epoch == 0 and start == 0 and batch.staleness == 0
                 for k, micro_start in enumerate(range(0, len(mini), micro)):
                     with run.accumulating(self.model, last=k == sizes.micro_batches_per_mini_batch - 1):
-                        self.micro_step(batch, advantages, returns, mini[micro_start : micro_start + micro], fresh)
+                        self.micro_step(batch, gae, mini[micro_start : micro_start + micro], fresh)
                 run.optimizer_step(self.model, self.optimizer)
 
-    def micro_step(self, batch: GenerationBatch, advantages, returns, idx: torch.Tensor, fresh: bool = False) -> None:
+    def adapt_kl_coef(self, kl: torch.Tensor) -> None:
+        """With kl_target: the adaptive controller's step (a collective) with this update's mean sequence KL over every
+        process, `kl` (B, T) this process's per-token KL."""
+        if self.kl_ctl:
+            self.kl_ctl.update(self.run.global_mean(kl.sum(1)), self.sizes.batch_size)
+
+    def last_scalars(self, kl_coef: float) -> dict[str, float]:
+        """What a row ending at this update logs as it stands now: the KL coefficient the update used, and the epoch
+        (one episode per prompt)."""
+        epoch = self.run.progress.episode / len(self.train_dataset)
+        return {M.OBJECTIVE_KL_COEF.name: kl_coef, M.EPOCH.name: epoch}
+
+    def micro_step(self, batch: PPOBatch, gae: ops.GAEOutput, idx: torch.Tensor, fresh: bool = False) -> None:
         """Forward, backward and statistics of one micro-batch (rows `idx`); `fresh`: no optimizer step on the batch
         yet, so the training log-probs are compared with the sampler's (sampling/*). A method of its own so that its
         activations are released when it returns, before the next micro-batch's forward (lower peak memory)."""
         args, m = self.args, self.run.metrics
         width = batch.prompt_ids.shape[1]
-        mask = batch.completion_mask[idx]
+        mask, old_logprobs = batch.completion_mask[idx], batch.old_logprobs[idx]
         logits, values = self.model(batch.input_ids[idx], batch.attention_mask[idx], width)
         new_logprobs = ops.logprobs_from_logits(logits, batch.completion_ids[idx], args.temperature)
         vpred = values[:, width - 1 : -1]
-        pg = ops.clipped_policy_loss(new_logprobs, batch.logprobs[idx], advantages[idx], mask, args.cliprange)
-        vf = ops.clipped_value_loss(vpred, batch.values[idx], returns[idx], mask, args.cliprange_value)
+        pg = ops.clipped_policy_loss(new_logprobs, old_logprobs, gae.advantages[idx], mask, args.cliprange)
+        vf = ops.clipped_value_loss(vpred, batch.values[idx], gae.returns[idx], mask, args.cliprange_value)
         pg_loss = pg.loss
-        if batch.is_weights is not None:  # a stale batch: TRL 1.16's importance-sampling correction
-            pg_loss = ops.masked_mean(pg.per_token_loss * batch.is_weights[idx], mask)
+        if self._async is not None:  # sampled by the worker's copy
+            sampling_logprobs = batch.sampling_logprobs[idx]
+            weights = off_policy_weights(m, old_logprobs, sampling_logprobs, mask, batch.staleness, args)
+            if weights is not None:  # stale: TRL 1.16's importance-sampling correction of the policy term
+                pg_loss = ops.masked_mean(pg.per_token_loss * weights, mask)
         loss = (pg_loss + args.vf_coef * vf.loss) / self.sizes.micro_batches_per_mini_batch
         self.accelerator.backward(loss)
         with torch.no_grad():
@@ -519,7 +547,7 @@ class PPOTrainer(TRLTrainerAPI):
             tokens = mask.sum()
             ratio = pg.ratio.detach()
             m.add(M.POLICY_APPROXKL_AVG, (pg.approx_kl * mask).sum(), tokens)
-            m.add(M.POLICY_POLICYKL_AVG, ((batch.logprobs[idx] - new_logprobs.detach()) * mask).sum(), tokens)
+            m.add(M.POLICY_POLICYKL_AVG, ((old_logprobs - new_logprobs.detach()) * mask).sum(), tokens)
             m.add(M.POLICY_CLIPFRAC_AVG, (pg.clipped & mask).sum(), tokens)
             m.add(M.POLICY_ENTROPY_AVG, (entropy * mask).sum(), tokens)
             # per_token_loss already holds the 1/2 of the value loss (ops.clipped_value_loss).
@@ -546,20 +574,23 @@ class PPOTrainer(TRLTrainerAPI):
         size = args.per_device_eval_batch_size
         greedy = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
         for part in eval_chunks(self.run, self.model, self.eval_dataset, greedy, size, attrgetter("policy")):
-            chunk, completions = part.chunk, part.chunk.completions
+            chunk = part.chunk
             prompt_texts = decode(tok, chunk.prompt_ids, chunk.prompt_mask)
-            texts = decode(tok, completions.ids, completions.mask)
+            texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
             prompts = [r[args.dataset_text_field] for r in part.rows]
-            sequence, completion = (chunk.input_ids, chunk.attention_mask), (completions.ids, completions.mask)
+            sequence, completion = (
+                (chunk.input_ids, chunk.attention_mask),
+                (chunk.completion_ids, chunk.completion_mask),
+            )
             outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion, trainer_state=self.state)
             kept += range(scored, scored + part.own)
             scored += len(part.rows)
-            score = self.final_scores(outputs, prompts, completions.terminated)
+            score = self.final_scores(outputs, prompts, chunk.terminated)
             keep = part.own
             score, prompts, prompt_texts, texts = score[:keep], prompts[:keep], prompt_texts[:keep], texts[:keep]
             metrics.add_tensor(M.EVAL_SCORES, score)
             correct = count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts, texts)
-            shown = decode(tok, completions.ids, completions.mask, skip_special_tokens=False)  # a missing EOS shows
+            shown = decode(tok, chunk.completion_ids, chunk.completion_mask, skip_special_tokens=False)  # EOS shows
             sources = torch.stack([o.values for o in outputs], 1).tolist() if self.log_sources else [[]] * len(texts)
             for i, (q, text, s, raw) in enumerate(zip(prompt_texts, shown, score.tolist(), sources)):
                 row = [q, text, s, *[None if v != v else v for v in raw]]  # NaN: the source did not apply

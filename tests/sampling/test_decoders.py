@@ -55,9 +55,9 @@ def test_sampling_logprobs_match_a_full_forward(sft):
     prompts = [row[m].tolist() for row, m in zip(ids, mask)]
     (chunk,) = complete(model, prompts, config, batch_size=8)
     expected = full_forward_logprobs(model, chunk, 0.7)
-    m = chunk.completions.mask
-    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
-    assert (chunk.logprobs[~m] == 0).all()
+    m = chunk.completion_mask
+    torch.testing.assert_close(chunk.sampling_logprobs[m], expected[m], atol=1e-5, rtol=0)
+    assert (chunk.sampling_logprobs[~m] == 0).all()
 
 
 @pytest.mark.parametrize("penalty", [1.5, 0.7])
@@ -72,7 +72,7 @@ def test_greedy_with_repetition_penalty_lean_loop_equals_generate(
     with monkeypatch.context() as m:
         m.setattr(completions, "hf_generate", None)  # the lean loop, nothing else
         lean = generate(model, ids, mask, config)
-    assert lean.logprobs is None
+    assert lean.sampling_logprobs is None
     theirs = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config)[:, ids.shape[1] :]
     refusing = RaisesOnLogitsToKeep.from_pretrained(tiny_assets / "sft").eval()
     with warnings.catch_warnings():
@@ -97,14 +97,14 @@ def test_sampled_logprobs_with_penalty_and_min_p_are_the_plain_tempered_ones(sft
     prompts = [row[m].tolist() for row, m in zip(ids.repeat(2, 1), mask.repeat(2, 1))]
     (chunk,) = complete(model, prompts, config, batch_size=8)
     expected = full_forward_logprobs(model, chunk, 0.7)
-    m = chunk.completions.mask
-    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
+    m = chunk.completion_mask
+    torch.testing.assert_close(chunk.sampling_logprobs[m], expected[m], atol=1e-5, rtol=0)
     # The penalty was in play: some response tokens repeat a real token before them (prompt or response).
     Lq = chunk.prompt_ids.shape[1]
     before = [
         chunk.input_ids[b, : Lq + t][chunk.attention_mask[b, : Lq + t]].tolist() for b, t in m.nonzero().tolist()
     ]
-    assert any(int(chunk.completions.ids[b, t]) in seen for (b, t), seen in zip(m.nonzero().tolist(), before))
+    assert any(int(chunk.completion_ids[b, t]) in seen for (b, t), seen in zip(m.nonzero().tolist(), before))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ def test_shared_prefixes_give_the_unshared_tokens_and_logprobs(sft, temperature,
     assert torch.equal(shared.tokens, unshared.tokens)
     assert len(set(map(tuple, shared.tokens.tolist()))) > 4 or temperature is None  # the copies sampled apart
     if temperature is not None:
-        torch.testing.assert_close(shared.logprobs, unshared.logprobs, atol=1e-6, rtol=0)
+        torch.testing.assert_close(shared.sampling_logprobs, unshared.sampling_logprobs, atol=1e-6, rtol=0)
 
 
 def test_a_cache_without_reorder_cache_is_encoded_in_full(sft, monkeypatch):
@@ -189,7 +189,7 @@ def test_static_cache_with_a_compiled_step_samples_what_the_dynamic_cache_does(s
         dynamic, static, again = results
         assert torch.equal(static.tokens, dynamic.tokens) and torch.equal(again.tokens, dynamic.tokens)
         if temperature is not None:
-            torch.testing.assert_close(static.logprobs, dynamic.logprobs, atol=1e-5, rtol=0)
+            torch.testing.assert_close(static.sampling_logprobs, dynamic.sampling_logprobs, atol=1e-5, rtol=0)
     width = -(-(ids.shape[1] + 10) // decoders.STATIC_WIDTH_MULTIPLE) * decoders.STATIC_WIDTH_MULTIPLE
     assert list(decoders._STATIC_STEPS[model]) == [(4, width, ids.device, torch.float32)]  # one cache, one graph
     assert not decoders._NO_STATIC

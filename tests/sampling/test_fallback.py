@@ -31,7 +31,7 @@ def test_fallback_greedy_tokens_equal_the_lean_loop_and_generate(sft, tiny_asset
         warnings.simplefilter("always")
         ours = generate(refusing, ids, mask, config)
         generate(refusing, ids, mask, config)
-    assert torch.equal(ours.tokens, lean) and ours.logprobs is None
+    assert torch.equal(ours.tokens, lean) and ours.sampling_logprobs is None
     assert torch.equal(ours.tokens, theirs)
     assert refusing.generation_config.suppress_tokens == [int(lean[0, 0])]  # restored after the call
     (notice,) = fallback_notices(caught, cls)  # said once for two calls
@@ -54,11 +54,11 @@ def test_fallback_sampling_logprobs_match_a_full_forward(sft, tiny_assets, fresh
         (chunk,) = complete(model, prompts, config, batch_size=16)
     assert len(fallback_notices(caught, cls)) == 1
     expected = full_forward_logprobs(model, chunk, 0.7)
-    m = chunk.completions.mask
-    assert m.sum() > 16 and chunk.completions.terminated.any()  # several real tokens, some rows stopped early
-    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
+    m = chunk.completion_mask
+    assert m.sum() > 16 and chunk.terminated.any()  # several real tokens, some rows stopped early
+    torch.testing.assert_close(chunk.sampling_logprobs[m], expected[m], atol=1e-5, rtol=0)
     # Padded after the first stop token, exactly as the lean loop leaves its rows.
-    assert (chunk.completions.ids[~m] == tokenizer.pad_token_id).all()
+    assert (chunk.completion_ids[~m] == tokenizer.pad_token_id).all()
 
 
 def test_an_unrelated_type_error_is_not_swallowed(sft, tiny_assets, fresh_notices):
@@ -95,7 +95,7 @@ def test_an_option_the_lean_loop_lacks_goes_through_generate_once(sft, fresh_not
     assert "lean" in notice
     theirs = model.generate(input_ids=ids, attention_mask=mask.long(), generation_config=config)[:, ids.shape[1] :]
     theirs = truncate_completions(theirs, stop, tokenizer.pad_token_id).ids
-    assert torch.equal(ours.tokens, theirs) and torch.equal(again.tokens, theirs) and ours.logprobs is None
+    assert torch.equal(ours.tokens, theirs) and torch.equal(again.tokens, theirs) and ours.sampling_logprobs is None
     lean = generate(model, ids, mask, sampling_config(12, None, tokenizer.pad_token_id, stop)).tokens
     assert not torch.equal(truncate_completions(lean, stop, tokenizer.pad_token_id).ids, theirs)  # the option acted
     assert type(model) not in fallback._NO_LEAN_LOOP  # the model itself still takes the lean loop
@@ -119,9 +119,9 @@ def test_generate_fallback_for_options_samples_with_full_distribution_logprobs(s
         (chunk,) = complete(model, prompts, config, batch_size=8)
     assert len(option_notices(caught, next(iter(generation_kwargs)))) == 1
     expected = full_forward_logprobs(model, chunk, 0.7)
-    m = chunk.completions.mask
-    assert m.sum() > 8 and chunk.completions.terminated.any()
-    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
-    assert (chunk.logprobs[~m] == 0).all() and (chunk.completions.ids[~m] == tokenizer.pad_token_id).all()
+    m = chunk.completion_mask
+    assert m.sum() > 8 and chunk.terminated.any()
+    torch.testing.assert_close(chunk.sampling_logprobs[m], expected[m], atol=1e-5, rtol=0)
+    assert (chunk.sampling_logprobs[~m] == 0).all() and (chunk.completion_ids[~m] == tokenizer.pad_token_id).all()
     if "bad_words_ids" in generation_kwargs:
-        assert banned not in chunk.completions.ids[m].tolist()
+        assert banned not in chunk.completion_ids[m].tolist()

@@ -45,7 +45,7 @@ def test_both_sampling_paths_pad_with_an_id_the_model_embeds(beyond, fresh_notic
     assert int(chunk.input_ids.max()) < rows
     assert [row[m].tolist() for row, m in zip(chunk.prompt_ids, chunk.prompt_mask)] == prompts
     assert not chunk.prompt_mask.all() and (chunk.prompt_ids[~chunk.prompt_mask] == 0).all()
-    assert (chunk.completions.ids[~chunk.completions.mask] == 0).all()
+    assert (chunk.completion_ids[~chunk.completion_mask] == 0).all()
     assert config.pad_token_id == tokenizer.pad_token_id  # the caller's config is left as it was
 
 

@@ -69,8 +69,8 @@ def test_lean_loop_matches_generate(checkpoints):
     assert type(model) not in fallback._NO_LEAN_LOOP
     assert not [w for w in caught if "lean KV-cache decoding loop" in str(w.message)]
     expected = full_forward_logprobs(model, chunk, temperature)
-    m = chunk.completions.mask
-    torch.testing.assert_close(chunk.logprobs[m], expected[m], atol=1e-5, rtol=0)
+    m = chunk.completion_mask
+    torch.testing.assert_close(chunk.sampling_logprobs[m], expected[m], atol=1e-5, rtol=0)
 
 
 def test_shared_prompt_prefixes_change_nothing(checkpoints):
@@ -87,7 +87,7 @@ def test_shared_prompt_prefixes_change_nothing(checkpoints):
         torch.manual_seed(0)
         results.append(generate(model, ids, mask, config, share_prefixes=share))
     assert torch.equal(results[0].tokens, results[1].tokens)
-    torch.testing.assert_close(results[0].logprobs, results[1].logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(results[0].sampling_logprobs, results[1].sampling_logprobs, atol=1e-5, rtol=0)
 
 
 def test_ppo_first_minibatch_ratio_is_one(checkpoints, tiny_assets, tmp_path):

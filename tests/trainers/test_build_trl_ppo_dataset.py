@@ -90,6 +90,6 @@ def test_completions_pad_with_an_id_the_model_can_embed(trl_setup):
     assert int(chunk.input_ids.max()) < rows
     assert chunk.prompt_mask.sum(1).tolist() == [len(p) for p in prompts]
     assert not chunk.prompt_mask.all()  # prompts of different lengths: there was left padding to fill
-    assert not chunk.completions.mask.all()  # and completions that ended early, right padding
+    assert not chunk.completion_mask.all()  # and completions that ended early, right padding
     real = [row[m].tolist() for row, m in zip(chunk.prompt_ids, chunk.prompt_mask)]
     assert real == prompts

@@ -104,11 +104,11 @@ def test_a_stale_batch_is_reweighted_by_the_correction(tiny_assets, tmp_path, mo
     trainer = build_grpo_trainer(args, set())
     trainer._async = object()  # micro_step applies the correction to batches the worker sampled
     torch.manual_seed(0)
-    batch = trainer.generate_and_score([0, 1])
+    batch = trainer.generation.generate_and_score([0, 1])
     rows = slice(0, 1) if mode.startswith("sequence") else slice(0, args.per_device_train_batch_size)
     mask = batch.loss_mask[rows]
     assert mask.any()
-    current = trainer.logprobs(trainer.model, batch.input_ids, batch.attention_mask, batch.prompt_width,
+    current = trainer.generation.logprobs(trainer.model, batch.input_ids, batch.attention_mask, batch.prompt_width,
                                batch.completion_ids).detach()  # fmt: skip
     batch.sampling_logprobs = torch.where(batch.loss_mask, current - shift, 0.0)
     batch.staleness = 0

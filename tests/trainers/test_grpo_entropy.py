@@ -72,7 +72,7 @@ def test_static_coefficient_adds_the_bonus_to_loss_and_gradient(tiny_assets, tmp
     )  # fmt: skip
     trainer = build_grpo_trainer(args, set())
     torch.manual_seed(0)
-    batch = trainer.generate_and_score([0, 1])
+    batch = trainer.generation.generate_and_score([0, 1])
     idx = slice(0, args.per_device_train_batch_size)
     loss_without, grads_without = micro_step_gradients(trainer, batch, idx, None)
     loss_with, grads_with = micro_step_gradients(trainer, batch, idx, coef)

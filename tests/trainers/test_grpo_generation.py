@@ -63,7 +63,7 @@ def one_generation_gradients(tiny_assets, tmp_path, loss_type, micro, steps, bet
     )  # fmt: skip
     trainer = build_grpo_trainer(args, explicit={"reward_funcs"})
     torch.manual_seed(0)
-    batch = trainer.generate_and_score([0])
+    batch = trainer.generation.generate_and_score([0])
     trainer.model.zero_grad()
     for index in range(steps):
         trainer.micro_step(batch, slice(index * micro, (index + 1) * micro))

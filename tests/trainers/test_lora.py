@@ -204,9 +204,9 @@ def test_grpo_reference_is_the_base_model_without_a_second_copy(grpo_run, tiny_a
     base = AutoModelForCausalLM.from_pretrained(tiny_assets / "sft").eval()
     assert set(copies_of(dict(base.named_parameters()), trainer).values()) == {1}
     # The reference log-probs of the batch generated at step 3 (after two updates) are the base checkpoint's.
-    batch = trainer._batch
+    batch = trainer.generation.batch
     with torch.no_grad():
-        expected = trainer.logprobs(
+        expected = trainer.generation.logprobs(
             base, batch.input_ids, batch.attention_mask, batch.prompt_width, batch.completion_ids
         )
     assert torch.equal(batch.ref_logprobs, expected)

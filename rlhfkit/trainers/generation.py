@@ -1,0 +1,361 @@
+"""GRPO's generation: from the prompts' indices to the batch the loss trains on (docs/algorithms/grpo.md, steps 1-4).
+
+Whenever the last generation has served its micro-batches, `GRPOGeneration.micro_batches` makes the next one:
+
+1. **Generate**: each prompt of the generation batch G times, this process's share of the completions, sampled by
+   the policy's own weights (`sample_round`), or taken from the generation worker (`receive`, --async_generation);
+2. **Rewards**: every reward source scores them, gathered across processes so a group spanning processes is one
+   group (`score_round`); --dynamic_sampling draws further rounds of prompts until the batch is full of groups with
+   reward spread (`generate_and_score`, ops.select_groups) and merges the kept groups (`merge_rounds`);
+3. **Advantages** over the whole batch, the loss mask (`batch_of`);
+4. **Old and reference log-probs**, where the loss needs them (`batch_of`).
+
+Three types carry a generation on every path: the sampler's `Chunk` (sampling/completions.py: token ids, masks, the
+sampler's log-probs), a `ScoredRound` (one round's chunk with its texts and rewards) and the `GRPOBatch` the loss
+trains on.
+
+With --async_generation the generation is off-policy: the worker samples with a copy of the policy up to
+max_staleness optimizer steps older than the weights the batch trains (the batch's `staleness`); the loss keeps
+GRPO's ratio to logp_old (the trainer's log-probs of the batch) and, for a stale batch, multiplies each token's loss
+by TRL 1.16's truncated or masked importance weight pi_old / pi_behaviour (async_generation.off_policy_weights, in
+GRPOTrainer.micro_step). Multi-turn episodes will be assembled here too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from rlhfkit import ops
+from rlhfkit.metrics import registry as M
+from rlhfkit.models import adapter_disabled, response_logits
+from rlhfkit.rewards import RewardOutput
+from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
+from rlhfkit.trainers.shared import count_task_success, take_reward_logs
+
+
+@dataclass
+class ScoredRound:
+    """One round of sampling and scoring on this process: its completions with their texts and rewards, not yet a
+    batch. n completions of this process, P processes."""
+
+    chunk: Chunk  # this process's prompts and completions, with the sampler's log-probs
+    prompts: list  # (n,) the dataset's prompts (text, or lists of messages)
+    completions: list[str]  # (n,) completion text
+    rewards: torch.Tensor  # (K, n) float64 raw rewards per source, NaN where not applicable
+    gathered: torch.Tensor  # (P x n,) float64 total rewards of every process, in process order (CPU)
+    logged_columns: dict[str, list]  # the reward functions' log_extra, (n,) each
+    tokens: int  # prompt + completion tokens, all processes
+
+
+@dataclass
+class GRPOBatch:
+    """One generation on this process, as the loss trains on it: N = local prompts x G completions, groups contiguous.
+    T completion width. Part of a checkpoint while it has micro-batches to serve (GRPOTrainer.state_dict), so its
+    field names are kept."""
+
+    prompts: list  # (N,) the dataset's prompts (text, or lists of messages), each repeated G times
+    completions: list[str]  # (N,) completion text (special tokens removed)
+    input_ids: torch.Tensor  # (N, Lp + T) left-padded prompt then right-padded completion
+    attention_mask: torch.Tensor  # (N, Lp + T) bool
+    prompt_width: int  # Lp
+    completion_ids: torch.Tensor  # (N, T)
+    loss_mask: torch.Tensor  # (N, T) bool: completion tokens that count in the loss
+    advantages: torch.Tensor  # (N,) float32
+    rewards: torch.Tensor  # (K, N) float64 raw rewards per source, NaN where not applicable
+    old_logprobs: torch.Tensor | None  # (N, T) logp_old, only when the generation outlives an optimizer step
+    ref_logprobs: torch.Tensor | None  # (N, T), only when beta > 0
+    num_items: float  # loss tokens of one optimizer step per process, on average: dapo/cispo/vespo's normaliser
+    global_tokens: int  # prompt + completion tokens, all processes
+    sampling_logprobs: torch.Tensor | None = None  # (N, T) the sampler's log-probs of the completion tokens
+    logged_columns: dict[str, list] = field(default_factory=dict)  # the reward functions' log_extra, (N,) each
+    rounds: int = 1  # generation rounds (prompt batches drawn) that made it: more than 1 only with dynamic_sampling
+    staleness: int = 0  # optimizer steps between the weights that sampled it and those it trains (async_generation)
+
+
+# One micro-batch of an optimizer step: (generation, index of the micro-batch in it, whether the generation was made
+# on the current weights).
+MicroBatch = tuple[GRPOBatch, int, bool]
+
+
+class GRPOGeneration:
+    """The generations of a GRPOTrainer (`trainer`: it imports this module, so its type is not named here). It reads
+    the trainer's models, reward sources and settings when it needs them (a test or a health injection may replace
+    the trainer's sampling_config), and holds the current generation (`batch`), which a checkpoint keeps while it has
+    micro-batches to serve."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.batch: GRPOBatch | None = None
+
+    def micro_batches(self, step: int, prompts: Iterator[list[int]]) -> list[MicroBatch]:
+        """The gradient_accumulation_steps micro-batches of optimizer step `step`, in order: a new generation (steps
+        1-4) whenever the last one has served its steps_per_generation x num_iterations micro-batches, drawn from
+        `prompts` (each a generation batch of prompt indices, all processes'); the progress counters move with it."""
+        t = self.trainer
+        sizes, progress, accumulation = t.sizes, t.run.progress, t.args.gradient_accumulation_steps
+        micro_batches, fresh = [], False  # fresh: the generation was made on these weights
+        for micro in range((step - 1) * accumulation, step * accumulation):
+            if micro % sizes.micro_steps_per_generation == 0:
+                if t._async is not None:
+                    self.batch = self.receive(prompts)
+                else:
+                    self.batch = self.generate_and_score(next(prompts), prompts)
+                fresh = self.batch.staleness == 0
+                progress.generations += self.batch.rounds  # dynamic_sampling may draw further prompts
+                progress.episode += sizes.completions * self.batch.rounds
+                progress.num_tokens += self.batch.global_tokens
+            micro_batches.append((self.batch, micro % sizes.steps_per_generation, fresh))
+        return micro_batches
+
+    # 1-2. Generate and score: rounds of completions -------------------------------------------------------------
+    @torch.no_grad()  # not inference_mode: the batch's tensors feed the loss's autograd graph later
+    def generate_and_score(
+        self, prompt_indices: list[int], more_prompts: Iterator[list[int]] | None = None
+    ) -> GRPOBatch:
+        """Sample G completions per prompt of the generation batch `prompt_indices` (all processes' prompts), keep
+        this process's slice, score them, and make the batch (steps 3-4).
+
+        dynamic_sampling: after each round, the groups with reward spread are counted (on every process's rewards,
+        so all processes agree) and further generation batches of prompts are drawn from `more_prompts` until each
+        process holds its share of such groups, or max_num_gen_batches rounds were made (ops.select_groups); the
+        batch is then made of the kept groups."""
+        t = self.trainer
+        args = t.args
+        with t.run.gathered(t.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
+            rounds = [self.sample_round(model, prompt_indices)]
+            if not args.dynamic_sampling:
+                return self.batch_of(model, rounds[0], rounds[0].gathered, rounds)
+            cap, processes = args.max_num_gen_batches or math.inf, t.accelerator.num_processes
+            while True:
+                rewards = [r.gathered for r in rounds]
+                selection = ops.select_groups(rewards, args.num_generations, t.sizes.prompts, processes)
+                if selection.enough or len(rounds) >= cap or more_prompts is None:
+                    break
+                rounds.append(self.sample_round(model, next(more_prompts)))
+            m = t.run.metrics  # the same numbers on every process: their pooled mean is the number
+            m.add(M.DYNAMIC_SAMPLING_EXTRA_ROUNDS, len(rounds) - 1, 1)
+            m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_DROPPED, selection.zero_std_dropped, 1)
+            m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED, selection.filled, 1)
+            return self.merge_rounds(model, rounds, selection.kept)
+
+    @torch.no_grad()
+    def receive(self, prompts: Iterator[list[int]]) -> GRPOBatch:
+        """async_generation: the worker's next generation (AsyncGeneration.next_round: asked for up to max_staleness
+        steps ahead, each on the weights of its time), scored and made into a batch as generate_and_score does with
+        its own samples."""
+        t = self.trainer
+
+        def ask():
+            rows = self.round_rows(next(prompts))
+            return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
+
+        (chunk,), rows, staleness = t._async.next_round(t.run, ask)
+        with t.run.gathered(t.model) as model:
+            scored = self.score_round(rows, chunk)
+            batch = self.batch_of(model, scored, scored.gathered, [scored])
+        batch.staleness = staleness
+        return batch
+
+    def sample_round(self, model: nn.Module, prompt_indices: list[int]) -> ScoredRound:
+        """One round: this process's slice of the completions to `prompt_indices` (all processes' prompts), sampled by
+        `model`, the unwrapped policy holding its whole weights; scored, gathered and logged."""
+        t = self.trainer
+        rows = self.round_rows(prompt_indices)
+        model.eval()
+        config = t.sampling_config(t.args.max_completion_length)
+        (chunk,) = complete(model, [r["input_ids"] for r in rows], config, len(rows), t.accelerator.device)
+        model.train()
+        return self.score_round(rows, chunk)
+
+    def round_rows(self, prompt_indices: list[int]) -> list[dict]:
+        """This process's dataset rows of a round: each prompt of `prompt_indices` (all processes') G times, sliced."""
+        t = self.trainer
+        repeated = [i for i in prompt_indices for _ in range(t.args.num_generations)][self.own_slice()]
+        fetched = {i: t.train_dataset[i] for i in dict.fromkeys(repeated)}  # each prompt's row read once
+        return [fetched[i] for i in repeated]
+
+    def own_slice(self) -> slice:
+        """This process's completions of a round or batch, all processes' in process order (groups are contiguous;
+        one may span processes)."""
+        t = self.trainer
+        n = t.sizes.local_completions
+        return slice(t.accelerator.process_index * n, (t.accelerator.process_index + 1) * n)
+
+    def score_round(self, rows: list[dict], chunk: Chunk) -> ScoredRound:
+        """The round of the completions `chunk` (one chunk, all of this process's rows): scored, gathered and logged
+        (completions/*, rewards/*, frac_reward_zero_std describe every round's completions)."""
+        t = self.trainer
+        args, acc = t.args, t.accelerator
+        G, device = args.num_generations, acc.device
+        prompts = [r[args.dataset_text_field] for r in rows]
+        texts = decode(t.tokenizer, chunk.completion_ids, chunk.completion_mask)
+
+        # Rewards: each source's raw values, then the weighted total per completion.
+        sequence, completion = (chunk.input_ids, chunk.attention_mask), (chunk.completion_ids, chunk.completion_mask)
+        outputs = t.rewards.score(rows, prompts, texts, sequence, completion, trainer_state=t.state)
+        total = t.rewards.total(outputs, prompts)
+        logged_columns, logged_metrics = take_reward_logs(t.rewards, acc)  # log_extra, log_metric (collective)
+        t.run.reward_metrics.add(logged_metrics)
+
+        # Every process's rewards, in process order: a group spanning processes is one group.
+        gathered = acc.gather(total.to(device)).double().cpu()
+        zero_std = ops.zero_std_groups(gathered, G).repeat_interleave(G)[self.own_slice()]
+        counts = torch.tensor(
+            [chunk.prompt_mask.sum(), chunk.completion_mask.sum()], dtype=torch.float64, device=device
+        )
+        prompt_tokens, completion_tokens = acc.reduce(counts, "sum").tolist()
+        self.log_round(outputs, total, zero_std, chunk, prompts, texts)
+        return ScoredRound(
+            chunk=chunk,
+            prompts=prompts,
+            completions=texts,
+            rewards=torch.stack([o.values for o in outputs]),
+            gathered=gathered,
+            logged_columns=logged_columns,
+            tokens=int(prompt_tokens + completion_tokens),
+        )
+
+    def log_round(self, outputs: list[RewardOutput], total, zero_std, chunk: Chunk, prompts, texts) -> None:
+        """Completion lengths, rewards and true success of one round, pooled when reduced. zero_std: (n,) whether each
+        completion's group (which may span processes) had identical rewards."""
+        t = self.trainer
+        m = t.run.metrics
+        lengths = chunk.completion_mask.sum(1).double()
+        m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
+        m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
+        m.add_tensor(M.COMPLETIONS_MAX_LENGTH, lengths)
+        m.add_tensor(M.COMPLETIONS_CLIPPED_RATIO, (~chunk.terminated).double())
+        for metric in (
+            M.COMPLETIONS_MEAN_TERMINATED_LENGTH,
+            M.COMPLETIONS_MIN_TERMINATED_LENGTH,
+            M.COMPLETIONS_MAX_TERMINATED_LENGTH,
+        ):
+            m.add_tensor(metric, lengths, chunk.terminated)
+        t.rewards.log(m, outputs)
+        m.add_tensor(M.REWARD, total)
+        m.add_tensor(M.REWARD_STD, total)
+        m.add_tensor(M.FRAC_REWARD_ZERO_STD, zero_std.double())
+        count_task_success(m, M.ROLLOUT_TASK_SUCCESS, t.task, prompts, texts)
+
+    def merge_rounds(self, model: nn.Module, rounds: list[ScoredRound], kept: list[int]) -> GRPOBatch:
+        """The batch of the groups `kept` (ops.select_groups: indices into the rounds' groups, process by process):
+        this process's share are groups it generated, whose rows are padded again to a common width (prompts on the
+        left, completions on the right) when they come from several rounds."""
+        t = self.trainer
+        G, P, acc = t.args.num_generations, t.accelerator.num_processes, t.accelerator
+        per_round = t.sizes.prompts  # groups of a round, all processes
+        local_groups = per_round // P
+        mine = kept[acc.process_index * local_groups : (acc.process_index + 1) * local_groups]
+        gathered = torch.cat([r.gathered for r in rounds]).view(-1, G)[kept].reshape(-1)  # the batch's, all processes
+        if len(rounds) == 1:  # one round holds exactly the batch's groups: all of them are kept, in order
+            return self.batch_of(model, rounds[0], gathered, rounds)
+        parts: list[tuple[ScoredRound, torch.Tensor]] = []  # (round, this process's rows of it), in order
+        for r, source in enumerate(rounds):
+            groups = [g % per_round - acc.process_index * local_groups for g in mine if g // per_round == r]
+            if groups:
+                rows = [g * G + i for g in groups for i in range(G)]
+                parts.append((source, torch.tensor(rows, device=source.chunk.prompt_ids.device)))
+        pad = model_pad_id(model, t.tokenizer.pad_token_id)
+        chunks = [(source.chunk, rows) for source, rows in parts]
+        sampling_logprobs = None
+        if all(c.sampling_logprobs is not None for c, _ in chunks):
+            sampling_logprobs = cat_padded([c.sampling_logprobs[rows] for c, rows in chunks], 0.0)
+        chunk = Chunk(
+            prompt_ids=cat_padded([c.prompt_ids[rows] for c, rows in chunks], pad, left=True),
+            prompt_mask=cat_padded([c.prompt_mask[rows] for c, rows in chunks], False, left=True),
+            completion_ids=cat_padded([c.completion_ids[rows] for c, rows in chunks], pad),
+            completion_mask=cat_padded([c.completion_mask[rows] for c, rows in chunks], False),
+            terminated=torch.cat([c.terminated[rows] for c, rows in chunks]),
+            sampling_logprobs=sampling_logprobs,
+        )
+        merged = ScoredRound(
+            chunk=chunk,
+            prompts=[source.prompts[i] for source, rows in parts for i in rows.tolist()],
+            completions=[source.completions[i] for source, rows in parts for i in rows.tolist()],
+            rewards=torch.cat([source.rewards[:, rows.to(source.rewards.device)] for source, rows in parts], dim=1),
+            gathered=gathered,
+            logged_columns={
+                key: [v for source, rows in parts for v in (source.logged_columns[key][i] for i in rows.tolist())]
+                for key in rounds[0].logged_columns
+            },
+            tokens=0,
+        )
+        return self.batch_of(model, merged, gathered, rounds)
+
+    # 3-4. Advantages, loss mask, old and reference log-probs ----------------------------------------------------
+    def batch_of(
+        self, model: nn.Module, scored: ScoredRound, gathered: torch.Tensor, rounds: list[ScoredRound]
+    ) -> GRPOBatch:
+        """The GRPOBatch of this process's scored completions `scored`: advantages over the whole batch (all
+        processes' total rewards `gathered`, so scale_rewards="batch" uses the batch std; each process's completions
+        a contiguous block in gathered order), the loss mask and the no-gradient log-probs. rounds: every round
+        generated for it (episode and token counts)."""
+        t = self.trainer
+        args, acc, chunk = t.args, t.accelerator, scored.chunk
+        ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
+        advantages = ops.group_advantages(gathered, args.num_generations, args.scale_rewards)[self.own_slice()]
+
+        loss_mask = chunk.completion_mask
+        if args.mask_truncated_completions:
+            loss_mask = loss_mask & chunk.terminated[:, None]
+        loss_tokens = acc.reduce(loss_mask.sum().to(torch.float64).reshape(1), "sum").item()
+
+        old_logprobs = None
+        if args.gradient_accumulation_steps % t.sizes.micro_steps_per_generation:  # outlives an optimizer step
+            # logp_old: the sampler's log-probs where exact, else a full forward's
+            exact = t.run.sampling_logprobs_exact(model)
+            old_logprobs = (
+                chunk.sampling_logprobs if exact else self.logprobs(model, ids, mask, width, chunk.completion_ids)
+            )
+        return GRPOBatch(
+            prompts=scored.prompts,
+            completions=scored.completions,
+            input_ids=ids,
+            attention_mask=mask,
+            prompt_width=width,
+            completion_ids=chunk.completion_ids,
+            loss_mask=loss_mask,
+            advantages=advantages.float().to(acc.device),
+            rewards=scored.rewards,
+            old_logprobs=old_logprobs,
+            ref_logprobs=self.reference_logprobs(model, ids, mask, width, chunk.completion_ids),
+            num_items=self.step_tokens(loss_tokens),
+            global_tokens=sum(r.tokens for r in rounds),
+            sampling_logprobs=chunk.sampling_logprobs,
+            logged_columns=scored.logged_columns,
+            rounds=len(rounds),
+        )
+
+    def step_tokens(self, generation_tokens: float) -> float:
+        """TRL's normaliser of dapo, cispo and vespo: a generation's loss tokens (all processes) per process, spread
+        over the optimizer steps it spans (steps_per_generation / gradient_accumulation_steps of them)."""
+        t = self.trainer
+        processes, accumulation = t.accelerator.num_processes, t.args.gradient_accumulation_steps
+        return generation_tokens / processes * accumulation / t.sizes.steps_per_generation
+
+    def logprobs(self, model: nn.Module, ids, mask, width: int, completion_ids) -> torch.Tensor:
+        """Log-probs (N, T) of the completion tokens `completion_ids` (N, T) under `model`, from ids and mask
+        (N, Lp + T) with prompt width Lp, in micro-batches of per_device_train_batch_size."""
+        args = self.trainer.args
+        step = args.per_device_train_batch_size
+        parts = []
+        for i in range(0, len(ids), step):
+            logits = response_logits(model, ids[i : i + step], mask[i : i + step], width)
+            parts.append(ops.logprobs_from_logits(logits, completion_ids[i : i + step], args.temperature))
+        return torch.cat(parts)
+
+    def reference_logprobs(self, model: nn.Module, ids, mask, width: int, completion_ids) -> torch.Tensor | None:
+        """(N, T) log-probs of the reference (beta > 0; else None): the frozen copy's, or with LoRA the policy's with
+        its adapter disabled."""
+        t = self.trainer
+        if t.args.beta == 0.0:
+            return None
+        if t.ref_model is not None:
+            return self.logprobs(t.ref_model, ids, mask, width, completion_ids)
+        with adapter_disabled(model) as base:
+            return self.logprobs(base, ids, mask, width, completion_ids)
