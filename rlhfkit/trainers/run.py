@@ -19,14 +19,12 @@ One writer per run directory: the main process holds output_dir's lock (tracking
 ``TrainingRun()`` until the run ends (the last step's saves, a clean stop, the trainer's ``end()``); another run on
 the directory, in any process of any launch, is refused with RunLockedError naming the holder.
 
-A resume continues the run the checkpoint saved: settings that differ from the checkpoint's (which its
-trainer_state.json holds) are refused unless they are in :data:`SAFE_TO_CHANGE` or --allow_config_change is given
-(:func:`config_changes`), and every part of the run is recorded in run_config_history.jsonl.
+Where the run writes, which checkpoint it resumes and which settings a resume may change are decided in resume.py;
+the run records every part of it in run_config_history.jsonl.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -46,14 +44,11 @@ from rlhfkit.checkpoint import (
     checkpoint_path,
     load_optimizer,
     load_process_state,
-    read_state,
-    resolve_checkpoint,
     save_checkpoint,
     save_into,
     set_rng_state,
 )
 from rlhfkit.config import TrainConfig
-from rlhfkit.config.train import note
 from rlhfkit.engines import (
     Engine,
     deepspeed_step,
@@ -80,112 +75,19 @@ from rlhfkit.models import mixed_precision, write_merged
 from rlhfkit.optim import lr_schedule, set_lr
 from rlhfkit.rewards import LoggedMetricsWindow
 from rlhfkit.tracking.logger import RunLogger
-from rlhfkit.tracking.rundir import (
-    CONFIG_FILE,
-    HISTORY_FILE,
-    MERGED_DIR,
-    METRICS_FILE,
-    RunLock,
-    holds_run,
-    locked_by,
-    locked_message,
-    read_config,
-    to_jsonable,
-)
+from rlhfkit.tracking.rundir import MERGED_DIR, RunLock, locked_message
 from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
 from rlhfkit.trainers.callbacks import Callbacks
 from rlhfkit.trainers.guards import InterruptGuard, StepGuard
+from rlhfkit.trainers.resume import (
+    Resume,
+    check_changes,
+    recorded_config,
+    resolve_output_dir,
+    resume_from,
+    unsafe_changes,
+)
 from rlhfkit.trainers.schedule import Schedule
-
-
-def resolve_output_dir(args: TrainConfig) -> str:
-    """Fill in run_name and output_dir, and refuse an output_dir holding another run (nothing is written yet).
-
-    A run is only continued with --resume_from_checkpoint and only replaced with --overwrite_output_dir: losing a
-    finished run's logs to a repeated command is the kind of mistake that costs a day of compute.
-    """
-    if args.resume_from_checkpoint and args.output_dir is None:
-        raise ConfigError("--resume_from_checkpoint needs --output_dir: the run directory to continue.")
-    if args.run_name is None:
-        previous = read_config(args.output_dir) if args.resume_from_checkpoint else {}
-        args.run_name = previous.get("run_name") or f"{args.exp_name}-{args.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if args.output_dir is None:
-        args.output_dir = os.path.join("runs", args.run_name)
-    # A live run in the directory is the reason to refuse, whatever else it holds. (Only the launch's main process
-    # looks: the others would see their own main process's lock, taken at the end of TrainingRun().)
-    if int(os.environ.get("RANK", "0")) == 0 and (holder := locked_by(args.output_dir)) is not None:
-        raise RunLockedError(locked_message(args.output_dir, holder))
-    if holds_run(args.output_dir) and not (args.resume_from_checkpoint or args.overwrite_output_dir):
-        held = [name for name in (CONFIG_FILE, METRICS_FILE) if os.path.isfile(os.path.join(args.output_dir, name))]
-        raise ConfigError(
-            f"--output_dir {args.output_dir} already holds a run ({', '.join(held)}). Continue it with "
-            "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
-        )
-    return args.output_dir
-
-
-# Settings a resumed run may change without --allow_config_change: where things are written and named, what is
-# logged, saved, watched and evaluated, and how (not what) is computed. Every other field, a new one included, shapes
-# the saved state or the run it continues (batch shape, models, data, seed, precision, algorithm settings, the run's
-# length), so a change needs the flag. learning_rate is not here: the saved optimizer state is valid for any rate,
-# but the resumed run would no longer be the run the checkpoint belongs to (its schedule changes from the resumed
-# step on, its curves mix two settings) and a flag forgotten or mistyped in a repeated command must not do that
-# silently; lowering the rate of a run that diverges is a deliberate choice, which --allow_config_change states.
-SAFE_TO_CHANGE = frozenset(
-    {
-        # where things go, what they are called
-        "output_dir", "exp_name", "run_name", "project", "logging_dir",
-        "resume_from_checkpoint", "overwrite_output_dir", "allow_config_change",
-        # logging and trackers
-        "report_to", "log_legacy_names", "logging_steps", "logging_strategy", "logging_first_step", "log_with",
-        "project_kwargs", "log_completions", "num_completions_to_print",
-        # checkpoints, the saved model, the upload
-        "save_strategy", "save_steps", "save_total_limit", "merge_adapter",
-        "push_to_hub", "hub_model_id", "hub_token", "hub_private_repo",
-        # watching the run
-        "health", "health_thresholds", "max_nonfinite_steps",
-        # evaluation
-        "eval_strategy", "eval_steps", "eval_on_start", "per_device_eval_batch_size", "num_sample_generations",
-        "num_generations_eval", "metric_for_best_model", "greater_is_better",
-        # how, not what, is computed: memory and speed
-        "dataset_num_proc", "local_rollout_forward_batch_size", "gradient_checkpointing",
-        "gradient_checkpointing_kwargs", "ds3_gather_for_generation",
-    }
-)  # fmt: skip
-SECRET_FIELDS = ("hub_token",)  # not written into checkpoints or the history
-# How a part of the run started, not a setting of the run: never reported as a change (each part records where it
-# resumed from).
-NOT_COMPARED = frozenset({"resume_from_checkpoint", "overwrite_output_dir", "allow_config_change", *SECRET_FIELDS})
-
-
-def recorded_config(args: TrainConfig) -> dict[str, Any]:
-    """The config as a checkpoint and the run's history record it: plain JSON values, secrets hidden."""
-    config = json.loads(json.dumps(to_jsonable(args.to_dict())))
-    for name in SECRET_FIELDS:
-        if config.get(name) is not None:
-            config[name] = "<hidden>"
-    return config
-
-
-def config_changes(saved: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """The fields whose value in `new` differs from `saved` (both as recorded_config writes them): name ->
-    (saved value, new value). A field either lacks (a config of another rlhfkit version) and those of NOT_COMPARED
-    are not compared."""
-    changes = {}
-    for name, value in new.items():
-        if name in saved and name not in NOT_COMPARED and not _same_value(saved[name], value):
-            changes[name] = (saved[name], value)
-    return changes
-
-
-def _same_value(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return a == b
-
-
-def _changes_text(changes: Mapping[str, tuple[Any, Any]]) -> str:
-    return "\n".join(f"  {name}: {json.dumps(old)} -> {json.dumps(new)}" for name, (old, new) in changes.items())
 
 
 class Trainee(Protocol):
@@ -228,18 +130,6 @@ class Progress:
     generations: int = 0  # GRPO: generation batches drawn (data position)
 
 
-@dataclass
-class Resume:
-    """A checkpoint to resume from: its path and trainer_state.json (read before anything is written)."""
-
-    path: Path
-    state: dict
-
-    @property
-    def step(self) -> int:
-        return int(self.state["progress"]["step"])
-
-
 class TrainingRun:
     """One training run's accelerator, trackers, logging window, health watch, progress and checkpoints."""
 
@@ -254,13 +144,11 @@ class TrainingRun:
             self.report_to = resolve_report_to(args.report_to)
         except (ValueError, ImportError) as e:
             raise ConfigError(f"--report_to: {e}") from None
-        self.resume = None
         self.config = recorded_config(args)
+        self.resume = resume_from(args)
         self.changes: dict[str, tuple[Any, Any]] = {}  # fields changed from the checkpoint's (resume)
-        if args.resume_from_checkpoint:
-            path = resolve_checkpoint(args.resume_from_checkpoint, args.output_dir)
-            self.resume = Resume(path, read_state(path))
-            self.changes = self._check_changes(self.resume)
+        if self.resume is not None:
+            self.changes = check_changes(self.resume, self.config, args)
         self.accelerator, self.engine = self._make_accelerator()
         if getattr(args, "async_generation", False) and self.engine.sharded:
             raise ConfigError(
@@ -281,31 +169,6 @@ class TrainingRun:
         self._rng: dict | None = None
         self._lr = 0.0
         self._row: dict[str, float] = {}  # the latest logged row: the progress bar shows it until the next one
-
-    def _check_changes(self, resume: Resume) -> dict[str, tuple[Any, Any]]:
-        """The settings that differ from the checkpoint's: refused (ConfigError listing each) where one is not in
-        SAFE_TO_CHANGE, unless --allow_config_change. The checkpoint's config is in its trainer_state.json; one
-        written before it was (or by another tool) is compared with run_config.json of its run directory."""
-        saved = resume.state.get("config")
-        if not isinstance(saved, dict):
-            saved = read_config(resume.path.parent)
-        changes = config_changes(saved, self.config)
-        unsafe = {name: change for name, change in changes.items() if name not in SAFE_TO_CHANGE}
-        if unsafe and not self.args.allow_config_change:
-            raise ConfigError(
-                f"--resume_from_checkpoint {resume.path}: these settings differ from the checkpoint's (checkpoint "
-                f"value -> new value):\n{_changes_text(unsafe)}\nThey shape the saved state or the run it continues, "
-                "so the resumed run would not be the run the checkpoint belongs to. Resume with the checkpoint's "
-                "values, or pass --allow_config_change to continue with the new ones (the change is recorded in "
-                f"{os.path.join(self.args.output_dir, HISTORY_FILE)})."
-            )
-        if changes:
-            flagged = " (allowed by --allow_config_change)" if unsafe else ""
-            note(
-                f"resuming {resume.path} with changed settings{flagged}, recorded in "
-                f"{os.path.join(self.args.output_dir, HISTORY_FILE)}:\n{_changes_text(changes)}"
-            )
-        return changes
 
     def _lock_output_dir(self) -> None:
         """Take output_dir's lock on the main process (the only one writing the run directory) for the life of the
@@ -416,7 +279,7 @@ class TrainingRun:
         )
         resume_step = self.progress.step if self.resume is not None else None
         if acc.is_main_process:
-            unsafe = [name for name in self.changes if name not in SAFE_TO_CHANGE]
+            unsafe = list(unsafe_changes(self.changes))
             resumed_from = str(self.resume.path) if self.resume is not None else None
             self.logger.run_dir.record_part(self.config, resume_step or 0, resumed_from, self.changes, unsafe)
         self.health = HealthWatch(args.health, args.health_thresholds, self.logger, self.accelerator, resume_step)

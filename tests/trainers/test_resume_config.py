@@ -7,7 +7,7 @@ import json
 from rlhfkit.cli import main
 from rlhfkit.config import GRPOArguments, PPOArguments
 from rlhfkit.config.train import config_field_names
-from rlhfkit.trainers.run import SAFE_TO_CHANGE, config_changes
+from rlhfkit.trainers.resume import SAFE_TO_CHANGE, config_changes
 from tests.helpers import asset_flags
 
 BASE = {
