@@ -1,11 +1,14 @@
 """Every exception rlhfkit raises on purpose, in one place (standard library only, so any module may import it).
 
-Two families, told apart by what the command line does with them:
+Two families the user sees, told apart by what the command line does with them:
 
 * :class:`InputError` and its subclasses: the input is wrong (a flag, a file, a model, a reward function). The
   message names what is wrong, the valid values and the fix; ``rlhfkit COMMAND`` prints it and exits with status 2.
 * :class:`TrainingStopped` and its subclasses: training ended early but cleanly, with a checkpoint of the state.
   The message says why and how to go on; the command exits with the subclass's ``exit_status``.
+
+And two internal signals, caught inside rlhfkit and never shown as they are: :class:`LoopArgumentsRejected` and
+:class:`GenerationWorkerDied`.
 """
 
 from __future__ import annotations
@@ -144,3 +147,18 @@ class GenerationWorkerStopped(TrainingStopped):
             f"plus --output_dir {output_dir} --resume_from_checkpoint latest.",
             checkpoint,
         )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Internal signals: raised and caught inside rlhfkit
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class LoopArgumentsRejected(Exception):
+    """The model's forward raised a TypeError naming one of the lean decoding loop's arguments
+    (sampling/decoders.py): generation falls back to ``model.generate``."""
+
+
+class GenerationWorkerDied(RuntimeError):
+    """The generation worker exited (killed, out of memory, an error) while the trainer waited for a round
+    (trainers/async_generation.py); the run turns it into GenerationWorkerStopped, with a checkpoint."""

@@ -159,3 +159,25 @@ def test_no_module_imports_a_layer_above_its_own():
 def test_errors_import_only_the_standard_library():
     assert not import_graph()["rlhfkit.errors"]
     assert not _third_party("rlhfkit.errors")
+
+
+def test_every_exception_class_lives_in_errors():
+    """docs/architecture.md: every exception is in rlhfkit/errors.py, so no module imports a heavier one to name an
+    error. A class counts as an exception when a base is one of Python's or errors.py's exception classes."""
+    import builtins
+
+    import rlhfkit.errors as errors
+
+    exception_names = {name for name, value in vars(builtins).items() if isinstance(value, type)}
+    exception_names = {n for n in exception_names if issubclass(getattr(builtins, n), BaseException)}
+    exception_names |= {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, BaseException)}
+    outside = []
+    for name, path in _sources().items():
+        if name == "rlhfkit.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                if bases & exception_names:
+                    outside.append(f"{name}.{node.name}")
+    assert not outside, f"exception classes outside rlhfkit/errors.py: {outside}"

@@ -17,7 +17,8 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit import ops
-from rlhfkit.sampling.decoders import Generated, LoopArgumentsRejected, lean_generate
+from rlhfkit.errors import LoopArgumentsRejected
+from rlhfkit.sampling.decoders import Generated, lean_generate
 from rlhfkit.sampling.fallback import (
     announce_options,
     hf_generate,

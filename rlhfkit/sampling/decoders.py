@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from transformers import GenerationConfig
 
+from rlhfkit.errors import LoopArgumentsRejected
 from rlhfkit.models import position_ids_from_mask
 from rlhfkit.sampling.processors import mark_seen, pick, tokens_seen
 from rlhfkit.sampling.settings import has_repetition_penalty, stop_ids
@@ -31,7 +32,9 @@ class Generated(NamedTuple):
     """Raw sampled tokens and their log-probabilities."""
 
     tokens: torch.Tensor  # (B, T') long, pad_token_id after a row's stop token
-    sampling_logprobs: torch.Tensor | None  # (B, T') float32 log-prob of each sampled token under softmax(logits / temperature)
+    sampling_logprobs: (
+        torch.Tensor | None
+    )  # (B, T') float32 log-prob of each sampled token under softmax(logits / temperature)
     # (the full distribution, as the losses use it, even when top_k / top_p / min_p restricted the draw or a
     # repetition penalty reshaped it); None when greedy
 
@@ -41,10 +44,6 @@ class Generated(NamedTuple):
 # either name (_cache_arg).
 LEAN_LOOP_ARGS = ("position_ids", "past_key_values", "use_cache", "logits_to_keep")
 CACHE_ARGS = ("cache", "past_key_values")
-
-
-class LoopArgumentsRejected(Exception):
-    """The model's forward raised a TypeError naming one of LEAN_LOOP_ARGS."""
 
 
 def probe(model: nn.Module, **kwargs):

@@ -32,15 +32,12 @@ from torch import nn
 from transformers import GenerationConfig
 
 from rlhfkit import ops
+from rlhfkit.errors import GenerationWorkerDied
 from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, complete
 
 _POLL_S = 1.0  # how often the trainer checks that the worker is alive while waiting for a round
 _CONNECT_TIMEOUT = timedelta(minutes=10)  # the worker's start (imports, model) and each weight transfer
-
-
-class GenerationWorkerDied(RuntimeError):
-    """The generation worker exited (killed, out of memory, an error) while the trainer waited for a round."""
 
 
 # The worker's messages: a request per generation round, answered in order by a result or a failure. Private to this
