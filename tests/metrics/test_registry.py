@@ -13,7 +13,9 @@ from rlhfkit.metrics.registry import ALIASES, REGISTRY, Metric, metrics_for, old
 from tests.helpers import expand_templates
 
 ROOT = Path(__file__).resolve().parents[2]
-SEEDS = Path("/work/shared/seeds")
+# The reference seeds live beside the repository (CI clones it with ../shared next to it).
+SEEDS = ROOT.parent / "shared" / "seeds"
+needs_seeds = pytest.mark.skipif(not SEEDS.is_dir(), reason=f"reference seeds not found at {SEEDS}")
 
 # PPO metric names of the reference docs (seeds 002, 003, 004: TRL's PPO logging pages), verbatim.
 SEED_PPO_NAMES = [
@@ -86,7 +88,7 @@ def test_every_seed_ppo_name_is_registered_verbatim_for_ppo():
     assert not missing, f"seed PPO metrics missing from the registry: {missing}"
 
 
-@pytest.mark.skipif(not SEEDS.is_dir(), reason="reference seeds not available on this machine")
+@needs_seeds
 def test_seed_files_list_no_ppo_name_we_miss():
     # Seed 002 (markdown): "1. `name`: ..." lines; seed 004: "- name: ..." lines of its PPO section.
     text_002 = next(SEEDS.glob("002_*.txt")).read_text()
@@ -133,7 +135,7 @@ def test_every_seed_grpo_name_is_registered_verbatim_for_grpo():
     assert [name for name in SEED_GRPO_NAMES if name not in grpo_names] == []
 
 
-@pytest.mark.skipif(not SEEDS.is_dir(), reason="reference seeds not available on this machine")
+@needs_seeds
 def test_seed_004_lists_no_grpo_name_we_miss():
     grpo_004 = next(SEEDS.glob("004_*.txt")).read_text().split("GRPO Logging", 1)[1].split("Crucial GRPO", 1)[0]
     names = set(re.findall(r"- ([a-z_]+(?:/[a-z_{}]+)*):", grpo_004))  # some items share a line in the seed
@@ -151,7 +153,7 @@ def test_templates_expand_per_reward_function():
         registry.expand(registry.REWARD, "a")
 
 
-@pytest.mark.skipif(not SEEDS.is_dir(), reason="reference seeds not available on this machine")
+@needs_seeds
 def test_seed_files_000_001_list_no_older_name_we_miss():
     """Every metric name on the older trainer's pages is an older name of a registered metric (so that
     --log_legacy_names sends it). Seed 000 also mentions `tokens/responses_len_dist`, but only as the name the
