@@ -10,7 +10,6 @@ import sys
 import numpy as np
 import pytest
 
-from rlhfkit.cli import COMMANDS
 from rlhfkit.errors import ReportError
 from rlhfkit.report import build_report, cmd_report, load_run
 from rlhfkit.report.build import _markers
@@ -291,13 +290,14 @@ def test_module_command_writes_the_report_and_prints_its_path(synthetic_runs, tm
     assert help_result.returncode == 0 and "--smooth" in help_result.stdout and "--metrics" in help_result.stdout
 
 
-@pytest.mark.skipif("report" not in COMMANDS, reason="`report` is not yet a subcommand in rlhfkit/cli.py")
 def test_rlhfkit_report_subcommand(synthetic_runs, tmp_path):
     result = run_command("-m", "rlhfkit.cli", "report", str(synthetic_runs[0]), "--out", "out", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "out" / "report.html").is_file()
     missing = run_command("-m", "rlhfkit.cli", "report", "no-such-run", "--out", "out", cwd=tmp_path)
     assert missing.returncode == 2 and "no-such-run" in missing.stderr
+    help_result = run_command("-m", "rlhfkit.cli", "report", "--help", cwd=tmp_path)
+    assert help_result.returncode == 0 and help_result.stdout.startswith("usage: rlhfkit report")
 
 
 def test_missing_browser_skips_unless_ci_requires_it(monkeypatch):
