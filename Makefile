@@ -20,6 +20,11 @@ quickstart: install
 test: install
 	$(PY) -m pytest -q
 
+# The fast loop while editing: the suite without the tests marked slow (subprocess and 2-process runs, browser,
+# TRL-script and learning tests, default-preset assets). `make test` runs them all, as CI does.
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
+
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
@@ -27,4 +32,4 @@ lint: install
 docs: install
 	$(PY) -m rlhfkit.docs
 
-.PHONY: install quickstart test lint docs
+.PHONY: install quickstart test test-fast lint docs
