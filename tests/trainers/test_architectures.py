@@ -1,4 +1,4 @@
-"""The architecture matrix: PPO and GRPO on tiny random models of every common decoder family (docs/architectures.md).
+"""The architecture matrix: PPO and GRPO on tiny random models of every common decoder family (docs/model-families.md).
 
 For each architecture a causal LM and a 1-label sequence-classification model are built from a tiny random config
 sized to the built-in task's character tokenizer and saved with save_pretrained, as a user's checkpoints would be.
