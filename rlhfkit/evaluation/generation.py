@@ -10,6 +10,7 @@ import torch
 
 from rlhfkit.errors import EvalError
 from rlhfkit.sampling import complete_texts
+from rlhfkit.tracking.progress import progress_bar
 
 
 class Generations(NamedTuple):
@@ -57,5 +58,8 @@ def generate_texts(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, tokenizer = load_generator(model_path, flag)
     model.to(device).eval()
-    out = complete_texts(model, tokenizer, prompts, max_new_tokens, temperature, seed, batch_size)
+    # complete_texts reports no progress within its call: the bar shows which model generates and for how long.
+    with progress_bar(len(prompts), f"completions of the {flag}") as advance:
+        out = complete_texts(model, tokenizer, prompts, max_new_tokens, temperature, seed, batch_size)
+        advance(len(prompts))
     return Generations(out.texts, [not terminated for terminated in out.terminated])

@@ -27,6 +27,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlhfkit.errors import JudgeError
+from rlhfkit.tracking.progress import progress_bar
 
 
 class Outcome(str, Enum):
@@ -184,10 +185,12 @@ class RewardModelJudge:
         unique = list(dict.fromkeys(pairs))
         device = next(self.model.parameters()).device
         values: list[float] = []
-        for start in range(0, len(unique), self.batch_size):
-            chunk = unique[start : start + self.batch_size]
-            ids, mask = left_pad([self.encode(p, c) for p, c in chunk], self.tokenizer.pad_token_id)
-            values += reward_model_scores(self.model, ids.to(device), mask.to(device)).tolist()
+        with progress_bar(len(unique), f"scoring by {self.name}") as advance:
+            for start in range(0, len(unique), self.batch_size):
+                chunk = unique[start : start + self.batch_size]
+                ids, mask = left_pad([self.encode(p, c) for p, c in chunk], self.tokenizer.pad_token_id)
+                values += reward_model_scores(self.model, ids.to(device), mask.to(device)).tolist()
+                advance(len(chunk))
         score = dict(zip(unique, values))
         return [score[pair] for pair in pairs]
 
@@ -286,10 +289,15 @@ class OpenAIJudge:
         rng = random.Random(self.seed)
         a_first = [rng.random() < 0.5 for _ in prompts]
         asked = [i for i, (a, b) in enumerate(zip(completions_a, completions_b)) if a != b]
-        with ThreadPoolExecutor(max_workers=max(1, self.max_concurrency)) as pool:
+        with (
+            progress_bar(len(asked), f"asking {self.name}") as advance,
+            ThreadPoolExecutor(max_workers=max(1, self.max_concurrency)) as pool,
+        ):
             futures = [
                 pool.submit(self._ask_pair, prompts[i], completions_a[i], completions_b[i], a_first[i]) for i in asked
             ]
+            for future in futures:
+                future.add_done_callback(lambda _: advance())
             try:
                 answers = iter([future.result() for future in futures])
             except JudgeError:

@@ -19,6 +19,7 @@ from rlhfkit.models import enable_gradient_checkpointing
 from rlhfkit.optim import make_optimizer
 from rlhfkit.rewards import RewardSources
 from rlhfkit.sampling import Chunk, complete
+from rlhfkit.tracking.progress import progress_bar
 from rlhfkit.trainers.run import TrainingRun
 
 
@@ -80,7 +81,13 @@ def eval_chunks(
         unwrapped.eval()
         prompts = [row["input_ids"] for row in rows]
         device = run.accelerator.device
-        chunks = list(complete(policy_of(unwrapped), prompts, config, batch_size, device))
+        chunks = []
+        # Beneath training's bar, on the main process only (its share of the prompts).
+        show = run.accelerator.is_main_process
+        with progress_bar(len(prompts), "evaluation completions", run.logger.console, show) as advance:
+            for chunk in complete(policy_of(unwrapped), prompts, config, batch_size, device):
+                chunks.append(chunk)
+                advance(len(chunk.prompt_ids))
         unwrapped.train()
     return [
         EvalChunk(rows[start : start + batch_size], chunk, max(0, min(batch_size, own - start)))

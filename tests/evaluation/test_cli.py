@@ -82,6 +82,19 @@ def test_several_judges_and_a_dataset_file(tiny_assets, random_model, tmp_path, 
     assert "judge: task:sort; 3 verdicts" in out and f"judge: reward-model:{tiny_assets / 'reward'}; 3 verdicts" in out
 
 
+def test_progress_shows_on_a_terminal_and_stdout_keeps_only_the_report(tiny_assets, random_model, monkeypatch, capsys):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # rich takes stderr for a terminal
+    monkeypatch.setenv("COLUMNS", "200")
+    argv = ["--model", str(tiny_assets / "sft"), "--baseline", str(random_model), "--task", str(tiny_assets)]
+    argv += ["--judge", f"reward-model:{tiny_assets / 'reward'}", "--num_examples", "8", "--batch_size", "4"]
+    assert cmd_eval(argv) == 0
+    out, err = capsys.readouterr()
+    for bar in ("completions of the model", "completions of the baseline", "scoring by reward-model:"):
+        assert bar in err and bar not in out
+    assert "8/8" in err  # each model's completions
+    assert "Model win rate: " in out and "\x1b" not in out
+
+
 def run_eval(argv, capsys):
     code = cmd_eval(argv)
     err = capsys.readouterr().err
