@@ -196,7 +196,7 @@ class RunLock:
     of memory, a lost node), so a dead run never blocks the next one: that run takes the lock and rewrites the holder
     file the dead run left. The holder is a file of its own because the lock file is filelock's: depending on its
     version and platform filelock keeps or deletes it on release, and on Windows its locked first byte cannot be read
-    by another process.
+    by another process. Both files are removed when the run releases the lock.
 
     Within one process a new lock on a directory supersedes the process's earlier one (a notebook's trainer rebuilt
     after an error, whose run never ended); a RunLock no longer referenced is released as it is garbage collected.
@@ -251,10 +251,14 @@ class RunLock:
         key = _key(self.directory)
         if RunLock._held.get(key) is self:
             del RunLock._held[key]
-        try:
-            (self.directory / LOCK_FILE).unlink()  # still holding the lock: the holder file is this run's
-        except OSError:
-            pass
+        # Still holding the lock, remove both files, so a run leaves its directory as it found it: the holder file is
+        # this run's; a process that opened the mutex before it went finds the inode gone once it locks it, and
+        # filelock (>= 4) then retries on the file at the path.
+        for name in (LOCK_FILE, MUTEX_FILE):
+            try:
+                (self.directory / name).unlink()
+            except OSError:
+                pass
         lock.release()
 
     def __del__(self):
