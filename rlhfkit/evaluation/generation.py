@@ -58,8 +58,6 @@ def generate_texts(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, tokenizer = load_generator(model_path, flag)
     model.to(device).eval()
-    # complete_texts reports no progress within its call: the bar shows which model generates and for how long.
     with progress_bar(len(prompts), f"completions of the {flag}") as advance:
-        out = complete_texts(model, tokenizer, prompts, max_new_tokens, temperature, seed, batch_size)
-        advance(len(prompts))
+        out = complete_texts(model, tokenizer, prompts, max_new_tokens, temperature, seed, batch_size, advance)
     return Generations(out.texts, [not terminated for terminated in out.terminated])

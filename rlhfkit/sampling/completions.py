@@ -9,7 +9,7 @@ True = a real token.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -173,11 +173,13 @@ def complete_texts(
     temperature: float | None = None,
     seed: int = 0,
     batch_size: int = 64,
+    on_chunk: Callable[[int], None] | None = None,
 ) -> TextCompletions:
     """Complete text prompts with `model` (in eval mode for the call): greedy when `temperature` is None, else pure
     sampling (top_k 0, top_p 1) at that temperature under ``torch.manual_seed(seed)`` in a forked RNG, so results
     repeat and the caller's RNG state is untouched. Prompts are tokenized without special tokens and left-padded, as
-    the trainers do; every terminator id of the tokenizer and the model's generation config ends a completion."""
+    the trainers do; every terminator id of the tokenizer and the model's generation config ends a completion.
+    on_chunk: called with the number of completions of each chunk as it is done (a progress bar's advance)."""
     device = next(model.parameters()).device
     stops = terminator_ids(tokenizer, model)
     config = sampling_config(max_new_tokens, temperature, tokenizer.pad_token_id, stops)
@@ -194,5 +196,7 @@ def complete_texts(
             out.texts.extend(decode(tokenizer, ids, text_mask))
             out.terminated.extend(terminated.tolist())
             out.token_ids.extend(row[m].tolist() for row, m in zip(ids, mask))
+            if on_chunk is not None:
+                on_chunk(len(ids))
     model.train(was_training)
     return out
