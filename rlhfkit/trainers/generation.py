@@ -101,7 +101,7 @@ class GRPOGeneration:
         micro_batches, fresh = [], False  # fresh: the generation was made on these weights
         for micro in range((step - 1) * accumulation, step * accumulation):
             if micro % sizes.micro_steps_per_generation == 0:
-                if t._async is not None:
+                if t.generation_worker is not None:
                     self.batch = self.receive(prompts)
                 else:
                     self.batch = self.generate_and_score(next(prompts), prompts)
@@ -154,7 +154,7 @@ class GRPOGeneration:
             rows = self.round_rows(next(prompts))
             return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
 
-        (chunk,), rows, staleness = t._async.next_round(t.run, ask)
+        (chunk,), rows, staleness = t.generation_worker.next_round(t.run, ask)
         with t.run.gathered(t.model) as model:
             scored = self.score_round(rows, chunk)
             batch = self.batch_of(model, scored, scored.gathered, [scored])

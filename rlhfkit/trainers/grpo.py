@@ -135,7 +135,9 @@ class GRPOTrainer(TRLTrainerAPI):
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
         # async_generation: the worker starts now and imports while the models load; it gets the policy at the end
-        self._async: AsyncGeneration | None = start_generation_worker(run, args) if args.async_generation else None
+        self.generation_worker: AsyncGeneration | None = (
+            start_generation_worker(run, args) if args.async_generation else None
+        )
         hub = Hub.from_args(args)
         if isinstance(model, str):
             model = load_trained_policy(model, args, "model_name_or_path", hub)
@@ -172,9 +174,11 @@ class GRPOTrainer(TRLTrainerAPI):
         run.start(
             self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks
         )  # restores a checkpoint
-        if self._async is not None:  # the policy's weights as training starts (a resumed run's too)
+        if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
             with run.gathered(self.model) as policy:
-                self._async.load(policy, self.sampling_config(args.max_completion_length), run.progress.step)
+                self.generation_worker.load(
+                    policy, self.sampling_config(args.max_completion_length), run.progress.step
+                )
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -234,7 +238,8 @@ class GRPOTrainer(TRLTrainerAPI):
         prompts = endless_batches(
             len(self.train_dataset), sizes.prompts, args.seed, skip=progress.generations, shuffle=args.shuffle_dataset
         )
-        with generating(self._async):  # the worker (async_generation) ends with the training, however it ends
+        # The generation worker (async_generation) ends with the training, however it ends.
+        with generating(self.generation_worker):
             self.training_loop(prompts)
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
@@ -370,7 +375,7 @@ class GRPOTrainer(TRLTrainerAPI):
             vespo_lambda_neg=args.vespo_lambda_neg,
         )  # fmt: skip
         per_token_loss = out.per_token_loss
-        if self._async is not None and batch.sampling_logprobs is not None:  # sampled by the worker's copy
+        if self.generation_worker is not None and batch.sampling_logprobs is not None:  # sampled by the worker's copy
             m, sampling_logprobs = self.run.metrics, batch.sampling_logprobs[idx]
             weights = off_policy_weights(m, old.detach(), sampling_logprobs, mask, batch.staleness, args)
             if weights is not None:  # stale: TRL 1.16's importance-sampling correction

@@ -185,7 +185,9 @@ class PPOTrainer(TRLTrainerAPI):
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = run.accelerator
         # async_generation: the worker starts now and imports while the models load; it gets the policy at the end
-        self._async: AsyncGeneration | None = start_generation_worker(run, args) if args.async_generation else None
+        self.generation_worker: AsyncGeneration | None = (
+            start_generation_worker(run, args) if args.async_generation else None
+        )
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
@@ -221,9 +223,9 @@ class PPOTrainer(TRLTrainerAPI):
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
         run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks)  # restores a checkpoint
-        if self._async is not None:  # the policy's weights as training starts (a resumed run's too)
+        if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
             with run.gathered(self.model) as model:
-                self._async.load(model.policy, self.sampling_config(), run.progress.step)
+                self.generation_worker.load(model.policy, self.sampling_config(), run.progress.step)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -316,7 +318,8 @@ class PPOTrainer(TRLTrainerAPI):
             skip=run.progress.step,  # one batch per update
             shuffle=args.shuffle_dataset,
         )
-        with generating(self._async):  # the worker (async_generation) ends with the training, however it ends
+        # The generation worker (async_generation) ends with the training, however it ends.
+        with generating(self.generation_worker):
             self.training_loop(prompts)
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
@@ -353,7 +356,7 @@ class PPOTrainer(TRLTrainerAPI):
         """The next batch of prompts (this process's rows), completed and scored: by the policy itself, or by the
         generation worker (async_generation: asked for up to max_staleness updates ahead, each on the weights of its
         time; the batch keeps its staleness, which micro_step corrects for). Its episodes count as generated."""
-        if self._async is None:
+        if self.generation_worker is None:
             batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
         else:
             size = self.args.local_rollout_forward_batch_size
@@ -362,7 +365,7 @@ class PPOTrainer(TRLTrainerAPI):
                 rows = [self.train_dataset[i] for i in next(prompts)]
                 return [r["input_ids"] for r in rows], size, rows
 
-            chunks, rows, staleness = self._async.next_round(self.run, ask)
+            chunks, rows, staleness = self.generation_worker.next_round(self.run, ask)
             batch = self.generate_and_score(rows, chunks, staleness)
         self.run.progress.episode += self.sizes.batch_size
         return batch
@@ -535,7 +538,7 @@ class PPOTrainer(TRLTrainerAPI):
         pg = ops.clipped_policy_loss(new_logprobs, old_logprobs, gae.advantages[idx], mask, args.cliprange)
         vf = ops.clipped_value_loss(vpred, batch.values[idx], gae.returns[idx], mask, args.cliprange_value)
         pg_loss = pg.loss
-        if self._async is not None:  # sampled by the worker's copy
+        if self.generation_worker is not None:  # sampled by the worker's copy
             sampling_logprobs = batch.sampling_logprobs[idx]
             weights = off_policy_weights(m, old_logprobs, sampling_logprobs, mask, batch.staleness, args)
             if weights is not None:  # stale: TRL 1.16's importance-sampling correction of the policy term

@@ -102,7 +102,7 @@ def test_a_stale_batch_is_reweighted_by_the_correction(tiny_assets, tmp_path, mo
         vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=clip_max,
     )  # fmt: skip
     trainer = build_grpo_trainer(args, set())
-    trainer._async = object()  # micro_step applies the correction to batches the worker sampled
+    trainer.generation_worker = object()  # micro_step applies the correction to batches the worker sampled
     torch.manual_seed(0)
     batch = trainer.generation.generate_and_score([0, 1])
     rows = slice(0, 1) if mode.startswith("sequence") else slice(0, args.per_device_train_batch_size)
@@ -141,8 +141,8 @@ class KillWorker(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step:
-            os.kill(self.trainer._async.process.pid, signal.SIGKILL)
-            self.trainer._async.process.join()
+            os.kill(self.trainer.generation_worker.process.pid, signal.SIGKILL)
+            self.trainer.generation_worker.process.join()
 
 
 def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(tiny_assets, tmp_path, staleness_0_run):
@@ -155,7 +155,7 @@ def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(ti
     assert "generation worker" in message and "exited with code -9" in message
     assert f"--output_dir {out} --resume_from_checkpoint latest" in message
     assert stopped.value.checkpoint.endswith("checkpoint-3") and os.path.isdir(stopped.value.checkpoint)
-    assert not trainer._async.process.is_alive()
+    assert not trainer.generation_worker.process.is_alive()
 
     resumed = asynchronous(tiny_assets, out, 0, save_steps=0, resume_from_checkpoint="latest")
     build_grpo_trainer(resumed, set()).train()
