@@ -132,6 +132,7 @@ def test_the_issues_learning_rate_is_critical_within_two_updates():
 
 
 @pytest.mark.parametrize("name", ["lr_fast-ppo-lr0.5-s0"])
+@pytest.mark.slow
 def test_a_spec_trained_again_gets_its_records_verdict(name, tmp_path):
     """The committed record still describes what the spec trains today: the same findings at the same steps (the
     numbers of a run this unstable may differ in the last digits across machines, the verdict may not)."""

@@ -16,6 +16,8 @@ from rlhfkit.health import CRITICAL, doctor
 from rlhfkit.health.sources import read_trackio
 from rlhfkit.tasks import builtin_assets
 
+pytestmark = pytest.mark.slow  # TRL scripts trained in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8  # trl_grpo_run.STEPS
 

@@ -18,6 +18,8 @@ from rlhfkit.report import build_report
 from tests.report import browser, fakeruns
 from tests.report.conftest import ROOT, TRACKED_PROJECT, TRACKED_RUN
 
+pytestmark = pytest.mark.slow  # headless Chromium, and a PPO run in a subprocess
+
 MIN_STDDEV = 20  # grey-level spread; a blank page is ~0, a page of white cards with charts ~40-60
 # Trackio's dashboard is mostly white with thin lines: ~20 when it shows a handful of small charts, ~0 when blank.
 MIN_STDDEV_DASHBOARD = 10

@@ -91,6 +91,7 @@ def test_the_configs_have_trls_names_and_settings():
     assert yaml.safe_load((CONFIGS / "fsdp2.yaml").read_text())["fsdp_config"]["fsdp_version"] == 2
 
 
+@pytest.mark.slow
 def test_multi_gpu_yaml_trains_two_processes_on_cpus(odd_eval_assets):
     """Without GPUs the torchrun launcher still starts two processes; rlhfkit joins them (gloo) and says so."""
     out, result = engine_run("multi_gpu", "ppo", odd_eval_assets)
@@ -101,6 +102,7 @@ def test_multi_gpu_yaml_trains_two_processes_on_cpus(odd_eval_assets):
 @pytest.mark.parametrize(
     "config, algorithm", [(c, "ppo") for c in ENGINES] + [("deepspeed_zero3", "grpo"), ("fsdp2", "grpo")]
 )
+@pytest.mark.slow
 def test_every_engine_trains_the_numbers_and_weights_of_ddp(config, algorithm, odd_eval_assets):
     """Under ZeRO-1/2/3 and FSDP2 in fp32, every compared metric of every logged row (evaluation on 31 prompts
     included: the padded share of a sharded engine is left out) and the final weights equal DDP's."""
@@ -128,6 +130,7 @@ def test_every_engine_trains_the_numbers_and_weights_of_ddp(config, algorithm, o
 
 
 @pytest.mark.parametrize("config", ["deepspeed_zero3", "fsdp2"])
+@pytest.mark.slow
 def test_a_sharded_run_resumes_exactly(config, odd_eval_assets):
     """Resumed from checkpoint-1 (the engine's sharded model and optimizer state), the run logs the same rows and
     ends with the same weights as the run that never stopped."""
@@ -146,6 +149,7 @@ def test_a_sharded_run_resumes_exactly(config, odd_eval_assets):
 
 
 @pytest.mark.parametrize("config", ["deepspeed_zero2", "fsdp2"])
+@pytest.mark.slow
 def test_under_bf16_the_reference_computes_as_the_policy_and_the_first_kl_is_zero(config, odd_eval_assets):
     """The configs' bf16: DeepSpeed trains bf16 weights, FSDP2 computes in bf16; the frozen reference gets the same
     weights (its parameters cast, its RoPE buffers left in fp32 as the engines leave the policy's), so the KL of the
@@ -158,6 +162,7 @@ def test_under_bf16_the_reference_computes_as_the_policy_and_the_first_kl_is_zer
 
 
 @pytest.mark.parametrize("config, algorithm", [("deepspeed_zero3", "grpo"), ("fsdp2", "ppo")])
+@pytest.mark.slow
 def test_lora_with_gradient_checkpointing_under_bf16_trains_sharded(config, algorithm, odd_eval_assets):
     """The configs' own precision (bf16 mixed precision), LoRA adapters and gradient checkpointing under ZeRO-3
     and FSDP2: finite metrics, and the adapter (and PPO's value adapter) saved and trained."""
@@ -184,6 +189,7 @@ def _refused(result, *needles):
     assert not [frame for frame in frames if "rlhfkit" in frame]  # only the launcher's own report of the exit
 
 
+@pytest.mark.slow
 def test_fsdp1_stops_at_once_saying_how_to_convert(odd_eval_assets):
     out = odd_eval_assets / "fsdp1"
     result = launch("fsdp1", odd_eval_assets, "ppo", out)
@@ -191,6 +197,7 @@ def test_fsdp1_stops_at_once_saying_how_to_convert(odd_eval_assets):
     assert not out.exists()  # stopped before anything was written
 
 
+@pytest.mark.slow
 def test_a_deepspeed_config_that_contradicts_the_flags_stops_with_the_fix(odd_eval_assets, tmp_path):
     """A DeepSpeed JSON with its own micro-batch size: exit 2 naming the key and the flag that sets it."""
     ds_json = tmp_path / "ds.json"

@@ -228,6 +228,7 @@ def two_process_grpo_command(assets, out, reward_func: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_processes_pool_metrics(tiny_assets, tmp_path):
     """Under accelerate launch with 2 CPU processes every logged number pools both processes' completions."""
     out, record = tmp_path / "run", str(tmp_path / "calls")

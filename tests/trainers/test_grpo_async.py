@@ -56,6 +56,7 @@ def staleness_0_run(tiny_assets, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_max_staleness_0_equals_the_synchronous_run(synchronous_run, staleness_0_run):
     """The worker samples with the trainer's RNG state on the trainer's weights: every metric and every final weight
     is the synchronous run's, bit for bit."""
@@ -67,6 +68,7 @@ def test_max_staleness_0_equals_the_synchronous_run(synchronous_run, staleness_0
     assert all(r["off_policy/mismatch_kl"] < 1e-5 for r in rows)  # the same weights, cached decoding vs a forward
 
 
+@pytest.mark.slow
 def test_staleness_1_is_bounded_overlapped_and_logged(tiny_assets, tmp_path):
     out = tmp_path / "run"
     build_grpo_trainer(asynchronous(tiny_assets, out, 1, max_steps=5, save_steps=0), set()).train()
@@ -81,6 +83,7 @@ def test_staleness_1_is_bounded_overlapped_and_logged(tiny_assets, tmp_path):
     assert all(r["rollout/generated_tokens_per_s"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_staleness_1_reproduces_with_its_seed(tiny_assets, tmp_path):
     """The schedule, not timing, decides which weights sample each generation, so two runs are the same run."""
     runs = [tmp_path / "a", tmp_path / "b"]
@@ -145,6 +148,7 @@ class KillWorker(TrainerCallback):
             self.trainer.generation_worker.process.join()
 
 
+@pytest.mark.slow
 def test_a_killed_worker_stops_the_run_with_a_checkpoint_that_resumes_exactly(tiny_assets, tmp_path, staleness_0_run):
     out = tmp_path / "run"
     trainer = build_grpo_trainer(asynchronous(tiny_assets, out, 0, save_steps=0), set())
@@ -201,6 +205,7 @@ def test_trl_importance_sampling_names_parse_with_trl_defaults():
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_two_trainer_processes_each_with_a_worker_equal_the_synchronous_launch(tiny_assets, tmp_path):
     """accelerate launch with 2 CPU processes: each trainer process has its own worker for its share of every
     generation; at max_staleness 0 the run is the synchronous 2-process run."""

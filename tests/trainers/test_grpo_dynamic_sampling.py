@@ -152,6 +152,7 @@ def test_resumes_exactly(tiny_assets, tmp_path):
     assert_same_run(original, resumed, ["model.safetensors"])
 
 
+@pytest.mark.slow
 def test_two_processes(tiny_assets, tmp_path):
     """Under accelerate launch with 2 CPU processes each process keeps whole groups of its own completions; every
     process's completions table holds only groups with spread, and the metrics count both processes' groups."""

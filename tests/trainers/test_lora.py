@@ -276,6 +276,7 @@ def test_lora_dropout_is_kept_when_dropout_is_not_disabled(tiny_assets):
     assert wrapped.peft_config["default"].lora_dropout == 0.1
 
 
+@pytest.mark.slow
 def test_cli_ppo_with_use_peft(tiny_assets, tmp_path):
     out = tmp_path / "run"
     result = rlhfkit(
@@ -304,6 +305,7 @@ def test_quantised_loading_without_a_gpu_exits_2_before_loading(tiny_assets, tmp
     assert "Traceback" not in err and not out.exists()
 
 
+@pytest.mark.slow
 def test_two_processes_train_lora_and_write_the_merged_policy(tiny_assets, tmp_path):
     """Under accelerate launch (2 CPU processes): the adapters train in DDP, and the merged policy, written after the
     run (and its process group) ended, comes from the main process alone."""

@@ -13,6 +13,8 @@ from tests.trainers.test_grpo_async import KillWorker, comparable
 from tests.trainers.test_ppo import read_jsonl, small_config
 from tests.trainers.test_resume import rows_of, weights
 
+pytestmark = pytest.mark.slow  # each test trains with a spawned generation worker (3-6 s)
+
 
 def config(assets, out, **overrides):
     # 4 updates of 16 completions, sampled in 2 chunks of 8; evaluation only at the end

@@ -6,6 +6,8 @@ import pytest
 
 from tests.helpers import asset_flags, run_two_processes
 
+pytestmark = pytest.mark.slow  # a 2-process accelerate launch
+
 
 def test_two_processes_pool_metrics(tiny_assets, tmp_path):
     out = tmp_path / "run"

@@ -12,6 +12,8 @@ from rlhfkit.metrics import registry
 from rlhfkit.tracking.logger import tracker_key
 from tests.helpers import asset_flags, expand_templates
 
+pytestmark = pytest.mark.slow  # its fixture runs rlhfkit ppo in a subprocess
+
 # A reward model alone: no rewards/<name>/ templates (they come with --reward_funcs).
 PPO_SCALARS = {tracker_key(m.name) for m in expand_templates(registry.metrics_for("ppo"), [])}
 PPO_SCALARS |= {"train/global_step"}

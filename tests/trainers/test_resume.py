@@ -139,6 +139,7 @@ def test_grpo_with_lora_resumes_exactly_mid_batch(tiny_assets, tmp_path):
     assert_same_run(original, resumed, ["adapter_model.safetensors"])
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_assets, tmp_path):
     out = tmp_path / "run"
     flags = [

@@ -14,6 +14,8 @@ import torch
 from tests.helpers import asset_flags
 from tests.trainers.test_resume import rows_of, weights
 
+pytestmark = pytest.mark.slow  # kills and resumes rlhfkit runs in subprocesses, some under 2-process launches
+
 STEPS = 6
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
