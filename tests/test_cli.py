@@ -19,6 +19,7 @@ def rlhfkit(*args, cwd=None, timeout=300, env=None):
     )
 
 
+@pytest.mark.slow
 def test_help_lists_commands_and_ppo_flags():
     top = rlhfkit("--help")
     assert top.returncode == 0 and "ppo" in top.stdout and "build-tiny" in top.stdout
@@ -41,6 +42,7 @@ def test_help_lists_commands_and_ppo_flags():
     assert rlhfkit("build-tiny", "--help").returncode == 0
 
 
+@pytest.mark.slow
 def test_unknown_flag_is_named_and_exits_2():
     result = rlhfkit("ppo", "--learning_rat", "1e-5", "--bogus_flag")
     assert result.returncode == 2
@@ -48,6 +50,7 @@ def test_unknown_flag_is_named_and_exits_2():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_unknown_command_exits_2():
     assert rlhfkit("dpo").returncode == 2
 
@@ -110,6 +113,7 @@ def test_trl_getting_started_and_tldr_commands_parse_unchanged():
     assert args.stop_token == "eos" and args.gradient_accumulation_steps == 4 and args.sft_model_path == "b"
 
 
+@pytest.mark.slow
 def test_yaml_config_with_flag_override(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("learning_rate: 1.0e-5\nkl_coef: 0.1\nreport_to: [tensorboard, wandb]\n")
@@ -139,6 +143,7 @@ def test_negative_numbers_are_values_and_argparse_errors_are_usage_errors():
         parse_config(PPOConfig, ["--non_eos_penalty", "maybe"], "rlhfkit ppo")
 
 
+@pytest.mark.slow
 def test_bad_value_exits_2_before_anything_is_built_or_written(tmp_path):
     """No model flags: the built-in task's assets would be built into $RLHFKIT_CACHE (minutes); the value is checked
     first, so the command fails at once, and neither the cache nor --output_dir gets a file."""
@@ -154,6 +159,7 @@ def test_bad_value_exits_2_before_anything_is_built_or_written(tmp_path):
     assert not out.exists() and not any(cache.iterdir())
 
 
+@pytest.mark.slow
 def test_non_dividing_batch_sizes_fail_naming_the_flags(tiny_assets, tmp_path):
     result = rlhfkit(
         "ppo",
@@ -172,6 +178,7 @@ def test_non_dividing_batch_sizes_fail_naming_the_flags(tiny_assets, tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_model_directory_is_a_clear_error(tiny_assets, tmp_path):
     result = rlhfkit(
         "ppo", "--model_name_or_path", str(tmp_path / "nope"), "--dataset_name", str(tiny_assets / "prompts"),
@@ -180,6 +187,7 @@ def test_missing_model_directory_is_a_clear_error(tiny_assets, tmp_path):
     assert result.returncode == 2 and "--model_name_or_path" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_getting_started_command_runs_on_local_checkpoints(tiny_assets, tmp_path):
     """Seed 003's command with the model path pointing at a local checkpoint (and fewer episodes)."""
     result = rlhfkit(
@@ -218,6 +226,7 @@ def test_getting_started_command_runs_on_local_checkpoints(tiny_assets, tmp_path
     assert os.path.exists(tmp_path / "models/minimal/ppo/model.safetensors")
 
 
+@pytest.mark.slow
 def test_build_tiny_command_writes_loadable_assets(tmp_path):
     result = rlhfkit("build-tiny", str(tmp_path / "tiny"), "--preset", "test")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -227,6 +236,7 @@ def test_build_tiny_command_writes_loadable_assets(tmp_path):
     assert "pair_accuracy_synthetic" in summary["reward"]
 
 
+@pytest.mark.slow
 def test_ppo_without_model_flags_uses_the_builtin_task(tmp_path):
     """The README's main command: builds the default assets into $RLHFKIT_CACHE (a temp dir here) and trains."""
     result = rlhfkit(
@@ -251,6 +261,7 @@ def test_ppo_without_model_flags_uses_the_builtin_task(tmp_path):
     assert [r["episode"] for r in rows if "episode" in r] == [64]
 
 
+@pytest.mark.slow
 def test_ppo_with_the_builtin_task_reward_function_has_no_reward_model(tmp_path):
     """`rlhfkit ppo --reward_funcs correctness`: PPO against the task's checker (assets cached by the test above)."""
     result = rlhfkit(
@@ -276,12 +287,14 @@ def test_ppo_with_the_builtin_task_reward_function_has_no_reward_model(tmp_path)
         ("doctor", "run_dir"),
     ],
 )
+@pytest.mark.slow
 def test_every_subcommand_has_help(command, flag):
     result = rlhfkit(command, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     assert flag in result.stdout
 
 
+@pytest.mark.slow
 def test_grpo_without_model_flags_uses_the_builtin_task(tmp_path):
     """The built-in task with its rule-based rewards (assets cached by the PPO test above, or built here)."""
     result = rlhfkit(
@@ -297,6 +310,7 @@ def test_grpo_without_model_flags_uses_the_builtin_task(tmp_path):
     assert {"rewards/correctness/mean", "rewards/partial_credit/mean"} <= set(rows[1])
 
 
+@pytest.mark.slow
 def test_quickstart_runs_the_whole_pipeline(tmp_path):
     """Train (briefly), judge against the SFT model with two judges, write the report, say where things are."""
     result = rlhfkit(
@@ -317,6 +331,7 @@ def test_quickstart_runs_the_whole_pipeline(tmp_path):
     assert before_after["examples"][0]["prompt"] in html
 
 
+@pytest.mark.slow
 def test_grpo_quickstart_runs_the_whole_pipeline(tmp_path):
     """`rlhfkit quickstart --algorithm grpo`: GRPO on the task's rule-based rewards, then the same judging and report."""
     result = rlhfkit(
@@ -331,6 +346,7 @@ def test_grpo_quickstart_runs_the_whole_pipeline(tmp_path):
     assert (tmp_path / "qs" / "report" / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_quickstart_refuses_an_unknown_algorithm():
     result = rlhfkit("quickstart", "--algorithm", "dpo")
     assert result.returncode == 2 and "--algorithm 'dpo': must be one of ppo, grpo" in result.stderr

@@ -12,6 +12,7 @@ from rlhfkit import docs
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_every_generated_page_is_fresh():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     result = subprocess.run([sys.executable, "-m", "rlhfkit.docs", "--check"], capture_output=True, text=True, env=env)

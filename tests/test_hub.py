@@ -57,6 +57,7 @@ def run_offline(caches, args, cwd):
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_seed_tldr_command_trains_on_hub_ids_offline(caches, tmp_path):
     """Seed 003's TL;DR command with its ids as written (plus the dataset flags of TRL's current docs, and sizes
     that keep the test short)."""
@@ -119,6 +120,7 @@ json.dump(seen, open(sys.argv[2], "w"))
 """
 
 
+@pytest.mark.slow
 def test_trl_grpo_quickstart_runs_offline_on_a_conversational_hub_dataset(caches, tmp_path):
     script, out, seen = tmp_path / "quickstart.py", tmp_path / "grpo", tmp_path / "seen.json"
     script.write_text(textwrap.dedent(GRPO_QUICKSTART))

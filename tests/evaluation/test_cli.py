@@ -125,6 +125,7 @@ def test_errors_name_the_flag(tiny_assets, tmp_path, capsys):
     assert code == 2 and "no 'question' column (columns: prompt, answer)" in err
 
 
+@pytest.mark.slow
 def test_missing_model_exits_2_without_traceback_in_a_real_process(tiny_assets):
     argv = ["--model", "/no/such/model", "--baseline", str(tiny_assets / "sft")]
     proc = subprocess.run([sys.executable, "-m", "rlhfkit.evaluation", *argv], capture_output=True, text=True)

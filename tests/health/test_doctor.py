@@ -141,6 +141,7 @@ def test_cmd_doctor_without_run_dir_is_a_usage_error(capsys):
     assert exit_info.value.code == 2 and "usage: rlhfkit doctor" in err and "run_dir" in err
 
 
+@pytest.mark.slow
 def test_cmd_doctor_in_a_subprocess(tmp_path):
     run = write_run(tmp_path / "run", [1.0, 20.0])
     code = "import sys; from rlhfkit.health import cmd_doctor; sys.exit(cmd_doctor(sys.argv[1:]))"

@@ -255,6 +255,7 @@ def test_findings_table_lists_each_finding(two_run_report):
     assert "loss/value_avg = NaN" in health
 
 
+@pytest.mark.slow
 def test_real_ppo_run_charts_every_logged_scalar(tracked_run, tmp_path):
     """A run written by the trainer itself: every logged scalar gets a chart, the samples are shown."""
     run_dir, _ = tracked_run
@@ -280,6 +281,7 @@ def run_command(*args, cwd):
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_module_command_writes_the_report_and_prints_its_path(synthetic_runs, tmp_path):
     result = run_command("-m", "rlhfkit.report", str(synthetic_runs[1]), "--out", "out", "--metrics", "reward",
                          "--smooth", "0", cwd=tmp_path)  # fmt: skip
@@ -290,6 +292,7 @@ def test_module_command_writes_the_report_and_prints_its_path(synthetic_runs, tm
     assert help_result.returncode == 0 and "--smooth" in help_result.stdout and "--metrics" in help_result.stdout
 
 
+@pytest.mark.slow
 def test_rlhfkit_report_subcommand(synthetic_runs, tmp_path):
     result = run_command("-m", "rlhfkit.cli", "report", str(synthetic_runs[0]), "--out", "out", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

@@ -172,6 +172,7 @@ def test_a_cache_without_reorder_cache_is_encoded_in_full(sft, monkeypatch):
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_static_cache_with_a_compiled_step_samples_what_the_dynamic_cache_does(sft, fresh_static):
     """Greedy (with a repetition penalty) and seeded sampling, on left-padded prompts of different lengths: the same
     tokens and log-probs as the eager DynamicCache loop; the second generation of the same shape reuses the graph."""

@@ -163,6 +163,7 @@ def demo_run(tmp_path_factory):
     return tmp / "out", env, result.stdout
 
 
+@pytest.mark.slow
 def test_real_run_directory(demo_run):
     out, _, stdout = demo_run
     assert read_jsonl(out / "metrics.jsonl") == [{"step": e["step"], **e["scalars"]} for e in STEPS]
@@ -179,6 +180,7 @@ def test_real_run_directory(demo_run):
     assert "completions (step 2)" in stdout and "wandb sync" in stdout
 
 
+@pytest.mark.slow
 def test_tensorboard_reads_back(demo_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -210,6 +212,7 @@ def test_tensorboard_reads_back(demo_run):
     ]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_reads_back(demo_run):
     out, env, _ = demo_run
     (run_dir,) = (out / "wandb").glob("offline-run-*")
@@ -250,6 +253,7 @@ def test_wandb_offline_run_reads_back(demo_run):
             assert table["columns"] == columns and table["data"] == rows
 
 
+@pytest.mark.slow
 def test_trackio_store_reads_back(demo_run):
     _, env, _ = demo_run
     # trackio fixes its storage directory at import, so read its store in a process that imports it
