@@ -6,7 +6,9 @@ wrote it chose. Its manifest.json, written last, lists every other file's relati
 verifies the checkpoint against it (:func:`verify_checkpoint`): a missing file, a size that differs (a truncated
 file) or a sha256 that differs (bytes overwritten) fails, naming the file; load.resolve_checkpoint then takes
 "latest" back to the newest checkpoint that verifies, and refuses an explicit path with StorageError. A checkpoint
-written before manifests existed (no manifest.json) is accepted unverified, as before.
+written before manifests existed (no manifest.json) is accepted unverified, as before; one whose trainer_state.json
+says a manifest was written (``manifest_version``, in every checkpoint since) fails without it, so a checkpoint whose
+manifest was deleted (a deletion cut short, say) never passes for an old one.
 """
 
 from __future__ import annotations
@@ -105,7 +107,9 @@ def verify_checkpoint(path: str | os.PathLike) -> Verdict:
     overwritten) each fail, naming the file. Sizes are checked before anything is hashed.
 
     A checkpoint without manifest.json was written before rlhfkit wrote manifests (or by hand): it is accepted as
-    before, unverified (Verdict.has_manifest False); a damaged file in it shows only when it is loaded.
+    before, unverified (Verdict.has_manifest False); a damaged file in it shows only when it is loaded. Unless its
+    trainer_state.json holds ``manifest_version`` (every checkpoint rlhfkit writes now): then the manifest was
+    deleted, and the checkpoint fails.
     """
     root = Path(path)
     try:
@@ -128,6 +132,8 @@ def _stamp(file: Path) -> tuple[int, int]:
 def _verify(root: Path) -> Verdict:
     manifest = root / MANIFEST_FILE
     if not manifest.is_file():
+        if _written_with_manifest(root):
+            return Verdict(root, ((MANIFEST_FILE, f"missing, though {STATE_FILE} says one was written"),))
         return Verdict(root, has_manifest=False)
     try:
         files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
@@ -151,6 +157,15 @@ def _verify(root: Path) -> Verdict:
         if _sha256(file) != digest:
             failures.append((name, "sha256 differs from the manifest (bytes overwritten or corrupted)"))
     return Verdict(root, tuple(failures))
+
+
+def _written_with_manifest(root: Path) -> bool:
+    """Whether trainer_state.json says a manifest was written (a checkpoint saved since manifests existed)."""
+    try:
+        state = json.loads((root / STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False  # no readable state: read_state says so when the checkpoint is loaded
+    return isinstance(state, dict) and "manifest_version" in state
 
 
 def checkpoint_table(output_dir: str | os.PathLike) -> list[tuple[str, int | None, str]]:

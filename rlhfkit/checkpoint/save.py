@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rlhfkit.checkpoint.integrity import follow_umask, write_manifest
+from rlhfkit.checkpoint.integrity import MANIFEST_VERSION, follow_umask, write_manifest
 from rlhfkit.checkpoint.layout import (
     ENGINE_DIR,
     EXTRA_FILE,
@@ -73,6 +73,7 @@ def save_checkpoint(
                 torch.save(optimizer.state_dict(), os.path.join(tmp, OPTIMIZER_FILE))
             torch.save(extra or {}, os.path.join(tmp, EXTRA_FILE))
             record = {"format_version": FORMAT_VERSION, "num_processes": accelerator.num_processes, **state}
+            record["manifest_version"] = MANIFEST_VERSION  # a manifest follows: without it, the checkpoint fails
             Path(tmp, STATE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
 
     def finish() -> None:  # every process's files are written: the manifest, then the rename

@@ -14,6 +14,7 @@ from rlhfkit.checkpoint import (
     read_state,
     resolve_checkpoint,
     verify_checkpoint,
+    write_manifest,
 )
 from rlhfkit.cli import main
 from rlhfkit.errors import StorageError
@@ -30,6 +31,15 @@ def flip_byte(path, offset=None):
 
 def truncate(path, keep=100):
     path.write_bytes(path.read_bytes()[:keep])
+
+
+def as_written_before_manifests(ckpt):
+    """What a checkpoint written before manifests existed looks like: no manifest.json, and no manifest_version in
+    trainer_state.json (which every checkpoint since holds)."""
+    (ckpt / MANIFEST_FILE).unlink()
+    state = json.loads((ckpt / STATE_FILE).read_text())
+    del state["manifest_version"]
+    (ckpt / STATE_FILE).write_text(json.dumps(state))
 
 
 @pytest.fixture
@@ -62,7 +72,11 @@ def test_the_manifest_lists_every_file_and_each_kind_of_damage_is_named(three_ch
 
 def test_a_checkpoint_without_manifest_is_accepted_unverified(three_checkpoints):
     ckpt = three_checkpoints / "checkpoint-3"
-    (ckpt / MANIFEST_FILE).unlink()
+    (ckpt / MANIFEST_FILE).unlink()  # deleted (a deletion cut short, say): not taken for an old checkpoint
+    assert verify_checkpoint(ckpt).reason() == f"{MANIFEST_FILE}: missing, though {STATE_FILE} says one was written"
+    assert resolve_checkpoint("latest", three_checkpoints) == three_checkpoints / "checkpoint-2"
+    write_manifest(ckpt)
+    as_written_before_manifests(ckpt)
     flip_byte(ckpt / "optimizer.pt")  # unnoticed without a manifest, as before manifests existed
     verdict = verify_checkpoint(ckpt)
     assert verdict.ok and not verdict.has_manifest and str(verdict).startswith("no manifest")
@@ -99,7 +113,7 @@ def test_latest_falls_back_and_an_explicit_damaged_path_is_refused(three_checkpo
 def test_rlhfkit_checkpoints_lists_each_state(three_checkpoints, capsys):
     run = three_checkpoints
     truncate(run / "checkpoint-3" / "optimizer.pt")
-    (run / "checkpoint-1" / MANIFEST_FILE).unlink()
+    as_written_before_manifests(run / "checkpoint-1")
     (run / "checkpoint-4").mkdir()  # a save that did not finish
     assert main(["checkpoints", str(run)]) == 1  # one failed
     lines = capsys.readouterr().out.splitlines()
