@@ -17,8 +17,10 @@ A checkpoint directory ``checkpoint-N`` (N = the step it was taken after) holds:
     trainer_state.json                                counters (steps, episodes, data position, skipped steps) and the run's config
     manifest.json                                     every other file's relative path, size and sha256; written last
 
-trainer_state.json is the completeness mark: a directory without it is a save that did not finish. Standard library
-only, so listing a run's checkpoints loads nothing heavy.
+trainer_state.json is the completeness mark: a directory without it is a save that did not finish. Pruning
+(save_total_limit) first renames a checkpoint to ``.checkpoint-N.deleting`` (:func:`deleting_path`), then deletes it:
+a process killed mid-deletion leaves only that hidden directory, which no listing shows and no resume takes. Standard
+library only, so listing a run's checkpoints loads nothing heavy.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ RNG_FILE_PREFIX = "rng_state_"
 # trainer_state.json the skipped-step counters ("nonfinite"), the same for PPO and GRPO.
 FORMAT_VERSION = 2
 CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+# A checkpoint being deleted: renamed out of CHECKPOINT_DIR's names first (hidden, so a `checkpoint-*` glob misses it).
+DELETING_DIR = re.compile(r"^\.checkpoint-(\d+)\.deleting$")
 
 
 def rng_file(process_index: int) -> str:
@@ -63,6 +67,20 @@ def checkpoints(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
         if match and (child / STATE_FILE).is_file():
             found.append((int(match.group(1)), child))
     return sorted(found)
+
+
+def deleting_path(path: str | os.PathLike) -> Path:
+    """Where checkpoint `path` is renamed before it is deleted: ``.checkpoint-N.deleting`` beside it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.deleting")
+
+
+def interrupted_deletions(output_dir: str | os.PathLike) -> list[Path]:
+    """The ``.checkpoint-N.deleting`` directories of a run directory: deletions a killed process did not finish."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted(child for child in root.iterdir() if DELETING_DIR.match(child.name))
 
 
 def files_under(root: Path) -> Iterator[Path]:

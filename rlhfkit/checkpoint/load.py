@@ -18,6 +18,7 @@ import torch
 from rlhfkit.checkpoint.integrity import Verdict, verify_checkpoint
 from rlhfkit.checkpoint.layout import (
     CHECKPOINT_DIR,
+    DELETING_DIR,
     ENGINE_DIR,
     EXTRA_FILE,
     FORMAT_VERSION,
@@ -35,7 +36,9 @@ def resolve_checkpoint(spec: str, output_dir: str | os.PathLike | None) -> Path:
     "latest": the newest complete checkpoint of output_dir that verifies. When newer ones fail, one line on stderr
     says which checkpoint is taken and why the newer ones were not; when none verifies, StorageError. A path that
     fails verification: StorageError naming the file, the reason and the previous checkpoint that verifies.
-    A checkpoint without manifest.json (written before manifests) is taken unverified, as before.
+    A checkpoint without manifest.json (written before manifests) is taken unverified, as before; one whose
+    trainer_state.json says a manifest was written fails without it. A ``.checkpoint-N.deleting`` directory (a
+    deletion by save_total_limit that a killed process did not finish) is never listed, and refused by path.
     """
     if spec == "latest":
         if output_dir is None:
@@ -64,6 +67,12 @@ def resolve_checkpoint(spec: str, output_dir: str | os.PathLike | None) -> Path:
     path = Path(spec)
     if not path.is_dir():
         raise CheckpointError(f"--resume_from_checkpoint {spec!r} is not a directory.")
+    if DELETING_DIR.match(path.resolve().name):
+        raise CheckpointError(
+            f"--resume_from_checkpoint {spec}: a checkpoint rlhfkit was deleting (save_total_limit, or a newer "
+            "save of its step) when its process was killed, possibly half gone. Resume from a checkpoint-N "
+            "directory, or from 'latest'."
+        )
     verdict = verify_checkpoint(path)
     if not verdict.ok:
         previous = _previous_good(path)

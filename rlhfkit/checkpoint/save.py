@@ -4,6 +4,10 @@ Everything is written into ``checkpoint-N.tmp`` and renamed once complete, so a 
 previous checkpoints intact and never a directory that looks complete but is not (trainer_state.json is the
 completeness mark). The final model goes into the run directory the same way, through ``<output_dir>.tmp``. A failed
 write raises StorageError with the ``.tmp`` directory removed (storage.py).
+
+A checkpoint is deleted (save_total_limit, or a checkpoint of the same step replaced) the other way round: renamed to
+``.checkpoint-N.deleting`` (layout.deleting_path), a name nothing lists or resumes, then deleted. A crash mid-deletion
+leaves only that directory; the next save removes it, on the main process, before it checks the free space.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,8 @@ from rlhfkit.checkpoint.layout import (
     OPTIMIZER_FILE,
     STATE_FILE,
     checkpoints,
+    deleting_path,
+    interrupted_deletions,
     rng_file,
 )
 from rlhfkit.checkpoint.rng import rng_state
@@ -59,6 +66,7 @@ def save_checkpoint(
     target = f"the checkpoint {path}"
 
     def prepare() -> None:
+        remove_interrupted_deletions(output_dir)  # their space is free space for this checkpoint
         check_space(output_dir, checkpoint_estimate(output_dir, optimizer), target, path)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
@@ -79,8 +87,12 @@ def save_checkpoint(
     def finish() -> None:  # every process's files are written: the manifest, then the rename
         follow_umask(tmp)
         write_manifest(tmp)
-        shutil.rmtree(path, ignore_errors=True)
+        replaced = deleting_path(path) if os.path.isdir(path) else None  # the same step saved again (a resumed run)
+        if replaced is not None:
+            os.rename(path, replaced)
         os.replace(tmp, path)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
 
     accelerator.wait_for_everyone()
     together(accelerator, prepare if main else None, target, tmp, path)
@@ -92,11 +104,33 @@ def save_checkpoint(
 
 
 def prune_checkpoints(output_dir: str | os.PathLike, limit: int | None) -> None:
-    """Delete all but the newest `limit` complete checkpoints of `output_dir` (none when limit is None or 0)."""
+    """Delete all but the newest `limit` complete checkpoints of `output_dir` (none when limit is None or 0), and
+    what interrupted deletions left (main process only).
+
+    Each checkpoint is first renamed to ``.checkpoint-N.deleting`` (one atomic rename in the same directory), then
+    deleted: a process killed mid-deletion never leaves a half-deleted ``checkpoint-N`` that checkpoints() lists or
+    'latest' falls back to. A checkpoint that cannot be renamed is kept whole, and one line on stderr says so.
+    """
+    remove_interrupted_deletions(output_dir)
     if not limit:
         return
     found = checkpoints(output_dir)
     for _, path in found[: max(0, len(found) - limit)]:
+        aside = deleting_path(path)
+        try:
+            os.rename(path, aside)
+        except OSError as e:
+            print(
+                f"[rlhfkit] save_total_limit: could not remove {path}, kept whole ({e}).", file=sys.stderr, flush=True
+            )
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def remove_interrupted_deletions(output_dir: str | os.PathLike) -> None:
+    """Delete the ``.checkpoint-N.deleting`` directories a killed process left in `output_dir` (main process only:
+    the run holding output_dir's lock is the only one deleting there, so none of them is still being deleted)."""
+    for path in interrupted_deletions(output_dir):
         shutil.rmtree(path, ignore_errors=True)
 
 
