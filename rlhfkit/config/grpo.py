@@ -11,6 +11,7 @@ from rlhfkit.config.rules import (
     FLAG,
     JSON_OBJECT,
     PATH,
+    Checked,
     ListOf,
     OneOf,
     OrNone,
@@ -25,6 +26,16 @@ from rlhfkit.config.train import TrainConfig, config_dataclass
 from rlhfkit.errors import ConfigError
 from rlhfkit.ops.advantages import GROUP_SCALES
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
+
+
+def _no_agents(value) -> str | None:
+    if value is None:
+        return None
+    return (
+        "must be unset: rlhfkit does not train agents yet (multi-turn tool use, TRL 1.16's tools= and "
+        "environment_factory=, is planned), so there are no tool-calling turns to limit. Leave it out"
+    )
+
 
 # model_init_kwargs key -> the field that carries it (what TRL's GRPO script puts there, from its ModelConfig)
 MODEL_INIT_FIELDS = {
@@ -276,6 +287,14 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
             "use_adaptive_entropy: the mean entropy per token (nats, over the tokens the policy loss trains on) "
             "below which the controller raises the coefficient and the bonus applies.",
             number(ge=0),
+        ),
+    )
+    max_tool_calling_iterations: int | None = field(
+        default=None,
+        metadata=meta(
+            "TRL 1.16's limit on tool-calling turns when training an agent. rlhfkit does not train agents yet: "
+            "accepted unset (TRL's default) only.",
+            Checked("unset: rlhfkit does not train agents yet", _no_agents),
         ),
     )
     sapo_temperature_pos: float = field(

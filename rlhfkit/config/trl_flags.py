@@ -295,9 +295,9 @@ GROUPS: tuple[Group, ...] = (
     ),  # fmt: skip
     Group(
         SUPPORTED_NOT,
-        "text prompts and conversations only: no tool calling, no multimodal inputs, and conversations are rendered "
-        "with the tokenizer's chat template as it is",
-        ("max_tool_calling_iterations", "log_multimodal", "chat_template_kwargs"),
+        "text prompts and conversations only: no multimodal inputs, and conversations are rendered with the "
+        "tokenizer's chat template as it is",
+        ("log_multimodal", "chat_template_kwargs"),
     ),
     Group(
         SUPPORTED_NOT,
