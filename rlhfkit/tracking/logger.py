@@ -114,9 +114,10 @@ def with_columns(
 
 
 def tracker_key(name: str) -> str:
-    """The key a metric has in the trackers: TRL's, as transformers' callbacks rewrite its logs (eval/* as named,
-    everything else under train/), so TRL and rlhfkit runs share charts. The run directory keeps the bare name."""
-    return name if name.startswith("eval/") else f"train/{name}"
+    """The key a metric has in the trackers: TRL's, as transformers' callbacks rewrite its logs (eval/* and, from
+    evaluate(metric_key_prefix="test"), test/* as named; everything else under train/), so TRL and rlhfkit runs share
+    charts. The run directory keeps the bare name."""
+    return name if name.startswith(("eval/", "test/")) else f"train/{name}"
 
 
 class RunLogger:

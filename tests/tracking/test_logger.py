@@ -323,3 +323,13 @@ def test_tensorboard_s_writer_thread_fails_quietly_and_raises_in_the_writing_thr
         assert "Exception in thread" not in capfd.readouterr().err
     finally:
         threading.excepthook = previous
+
+
+def test_tracker_keys_are_the_ones_transformers_callbacks_send():
+    # transformers' rewrite_logs: eval_* -> eval/*, test_* -> test/*, everything else under train/
+    assert [tracker_key(name) for name in ("reward", "eval/reward", "test/reward", "train_loss")] == [
+        "train/reward",
+        "eval/reward",
+        "test/reward",
+        "train/train_loss",
+    ]
