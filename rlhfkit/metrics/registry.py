@@ -168,6 +168,72 @@ STEP_TIME = Metric(
     trainers=BOTH,
 )
 
+# The row that ends train(), as transformers' Trainer logs it (Trainer._finalize_training); also train()'s
+# TrainOutput.metrics, with epoch.
+_SUMMARY = "End of training"
+_SUMMARY_WHEN = "once, in the row that ends a train() call (its step is the last step trained)"
+TRAIN_RUNTIME = Metric(
+    name="train_runtime",
+    meaning="Seconds this train() call took, as transformers' Trainer reports it at the end of training.",
+    formula="wall-clock seconds from the start of train()'s loop (before the step-0 evaluation) to the end of its "
+    "final checkpoint and model save, rounded to 4 decimals (transformers' speed_metrics)",
+    unit="s",
+    reduction="last",
+    trainers=BOTH,
+    when=_SUMMARY_WHEN,
+    section=_SUMMARY,
+)
+TRAIN_SAMPLES_PER_SECOND = Metric(
+    name="train_samples_per_second",
+    meaning="Episodes (PPO responses, GRPO completions) generated per second over this train() call.",
+    formula="episodes generated during the call, all processes / train_runtime, rounded to 3 decimals",
+    unit="episodes/s",
+    reduction="last",
+    trainers=BOTH,
+    when=_SUMMARY_WHEN,
+    section=_SUMMARY,
+    vs_trl="transformers counts the samples of the steps trained (per-device batch x accumulation x processes per "
+    "step), so TRL's GRPO counts a completion again for each of num_iterations; rlhfkit counts each generated "
+    "completion once, as episode does.",
+)
+TRAIN_STEPS_PER_SECOND = Metric(
+    name="train_steps_per_second",
+    meaning="Training steps (PPO updates, GRPO optimizer steps) per second over this train() call.",
+    formula="steps trained during the call / train_runtime, rounded to 3 decimals",
+    unit="steps/s",
+    reduction="last",
+    trainers=BOTH,
+    when=_SUMMARY_WHEN,
+    section=_SUMMARY,
+)
+TOTAL_FLOS = Metric(
+    name="total_flos",
+    meaning="Floating-point operations of training as transformers' Trainer counts them; rlhfkit counts none.",
+    formula="0.0",
+    unit="FLOPs",
+    reduction="last",
+    trainers=BOTH,
+    when=_SUMMARY_WHEN,
+    section=_SUMMARY,
+    vs_trl="TRL's GRPOTrainer reports 0.0 too: transformers estimates 6 x tokens x parameters from a batch's "
+    "input_ids, which GRPO's batches do not carry. An honest count would need generation, reference, reward and "
+    "value forwards as well.",
+)
+TRAIN_LOSS = Metric(
+    name="train_loss",
+    meaning="Mean training loss over the steps of this train() call (TrainOutput.training_loss).",
+    formula="GRPO: mean over the call's optimizer steps of loss (each step's over the processes); PPO: mean over the "
+    "call's updates of loss/total_avg (each update's pooled token mean over its mini-batches and processes); a step "
+    "whose loss is not finite is left out, as transformers' logging_nan_inf_filter leaves it",
+    unit="dimensionless",
+    reduction="last",
+    trainers=BOTH,
+    when=_SUMMARY_WHEN,
+    section=_SUMMARY,
+    vs_trl="GRPO's is TRL's; TRL's PPOTrainer returns no TrainOutput, and rlhfkit's PPO reports the loss each "
+    "update minimised, policy plus vf_coef x value loss, as loss/total_avg logs it.",
+)
+
 # What RL maximises (measured on the rollout, before the PPO epochs)
 OBJECTIVE_RLHF_REWARD = Metric(
     name="objective/rlhf_reward",

@@ -47,8 +47,10 @@ STABILITY = [
 # no colour: whether they should rise or fall depends on the run.
 HIGHER_IS_BETTER = [M.EVAL_TASK_SUCCESS, M.ROLLOUT_TASK_SUCCESS, M.OBJECTIVE_RLHF_REWARD, M.OBJECTIVE_SCORES]
 HIGHER_IS_BETTER += [M.REWARD, M.EVAL_SCORES, M.REWARDS_FUNC_MEAN]
-# Axes, not curves.
-NOT_CHARTED = {"step", M.EPISODE.name}
+# Axes, and the one-off summary row that ends a train() call: not curves.
+NOT_CHARTED = {"step", M.EPISODE.name} | {
+    m.name for m in (M.TRAIN_RUNTIME, M.TRAIN_SAMPLES_PER_SECOND, M.TRAIN_STEPS_PER_SECOND, M.TOTAL_FLOS, M.TRAIN_LOSS)
+}
 
 
 def metric_names(run: Run) -> list[str]:

@@ -2,6 +2,13 @@
 (run.py): a TRL script calls ``trainer.train()``, ``trainer.save_model()``, ``trainer.state``, callbacks and the rest,
 and gets what transformers' Trainer would give it.
 
+``train()`` (each trainer's) returns transformers' ``TrainOutput(global_step, training_loss, metrics)`` and ends
+with transformers' summary row in ``state.log_history`` (run.py ``_end_of_training``): ``train_runtime``,
+``train_samples_per_second`` (episodes generated), ``train_steps_per_second``, ``total_flos`` (0.0, as TRL's GRPO
+reports: rlhfkit counts no FLOPs), ``train_loss`` and ``epoch``, with its ``step``. training_loss is the mean over the
+steps of that call (a resumed run: its own steps) of the step's loss: GRPO's ``loss``; PPO's ``loss/total_avg``, the
+loss each update minimised (policy plus vf_coef x value loss, pooled over its tokens; TRL's PPO returns nothing).
+
 Also what both constructors do with TRL's arguments that rlhfkit takes in another form (``peft_config``,
 ``quantization_config``, ``optimizers``): :func:`trl_constructor_arguments`.
 """
@@ -18,7 +25,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 from rlhfkit.checkpoint import save_into
 from rlhfkit.errors import ConfigError
 from rlhfkit.lora import lora_flags
+from rlhfkit.trainers.callbacks import EVAL_PREFIX
 from rlhfkit.trainers.run import TrainingRun
+from rlhfkit.trainers.shared import tokenize_eval_dataset
 
 
 class TRLTrainerAPI:
@@ -76,18 +85,36 @@ class TRLTrainerAPI:
         """Log `logs` at the step training has reached: metrics.jsonl, the trackers, state.log_history, on_log."""
         self.run.log(dict(logs), self.run.progress.step)
 
-    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
-        """Evaluate now on the eval dataset and log it; its metrics under transformers' names (eval_task_success)."""
-        if eval_dataset is not None:
+    def evaluate(
+        self, eval_dataset=None, ignore_keys: list[str] | None = None, metric_key_prefix: str = EVAL_PREFIX
+    ) -> dict[str, float]:
+        """Evaluate now, as transformers' Trainer.evaluate: on `eval_dataset` when given (prompts, tokenized as the
+        trainer's eval_dataset is), else on the trainer's eval_dataset; logged at the step training has reached and
+        returned under transformers' names, ``{metric_key_prefix}_{name}``: eval_reward, eval_task_success (PPO:
+        eval_scores). Another prefix renames the logged metrics too: "test" logs test/reward (metrics.jsonl, and
+        test/reward in the trackers, where transformers' callbacks send test_* keys) and returns test_reward. Only
+        the trainer's own eval_dataset under "eval" moves state.best_metric (--metric_for_best_model).
+
+        ignore_keys: in transformers, the keys of the model's outputs left out of the predictions gathered for
+        compute_metrics. rlhfkit's evaluation generates completions and scores them, gathering no model outputs,
+        so the argument has no effect."""
+        if isinstance(eval_dataset, Mapping):
             raise ConfigError(
-                "evaluate(eval_dataset=...): rlhfkit evaluates on the eval_dataset the trainer was built with (its "
-                "prompts are tokenized then). Pass it to the trainer's constructor."
+                "evaluate(eval_dataset={...}): several evaluation sets at once are not supported yet. Call "
+                "evaluate(eval_dataset=dataset, metric_key_prefix=f'eval_{name}') once per set."
             )
-        if getattr(self, "eval_dataset", None) is None:
+        if not isinstance(metric_key_prefix, str) or not metric_key_prefix or "/" in metric_key_prefix:
             raise ConfigError(
-                "evaluate() needs an evaluation dataset: pass eval_dataset= to the trainer (or --dataset_test_split)."
+                f"evaluate(metric_key_prefix={metric_key_prefix!r}): a prefix is a name without '/', such as 'eval' "
+                "(the default) or 'test'."
             )
-        return self.run.evaluate()
+        if eval_dataset is None and getattr(self, "eval_dataset", None) is None:
+            raise ConfigError(
+                "evaluate() needs an evaluation dataset: pass eval_dataset= to the trainer (or --dataset_test_split) "
+                "or to evaluate()."
+            )
+        dataset = None if eval_dataset is None else tokenize_eval_dataset(self.args, self.tokenizer, eval_dataset)
+        return self.run.evaluate(dataset, metric_key_prefix)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save the models and the tokenizer into `output_dir` (default args.output_dir), as checkpoints and the end

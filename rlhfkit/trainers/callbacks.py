@@ -9,10 +9,11 @@ on_init_end         the trainer is built
 on_train_begin      ``train()`` starts, before the step-0 evaluation
 on_step_begin       before each step (a PPO update, a GRPO optimizer step); resets should_log/evaluate/save
 on_step_end         after the step's optimisation, before its row, evaluation and checkpoint
-on_log              each row written to metrics.jsonl (training window, evaluation, ``trainer.log``), as ``logs``
+on_log              each row written to metrics.jsonl (training window, evaluation, ``trainer.log``, the summary row
+                    that ends ``train()``), as ``logs``
 on_evaluate         after each evaluation, with ``metrics`` under transformers' names (``eval_task_success``)
 on_save             after each checkpoint
-on_train_end        after the final checkpoint and the models saved in output_dir
+on_train_end        after the final checkpoint, the models saved in output_dir and the summary row
 ==================  ===============================================================================================
 
 What a callback's ``control`` does, set at on_step_end (or earlier in the step): ``should_log``,
@@ -22,7 +23,14 @@ set, which is therefore not installed); ``should_training_stop`` makes the step 
 logged, the final checkpoint written and the models saved, as at the end of a full run.
 
 ``state.log_history`` holds every row of metrics.jsonl, in order, each with its ``step`` (a resumed run reads the rows
-up to its checkpoint back from metrics.jsonl); ``state.global_step`` and ``state.epoch`` follow the run's progress.
+up to its checkpoint back from metrics.jsonl); the last after ``train()`` is transformers' summary row
+(``train_runtime``, ``train_samples_per_second``, ``train_steps_per_second``, ``total_flos``, ``train_loss``,
+``epoch``; run.py). ``state.global_step`` and ``state.epoch`` follow the run's progress; ``max_steps`` and
+``num_train_epochs`` are the whole run's.
+
+Evaluation metrics: the registry names them ``eval/...`` (metrics.jsonl, the trackers); transformers' ``evaluate``
+returns and sends to on_evaluate ``eval_...``. ``trainer.evaluate(metric_key_prefix=P)`` swaps the ``eval`` part for
+P in both (``test/reward`` logged, ``test_reward`` returned), as transformers' keys and its trackers' ``test/`` do.
 """
 
 from __future__ import annotations
@@ -53,10 +61,20 @@ class _Handler(CallbackHandler):
         self.train_dataloader = self.eval_dataloader = None
 
 
-def eval_metric_names(scalars: Mapping[str, float]) -> dict[str, float]:
-    """An evaluation's metrics under transformers' names: ``eval/task_success`` -> ``eval_task_success``, the form
-    ``Trainer.evaluate`` returns and ``--metric_for_best_model`` reads (``task_success`` or ``eval_task_success``)."""
-    return {f"eval_{name.removeprefix('eval/')}": value for name, value in scalars.items()}
+EVAL_PREFIX = "eval"  # transformers' metric_key_prefix default; the registry's evaluation metrics are eval/...
+
+
+def prefixed(scalars: Mapping[str, float], prefix: str) -> dict[str, float]:
+    """An evaluation's metrics (registry names, ``eval/reward``) as logged under metric_key_prefix `prefix`:
+    ``test/reward`` for "test"; unchanged for "eval"."""
+    return {f"{prefix}/{name.removeprefix(EVAL_PREFIX + '/')}": value for name, value in scalars.items()}
+
+
+def eval_metric_names(scalars: Mapping[str, float], prefix: str = EVAL_PREFIX) -> dict[str, float]:
+    """An evaluation's metrics as logged (``eval/task_success``, or ``test/...`` under `prefix` "test") under
+    transformers' names: ``eval_task_success``, the form ``Trainer.evaluate`` returns and ``--metric_for_best_model``
+    reads (``task_success`` or ``eval_task_success``)."""
+    return {f"{prefix}_{name.removeprefix(prefix + '/')}": value for name, value in scalars.items()}
 
 
 class Callbacks:
@@ -71,6 +89,7 @@ class Callbacks:
         processing_class,
         optimizer,
         max_steps: int,
+        num_train_epochs: int,
         is_local_process_zero: bool,
         is_world_process_zero: bool,
     ):
@@ -78,6 +97,7 @@ class Callbacks:
         self.handler = _Handler(callbacks or [], model, processing_class, optimizer)
         self.state = TrainerState(
             max_steps=max_steps,
+            num_train_epochs=num_train_epochs,
             train_batch_size=args.per_device_train_batch_size,
             is_local_process_zero=is_local_process_zero,
             is_world_process_zero=is_world_process_zero,
@@ -103,11 +123,14 @@ class Callbacks:
         self.state.log_history.append({"step": step, **row})
         self.event("on_log", logs=dict(row))
 
-    def evaluated(self, scalars: Mapping[str, float]) -> dict[str, float]:
-        """An evaluation ended with `scalars` (registry names): on_evaluate with transformers' names, returned."""
-        metrics = eval_metric_names(scalars)
+    def evaluated(
+        self, scalars: Mapping[str, float], prefix: str = EVAL_PREFIX, track_best: bool = True
+    ) -> dict[str, float]:
+        """An evaluation ended with `scalars` (as logged, `prefix`/...): on_evaluate with transformers' names,
+        returned; with `track_best`, state.best_metric follows --metric_for_best_model."""
+        metrics = eval_metric_names(scalars, prefix)
         self.event("on_evaluate", metrics=metrics)
-        if self.args.metric_for_best_model:
+        if track_best and self.args.metric_for_best_model:
             self._track_best(metrics)
         return metrics
 

@@ -58,6 +58,7 @@ import torch
 from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
+from transformers.trainer_utils import TrainOutput
 
 from rlhfkit import ops
 from rlhfkit.checkpoint import REF_MODEL_DIR, load_weights
@@ -172,7 +173,7 @@ class GRPOTrainer(TRLTrainerAPI):
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
         run.start(
-            self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks
+            self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks, loss=M.LOSS
         )  # restores a checkpoint
         if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
             with run.gathered(self.model) as policy:
@@ -231,7 +232,9 @@ class GRPOTrainer(TRLTrainerAPI):
         return self.accelerator.unwrap_model(self.model)
 
     # ------------------------------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: bool | str | None = None) -> None:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
+        """Train to the end (or a callback's stop); returns transformers' TrainOutput(global_step, training_loss,
+        metrics), training_loss the mean of the logged loss over the optimizer steps of this call (api.py)."""
         self.check_resume_argument(resume_from_checkpoint)
         args, sizes, progress = self.args, self.sizes, self.run.progress
         # Every process draws the same prompts (the whole generation batch) and keeps its slice of the completions.
@@ -241,6 +244,7 @@ class GRPOTrainer(TRLTrainerAPI):
         # The generation worker (async_generation) ends with the training, however it ends.
         with generating(self.generation_worker):
             self.training_loop(prompts)
+        return self.run.train_output
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
         run = self.run
@@ -311,7 +315,7 @@ class GRPOTrainer(TRLTrainerAPI):
                 idx = slice(index * size, (index + 1) * size)
                 step_loss += self.micro_step(batch, idx, fresh, entropy_coef, entropy_sums)
         self.run.optimizer_step(self.model, self.optimizer)
-        self.run.metrics.add(M.LOSS, step_loss, 1)
+        self.run.add_loss(step_loss)  # the loss metric, and the step's part of train_loss
         if entropy_sums is not None:
             self.adapt_entropy_coef(entropy_sums)
         if entropy_coef is not None:
@@ -447,9 +451,9 @@ class GRPOTrainer(TRLTrainerAPI):
         )
 
     @torch.inference_mode()
-    def evaluation(self, step: int) -> dict[str, float]:
-        """Completions of the eval prompts (one greedy each, or num_generations_eval sampled as in training): mean
-        total reward and, with a task, true success."""
+    def evaluation(self, step: int, dataset: Dataset) -> dict[str, float]:
+        """Completions of the eval prompts of `dataset` (one greedy each, or num_generations_eval sampled as in
+        training): mean total reward and, with a task, true success."""
         args, tok = self.args, self.tokenizer
         metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
         max_new, sampled = args.max_completion_length, args.num_generations_eval
@@ -459,7 +463,7 @@ class GRPOTrainer(TRLTrainerAPI):
             else sampling_config(max_new, None, tok.pad_token_id, self.stop_ids)
         )
         size, repeat = args.per_device_eval_batch_size, sampled or 1
-        for part in eval_chunks(self.run, self.model, self.eval_dataset, config, size, repeat=repeat):
+        for part in eval_chunks(self.run, self.model, dataset, config, size, repeat=repeat):
             chunk = part.chunk
             prompts = [r[args.dataset_text_field] for r in part.rows]
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)

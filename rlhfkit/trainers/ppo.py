@@ -36,6 +36,7 @@ import torch
 from datasets import Dataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
+from transformers.trainer_utils import TrainOutput
 
 from rlhfkit import ops
 from rlhfkit.checkpoint import VALUE_MODEL_DIR, load_weights
@@ -222,7 +223,9 @@ class PPOTrainer(TRLTrainerAPI):
         # Per-source rewards/<name>/mean|std only with reward functions: a reward model alone logs TRL's keys alone.
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
-        run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks)  # restores a checkpoint
+        run.start(  # restores a checkpoint
+            self, num_updates, extra_metrics, "update", epoch_ends, callbacks, loss=M.LOSS_TOTAL_AVG
+        )
         if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
             with run.gathered(self.model) as model:
                 self.generation_worker.load(model.policy, self.sampling_config(), run.progress.step)
@@ -306,7 +309,10 @@ class PPOTrainer(TRLTrainerAPI):
         return ops.logprobs_from_logits(logits, completion_ids, self.args.temperature)
 
     # ------------------------------------------------------------------------------------------------
-    def train(self, resume_from_checkpoint: bool | str | None = None) -> None:
+    def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
+        """Train to the end (or a callback's stop); returns transformers' TrainOutput(global_step, training_loss,
+        metrics), training_loss the mean over the updates of this call of loss/total_avg, the loss each update
+        minimised (policy loss plus vf_coef x value loss, pooled over its tokens; api.py)."""
         self.check_resume_argument(resume_from_checkpoint)
         args, sizes, run, acc = self.args, self.sizes, self.run, self.accelerator
         prompts = endless_batches(
@@ -321,6 +327,7 @@ class PPOTrainer(TRLTrainerAPI):
         # The generation worker (async_generation) ends with the training, however it ends.
         with generating(self.generation_worker):
             self.training_loop(prompts)
+        return self.run.train_output
 
     def training_loop(self, prompts: Iterator[list[int]]) -> None:
         run = self.run
@@ -557,7 +564,8 @@ class PPOTrainer(TRLTrainerAPI):
             pg_loss, vf_loss = pg.per_token_loss.double(), vf.per_token_loss.double()
             m.add_tensor(M.LOSS_POLICY_AVG, pg_loss, mask)
             m.add_tensor(M.LOSS_VALUE_AVG, vf_loss, mask)
-            m.add_tensor(M.LOSS_TOTAL_AVG, pg_loss + args.vf_coef * vf_loss, mask)
+            total = torch.where(mask, pg_loss + args.vf_coef * vf_loss, 0.0)
+            self.run.add_loss(total.sum(), tokens)  # loss/total_avg, and the update's part of train_loss
             m.add(M.VAL_CLIPFRAC_AVG, (vf.clipped & mask).sum(), tokens)
             m.add_tensor(M.VAL_VPRED, vpred.detach(), mask)
             m.add(M.VAL_RATIO, (ratio * mask).sum(), tokens)
@@ -568,15 +576,15 @@ class PPOTrainer(TRLTrainerAPI):
 
     # ------------------------------------------------------------------------------------------------
     @torch.inference_mode()
-    def evaluation(self, step: int) -> dict[str, float]:
-        """Greedy completions of the eval prompts: a samples table and, with a task, true success (returned, for the
-        run to log)."""
+    def evaluation(self, step: int, dataset: Dataset) -> dict[str, float]:
+        """Greedy completions of the eval prompts of `dataset`: a samples table and, with a task, true success
+        (returned, for the run to log)."""
         args, tok = self.args, self.tokenizer
         metrics, table = MetricAccumulator(), []  # its own: the training window's metrics keep accumulating
         kept, scored = [], 0  # which scored completions are this process's own (the table's rows)
         size = args.per_device_eval_batch_size
         greedy = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
-        for part in eval_chunks(self.run, self.model, self.eval_dataset, greedy, size, attrgetter("policy")):
+        for part in eval_chunks(self.run, self.model, dataset, greedy, size, attrgetter("policy")):
             chunk = part.chunk
             prompt_texts = decode(tok, chunk.prompt_ids, chunk.prompt_mask)
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)

@@ -5,7 +5,9 @@ creates the accelerator with the trackers, and writes nothing. The trainer then 
 :meth:`TrainingRun.start`, which restores the checkpoint and opens the run directory, the trackers and the health
 watch. Its ``train()`` loops over :meth:`TrainingRun.steps` with its own numbered phases, adds raw metric sums to
 ``run.metrics`` and ends each step with :meth:`TrainingRun.end_step`, where the logging window, health checks,
-progress, evaluation, checkpoints and early stops happen the same way for PPO and GRPO.
+progress, evaluation, checkpoints and early stops happen the same way for PPO and GRPO. After the last step the run
+logs transformers' summary row of the train() call (train_runtime, ..., train_loss: the mean of the losses the trainer
+gave :meth:`TrainingRun.add_loss`) and keeps train()'s TrainOutput in ``train_output``.
 
 The logging window: a row logged on the ``logging_strategy`` schedule (by default every ``logging_steps`` steps and
 after the last) pools every sum and count added since the previous row, as the registry declares per metric
@@ -38,6 +40,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
 from accelerate.utils import broadcast_object_list, set_seed
+from transformers.trainer_utils import TrainOutput
 
 from rlhfkit.checkpoint import (
     ENGINE_DIR,
@@ -77,7 +80,7 @@ from rlhfkit.rewards import LoggedMetricsWindow
 from rlhfkit.tracking.logger import RunLogger
 from rlhfkit.tracking.rundir import MERGED_DIR, RunLock, locked_message
 from rlhfkit.tracking.trackers import make_trackers, resolve_report_to
-from rlhfkit.trainers.callbacks import Callbacks
+from rlhfkit.trainers.callbacks import EVAL_PREFIX, Callbacks, prefixed
 from rlhfkit.trainers.guards import InterruptGuard, StepGuard
 from rlhfkit.trainers.resume import (
     Resume,
@@ -114,9 +117,10 @@ class Trainee(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
-    def evaluation(self, step: int) -> Mapping[str, float]:
-        """Evaluate on eval_dataset at `step`: log its tables and return its scalars (registry names), which the run
-        logs (on the --eval_strategy schedule and on trainer.evaluate())."""
+    def evaluation(self, step: int, dataset) -> Mapping[str, float]:
+        """Evaluate on `dataset` (tokenized prompts: eval_dataset, or the one given to trainer.evaluate()) at `step`:
+        log its tables and return its scalars (registry names, eval/*), which the run logs (on the --eval_strategy
+        schedule and on trainer.evaluate())."""
 
 
 @dataclass
@@ -128,6 +132,35 @@ class Progress:
     elapsed: float = 0.0  # seconds of training so far
     num_tokens: int = 0  # GRPO: prompt + completion tokens processed, all processes
     generations: int = 0  # GRPO: generation batches drawn (data position)
+
+
+class StepLosses:
+    """The training loss of each step of one train() call, for its train_loss (TrainOutput.training_loss): the sums
+    and counts a trainer adds during a step (TrainingRun.add_loss), one entry per step (end_step), pooled over the
+    processes once, at the end. A resumed run's call counts only its own steps, as transformers' does."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, float]] = []  # this process's (sum, count) of each step
+        self._total: Any = 0.0
+        self._count: Any = 0.0
+
+    def add(self, total, count) -> None:
+        self._total, self._count = self._total + total, self._count + count  # tensors stay on their device
+
+    def end_step(self) -> None:
+        self.steps.append((float(self._total), float(self._count)))
+        self._total = self._count = 0.0
+
+    def mean(self, accelerator: Accelerator) -> float:
+        """The mean over the steps of each step's loss, pooled over the processes (a collective; every process has
+        the same steps); a step whose loss is not finite is left out (transformers' logging_nan_inf_filter). 0.0
+        without steps, as transformers gives."""
+        if not self.steps:
+            return 0.0
+        pairs = torch.tensor(self.steps, dtype=torch.float64, device=accelerator.device)
+        losses = [total / count for total, count in accelerator.reduce(pairs, "sum").tolist() if count > 0]
+        finite = [loss for loss in losses if math.isfinite(loss)]
+        return sum(finite) / len(finite) if finite else 0.0
 
 
 class TrainingRun:
@@ -169,6 +202,8 @@ class TrainingRun:
         self._rng: dict | None = None
         self._lr = 0.0
         self._row: dict[str, float] = {}  # the latest logged row: the progress bar shows it until the next one
+        self.losses = StepLosses()  # each step's training loss in the current train() call (train_loss)
+        self.train_output: TrainOutput | None = None  # what the last train() call returns (its summary row)
 
     def _lock_output_dir(self) -> None:
         """Take output_dir's lock on the main process (the only one writing the run directory) for the life of the
@@ -233,13 +268,17 @@ class TrainingRun:
         unit="step",
         epoch_ends: Collection[int] = (),
         callbacks: Sequence | None = None,
+        *,
+        loss: M.Metric,
     ) -> None:
         """Restore the checkpoint being resumed (if any), then open the run directory, trackers and health watch.
 
         num_steps: steps of the whole run. extra_metrics: template expansions the trainer logs (per-reward-function
         metrics). unit: what the progress bar counts ("update" for PPO). epoch_ends: the steps that end a pass over
         the prompts (schedule.epoch_end_steps), for the epoch strategies; the last step always counts. callbacks:
-        transformers TrainerCallbacks (classes or instances), called as callbacks.py says."""
+        transformers TrainerCallbacks (classes or instances), called as callbacks.py says. loss: the metric of the
+        training loss (GRPO's loss, PPO's loss/total_avg), which the trainer adds to with add_loss; its mean over
+        the steps of a train() call is train_loss."""
         args = self.args
         if (args.eval_strategy != "no" or args.eval_on_start) and trainer.eval_dataset is None:
             asked = f"eval_strategy={args.eval_strategy!r}" if args.eval_strategy != "no" else "eval_on_start=True"
@@ -247,7 +286,7 @@ class TrainingRun:
                 f"{asked} but the trainer got no eval_dataset: nothing to evaluate on. Pass eval_dataset= (the prompts "
                 "to evaluate on), or leave eval_strategy at 'no' and eval_on_start off."
             )
-        self.trainer, self.num_steps, self.unit = trainer, num_steps, unit
+        self.trainer, self.num_steps, self.unit, self.loss_metric = trainer, num_steps, unit, loss
         self.metrics = MetricAccumulator(extra_metrics)
         self.schedule = Schedule(args, num_steps, epoch_ends)
         self.lr_at = lr_schedule(args, num_steps)
@@ -259,6 +298,7 @@ class TrainingRun:
             processing_class=trainer.tokenizer,
             optimizer=trainer.optimizer,
             max_steps=num_steps,
+            num_train_epochs=len(self.schedule.epoch_ends),
             is_local_process_zero=acc.is_local_main_process,
             is_world_process_zero=acc.is_main_process,
         )
@@ -380,12 +420,16 @@ class TrainingRun:
         Before the first: the evaluation at step 0 (num_sample_generations schedule, or --eval_on_start) and a resumed
         run's RNG states; during: SIGINT/SIGTERM become a clean stop at the end of the step; after the last: the final
         checkpoint (whatever --save_strategy), the models saved into output_dir (which then loads as the trained
-        policy), the trackers closed and, with --merge_adapter, the merged policy in output_dir/merged."""
+        policy), the summary row of the call (train_output), the trackers closed and, with --merge_adapter, the merged
+        policy in output_dir/merged."""
         args = self.args
         # Everything a step computes (sampling, scoring, the training forward, evaluation) runs under one precision:
         # accelerate's autocast of --bf16 / --fp16 (nothing without), so the log-probs of sampling and of the
         # update agree as closely as that precision allows.
         autocast = self.accelerator.autocast
+        # What this train() call's summary row measures from (transformers starts its clock before on_train_begin).
+        call_start, first_step, first_episode = time.time(), self.progress.step, self.progress.episode
+        self.losses = StepLosses()
         self.callbacks.event("on_train_begin")
         if self.progress.step == 0 and self.schedule.evaluates_first():
             with self.interrupt, autocast():
@@ -409,6 +453,7 @@ class TrainingRun:
         except StorageError:  # the final checkpoint holds the trained state; close the trackers before exiting
             self.logger.finish()
             raise
+        self.train_output = self._end_of_training(call_start, first_step, first_episode)  # before the trackers close
         self.logger.finish(release=False)  # the merged policy is still to be written into output_dir
         # After the final checkpoint and save, which keep the adapter; the run (its process group too) has ended, so
         # the main process writes it alone.
@@ -473,6 +518,7 @@ class TrainingRun:
         too many non-finite steps) or checkpoints on schedule."""
         scalars = scalars or {}
         self.metrics.add(M.STEP_TIME, time.perf_counter() - self._step_start, 1)
+        self.losses.end_step()
         self.progress.step, self.progress.elapsed = step, time.time() - self._start
         self.callbacks.at_step(step, scalars.get(M.EPOCH.name))
         control = self.callbacks.event(
@@ -498,23 +544,55 @@ class TrainingRun:
         eps = progress.episode / progress.elapsed if progress.elapsed > 0 else 0.0
         return {M.EPS.name: eps, M.EPISODE.name: progress.episode}
 
-    def _evaluate(self, step: int) -> dict[str, float]:
-        """The trainer's evaluation at `step`, logged; its metrics under transformers' names (on_evaluate's)."""
-        if self.trainer.eval_dataset is None:
+    def _evaluate(self, step: int, dataset=None, prefix: str = EVAL_PREFIX) -> dict[str, float]:
+        """The trainer's evaluation at `step` on `dataset` (tokenized; None: its eval_dataset), logged with its
+        metrics named `prefix`/... (the registry's eval/... by default); returned under transformers' names
+        (`prefix`_..., on_evaluate's). Only the eval set's own evaluations under "eval" move state.best_metric."""
+        own = dataset is None
+        dataset = self.trainer.eval_dataset if own else dataset
+        if dataset is None:
             return {}
-        scalars = dict(self.trainer.evaluation(step))
+        scalars = prefixed(self.trainer.evaluation(step, dataset), prefix)
         self.log(scalars, step)
-        return self.callbacks.evaluated(scalars)
+        return self.callbacks.evaluated(scalars, prefix, track_best=own and prefix == EVAL_PREFIX)
 
-    def evaluate(self) -> dict[str, float]:
-        """An evaluation now, at the step training has reached (trainer.evaluate())."""
+    def evaluate(self, dataset=None, prefix: str = EVAL_PREFIX) -> dict[str, float]:
+        """An evaluation now, at the step training has reached (trainer.evaluate()): on `dataset` (tokenized; None:
+        the eval_dataset), its metrics named `prefix`/... in the run directory and `prefix`_... in what it returns."""
         with self.accelerator.autocast():
-            return self._evaluate(self.progress.step)
+            return self._evaluate(self.progress.step, dataset, prefix)
 
     def log(self, values: Mapping[str, float], step: int) -> None:
         """A row of `values` at `step`: metrics.jsonl, the trackers, state.log_history and on_log."""
         self.logger.log(values, step=step)
         self.callbacks.logged(step, values)
+
+    def add_loss(self, total, count=1) -> None:
+        """Add to the step's training loss (a sum and how many values it holds): the loss metric's window (start's
+        `loss`) and the step's entry in this call's losses, whose mean is train_loss."""
+        self.metrics.add(self.loss_metric, total, count)
+        self.losses.add(total, count)
+
+    def _end_of_training(self, call_start: float, first_step: int, first_episode: int) -> TrainOutput:
+        """The summary row of a train() call as transformers' Trainer logs it at the end of training
+        (Trainer._finalize_training, speed_metrics): train_runtime, train_samples_per_second (episodes generated
+        during the call), train_steps_per_second, total_flos (0.0: not counted, as TRL's GRPO reports), train_loss
+        (the mean of the call's step losses) and epoch, logged at the last step (metrics.jsonl, the trackers,
+        state.log_history, on_log). A collective. Returns train()'s TrainOutput(global_step, training_loss,
+        metrics)."""
+        progress, state = self.progress, self.callbacks.state
+        loss = self.losses.mean(self.accelerator)
+        runtime = time.time() - call_start
+        metrics = {M.TRAIN_RUNTIME.name: round(runtime, 4)}
+        if runtime > 0:
+            metrics[M.TRAIN_SAMPLES_PER_SECOND.name] = round((progress.episode - first_episode) / runtime, 3)
+            metrics[M.TRAIN_STEPS_PER_SECOND.name] = round((progress.step - first_step) / runtime, 3)
+        metrics |= {M.TOTAL_FLOS.name: 0.0, M.TRAIN_LOSS.name: loss}
+        if state.epoch is not None:
+            metrics[M.EPOCH.name] = state.epoch
+        state.total_flos = 0.0
+        self.log(metrics, progress.step)
+        return TrainOutput(progress.step, loss, metrics)
 
     def _log_window(self, step: int, scalars: Mapping[str, float]):
         """Reduce the window into one row; health checks; log it. Returns a finding that should stop training."""

@@ -28,16 +28,19 @@ def tokenize_datasets(
 ) -> tuple[Dataset, Dataset | None]:
     """The train and eval prompts with their token ids (data.tokenize_prompts: --dataset_text_field,
     --max_prompt_length, --prompt_overflow, --dataset_num_proc)."""
-    text, limit, overflow, procs = (
-        args.dataset_text_field,
-        args.max_prompt_length,
-        args.prompt_overflow,
-        args.dataset_num_proc,
-    )
-    train = tokenize_prompts(train_dataset, tokenizer, text, limit, "", overflow, num_proc=procs)
-    if eval_dataset is None:
-        return train, None
-    return train, tokenize_prompts(eval_dataset, tokenizer, text, limit, "eval ", overflow, num_proc=procs)
+    train = _tokenized(args, tokenizer, train_dataset, "")
+    return train, (None if eval_dataset is None else tokenize_eval_dataset(args, tokenizer, eval_dataset))
+
+
+def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset) -> Dataset:
+    """Evaluation prompts with their token ids, as the trainer's eval_dataset is tokenized (trainer.evaluate()'s
+    eval_dataset too)."""
+    return _tokenized(args, tokenizer, dataset, "eval ")
+
+
+def _tokenized(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, flag_prefix: str) -> Dataset:
+    text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
+    return tokenize_prompts(dataset, tokenizer, text, limit, flag_prefix, overflow, num_proc=args.dataset_num_proc)
 
 
 def prepare_trained(

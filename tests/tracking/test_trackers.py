@@ -167,8 +167,9 @@ def test_every_other_accelerate_tracker_gets_trls_keys(tiny_assets, tmp_path, mo
     build_ppo_trainer(args).train()
     assert logged[0] == ("project", "exp") and logged[1][0] == "config"
     rows = [values for step, values in logged[2:]]
-    assert [row["train/global_step"] for row in rows] == [1, 2, 3]
-    assert all({"train/objective/kl", "train/episode", "train/lr"} <= set(row) for row in rows)
+    assert [row["train/global_step"] for row in rows] == [1, 2, 3, 3]  # the updates, then train()'s summary row
+    assert all({"train/objective/kl", "train/episode", "train/lr"} <= set(row) for row in rows[:-1])
+    assert {"train/train_runtime", "train/train_loss", "train/total_flos"} <= set(rows[-1])  # as transformers sends
 
 
 def test_a_tracker_that_is_not_installed_says_how_to_install_it(monkeypatch):

@@ -96,7 +96,7 @@ def test_a_killed_runs_lock_does_not_block_the_next_run_which_holds_it_until_its
     trainer.train()
     assert not os.path.exists(lock_file) and locked_by(args.output_dir) is None  # ... to the end of training
     with open(os.path.join(args.output_dir, "metrics.jsonl")) as f:
-        assert [json.loads(line)["step"] for line in f] == [1]
+        assert [json.loads(line)["step"] for line in f] == [1, 1]  # the update's row, then train()'s summary row
 
     # Trainers built one after another in one process: the next run on the directory locks it again...
     again = build_ppo_trainer(small_config(tiny_assets, tmp_path, total_episodes=16, overwrite_output_dir=True))

@@ -150,7 +150,7 @@ class Counter(TrainerCallback, ExportableState):
 
 def test_resumed_run_continues_log_history_and_callback_state(tiny_assets, tmp_path):
     first = grpo_trainer(tiny_assets, tmp_path, [Counter(), Recorder(stop_at=2)], max_steps=4, save_steps=1)
-    first.train()
+    assert first.train().global_step == 2  # a callback's stop ends train() as the last step would
     args = grpo_config(tiny_assets, tmp_path, max_steps=4, save_steps=1, resume_from_checkpoint="latest")
     dataset = load_from_disk(str(tiny_assets / "prompts"))
     counter = Counter()
@@ -163,9 +163,16 @@ def test_resumed_run_continues_log_history_and_callback_state(tiny_assets, tmp_p
     )
     assert second.state.global_step == 2 and counter.count == 2
     assert second.state.log_history == read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
-    second.train(resume_from_checkpoint=args.resume_from_checkpoint)
+    output = second.train(resume_from_checkpoint=args.resume_from_checkpoint)
     assert second.state.global_step == 4 and counter.count == 4
-    assert second.state.log_history == read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    assert second.state.log_history == rows
+    # The second call's summary row: its own steps' loss (as transformers counts a resumed call), its own speed.
+    losses = [row["loss"] for row in rows if "loss" in row]  # steps 1-4, a row each
+    assert output.global_step == 4 and len(losses) == 4
+    assert output.training_loss == pytest.approx(sum(losses[2:]) / 2, rel=1e-9, abs=1e-12)
+    assert rows[-1] == {"step": 4, **output.metrics}
+    assert output.metrics["train_steps_per_second"] == pytest.approx(2 / output.metrics["train_runtime"], rel=1e-2)
 
 
 def test_constructor_arguments_rlhfkit_takes_otherwise(tiny_assets, tmp_path):
@@ -349,9 +356,9 @@ def test_sigterm_during_the_step_0_evaluation_saves_and_says_how_to_resume(tiny_
                            eval_steps=1)  # fmt: skip
     evaluation = trainer.evaluation
 
-    def signalled(step):
+    def signalled(step, dataset):
         os.kill(os.getpid(), signal.SIGTERM)  # as `kill` would, while the evaluation runs
-        return evaluation(step)
+        return evaluation(step, dataset)
 
     trainer.evaluation = signalled
     with pytest.raises(Interrupted) as info:

@@ -1,0 +1,134 @@
+"""transformers' Trainer contract on rlhfkit's trainers (trainers/api.py, run.py): train() returns a TrainOutput whose
+training_loss is the mean logged loss and ends with transformers' summary row; evaluate() on another dataset under
+another prefix."""
+
+import os
+
+import pytest
+import torch
+from datasets import load_from_disk
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.trainer_utils import TrainOutput
+
+from rlhfkit import GRPOTrainer, PPOConfig, PPOTrainer
+from rlhfkit.errors import ConfigError
+from rlhfkit.models import load_reward_model
+from tests.trainers.test_grpo import grpo_config
+from tests.trainers.test_trl_api import Recorder, read_jsonl
+
+# transformers' Trainer._finalize_training: speed_metrics("train", ...), total_flos, train_loss; log() adds epoch
+SUMMARY = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos", "train_loss", "epoch"}
+
+
+class Scored:
+    """A reward function (completion length / 10) that keeps every call's prompts and rewards."""
+
+    __name__ = "scored"
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, prompts, completions, **kwargs):
+        rewards = [len(c) / 10 for c in completions]
+        self.calls.append((list(prompts), rewards))
+        return rewards
+
+
+@pytest.fixture(scope="module")
+def grpo(tiny_assets, tmp_path_factory):
+    """A GRPO trainer trained 3 steps, a row every step; its TrainOutput, reward function and callback, and its
+    metrics.jsonl rows and log_history as train() left them."""
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    reward, recorder = Scored(), Recorder()
+    args = grpo_config(tiny_assets, tmp_path_factory.mktemp("grpo-contract"), max_steps=3, logging_steps=1)
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"),
+        reward,
+        args,
+        train_dataset=dataset["train"],
+        eval_dataset=dataset["test"].select(range(8)),
+        callbacks=[recorder],
+    )
+    output = trainer.train()
+    rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    return trainer, output, reward, recorder, rows, list(trainer.state.log_history), list(recorder.logs)
+
+
+def test_grpo_train_returns_the_mean_logged_loss_and_the_summary_row(grpo):
+    trainer, output, _, _, rows, history, logs = grpo
+    losses = [row["loss"] for row in rows if "loss" in row]  # one row per step (logging_steps=1)
+    assert isinstance(output, TrainOutput) and output.global_step == trainer.state.global_step == 3
+    assert len(losses) == 3 and output.training_loss == pytest.approx(sum(losses) / 3, rel=1e-9, abs=1e-12)
+    summary = history[-1]
+    assert set(summary) == SUMMARY | {"step"} and summary["step"] == 3
+    assert summary == rows[-1]  # written to metrics.jsonl as well
+    assert output.metrics == {k: v for k, v in summary.items() if k != "step"}
+    assert logs[-1] == (3, output.metrics)  # on_log with it, as transformers' log()
+    assert summary["train_loss"] == output.training_loss and summary["total_flos"] == 0.0
+    last = [row for row in rows if "episode" in row][-1]
+    runtime = summary["train_runtime"]
+    assert summary["epoch"] == last["epoch"] == trainer.state.epoch
+    assert summary["train_samples_per_second"] == pytest.approx(last["episode"] / runtime, rel=1e-2)
+    assert summary["train_steps_per_second"] == pytest.approx(3 / runtime, rel=1e-2)
+    state = trainer.state
+    assert (state.max_steps, state.num_train_epochs, state.total_flos) == (3, 1, 0.0)
+
+
+def test_evaluate_another_dataset_under_another_prefix(grpo, tiny_assets):
+    trainer, _, reward, recorder, *_ = grpo
+    other = load_from_disk(str(tiny_assets / "prompts"))["train"].select(range(5))
+    reward.calls.clear()
+    metrics = trainer.evaluate(eval_dataset=other, ignore_keys=["past_key_values"], metric_key_prefix="test")
+    # One greedy completion of each prompt of the dataset given, scored by the reward function.
+    prompts = [prompt for call, _ in reward.calls for prompt in call]
+    rewards = [value for _, values in reward.calls for value in values]
+    assert prompts == other["prompt"]
+    assert metrics == {"test_reward": pytest.approx(sum(rewards) / len(rewards))}
+    rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
+    assert rows[-1] == {"step": 3, "test/reward": metrics["test_reward"]}  # the registry's eval/reward, renamed
+    assert trainer.state.log_history[-1] == rows[-1] and recorder.evaluations[-1] == (3, metrics)
+    # The trainer's own eval set, under transformers' default prefix: its 8 prompts.
+    reward.calls.clear()
+    assert set(trainer.evaluate()) == {"eval_reward"}
+    assert sum(len(prompts) for prompts, _ in reward.calls) == 8
+    with pytest.raises(ConfigError, match="several evaluation sets"):
+        trainer.evaluate(eval_dataset={"a": other})
+
+
+def test_ppo_train_returns_the_mean_loss_it_logged(tiny_assets, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets / "tokenizer")
+    reward_model, _ = load_reward_model(str(tiny_assets / "reward"), tokenizer, torch.float32, flag="reward")
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    args = PPOConfig(
+        output_dir=str(tmp_path / "ppo"),
+        report_to=["none"],
+        total_episodes=24,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,  # an update of 8 episodes, two micro-batches
+        num_mini_batches=1,
+        response_length=8,
+        num_sample_generations=0,
+        save_steps=0,
+        logging_steps=1,
+        per_device_eval_batch_size=8,
+    )
+    trainer = PPOTrainer(
+        args=args,
+        processing_class=tokenizer,
+        model=AutoModelForCausalLM.from_pretrained(tiny_assets / "sft"),
+        reward_model=reward_model,
+        train_dataset=dataset["train"],
+        eval_dataset=dataset["test"].select(range(8)),
+    )
+    output = trainer.train()
+    rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    losses = [row["loss/total_avg"] for row in rows if "loss/total_avg" in row]  # one row per update
+    assert output.global_step == 3 and len(losses) == 3
+    assert output.training_loss == pytest.approx(sum(losses) / 3, rel=1e-9, abs=1e-12)
+    assert set(trainer.state.log_history[-1]) == SUMMARY | {"step"} and rows[-1] == trainer.state.log_history[-1]
+    assert output.metrics["train_steps_per_second"] == pytest.approx(3 / output.metrics["train_runtime"], rel=1e-2)
+    metrics = trainer.evaluate(eval_dataset=dataset["train"].select(range(4)), metric_key_prefix="test")
+    assert set(metrics) == {"test_scores"} and read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))[-1] == {
+        "step": 3,
+        "test/scores": metrics["test_scores"],
+    }
