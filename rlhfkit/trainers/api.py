@@ -10,7 +10,8 @@ steps of that call (a resumed run: its own steps) of the step's loss: GRPO's ``l
 loss each update minimised (policy plus vf_coef x value loss, pooled over its tokens; TRL's PPO returns nothing).
 
 Also what both constructors do with TRL's arguments that rlhfkit takes in another form (``peft_config``,
-``quantization_config``, ``optimizers``): :func:`trl_constructor_arguments`.
+``quantization_config``, ``optimizers``): :func:`trl_constructor_arguments`; and those it does not take yet
+(GRPO's agents): :func:`refuse_agent_arguments`.
 """
 
 from __future__ import annotations
@@ -25,9 +26,24 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 from rlhfkit.checkpoint import save_into
 from rlhfkit.errors import ConfigError
 from rlhfkit.lora import lora_flags
+from rlhfkit.tracking.rundir import LOCK_FILE, MUTEX_FILE
 from rlhfkit.trainers.callbacks import EVAL_PREFIX
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.shared import tokenize_eval_dataset
+
+# transformers' Trainer.push_to_hub hands its other keywords to create_model_card (TRL's scripts pass dataset_name);
+# rlhfkit writes no model card, so they are accepted and change nothing.
+MODEL_CARD_KEYWORDS = frozenset(
+    {"model_name", "dataset_name", "language", "license", "tags", "finetuned_from", "tasks", "dataset_tags", "dataset",
+     "dataset_args"}
+)  # fmt: skip
+# huggingface_hub's HfApi.upload_folder keywords push_to_hub passes on (repo_id, folder_path, commit_message, token,
+# revision and run_as_future come from its own arguments; the repository is a model repository).
+UPLOAD_KEYWORDS = frozenset(
+    {"path_in_repo", "commit_description", "create_pr", "parent_commit", "allow_patterns", "ignore_patterns",
+     "delete_patterns"}
+)  # fmt: skip
+NEVER_UPLOADED = (LOCK_FILE, MUTEX_FILE)  # the run directory's lock (tracking/rundir.py): whose run, not the model
 
 
 class TRLTrainerAPI:
@@ -64,6 +80,15 @@ class TRLTrainerAPI:
     def is_local_process_zero(self) -> bool:
         return self.run.accelerator.is_local_main_process
 
+    @property
+    def processing_class(self):
+        """The policy's tokenizer under TRL's name (``tokenizer`` is the same object)."""
+        return self.tokenizer
+
+    @processing_class.setter
+    def processing_class(self, value) -> None:
+        self.tokenizer = value
+
     # What a script calls around train().
     def check_resume_argument(self, resume_from_checkpoint: bool | str | None) -> None:
         """train(resume_from_checkpoint=...): rlhfkit restores a checkpoint while the trainer is built (the models and
@@ -82,7 +107,11 @@ class TRLTrainerAPI:
         )
 
     def log(self, logs: Mapping[str, float], start_time: float | None = None) -> None:
-        """Log `logs` at the step training has reached: metrics.jsonl, the trackers, state.log_history, on_log."""
+        """Log `logs` at the step training has reached: metrics.jsonl, the trackers, state.log_history, on_log.
+
+        start_time: transformers' Trainer adds speed metrics from it (train_runtime, train_tokens_per_second) only
+        with --include_num_input_tokens_seen, which rlhfkit does not take; so it changes nothing here, as in
+        transformers without that flag. The summary row of train() has its own (run.py)."""
         self.run.log(dict(logs), self.run.progress.step)
 
     def evaluate(
@@ -121,20 +150,53 @@ class TRLTrainerAPI:
         of training save them (the policy loads on its own; with LoRA the adapter)."""
         save_into(self.run.accelerator, output_dir or self.args.output_dir, self.run._model_writer())
 
-    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs: Any):
-        """Upload output_dir to the hub repository --hub_model_id (default: the output_dir's name under your user)."""
+    def push_to_hub(
+        self,
+        commit_message: str | None = "End of training",
+        blocking: bool = True,
+        token: str | None = None,
+        revision: str | None = None,
+        private: bool | None = None,
+        **kwargs: Any,
+    ):
+        """Upload output_dir to the hub repository --hub_model_id (default: the output_dir's name under your user), as
+        transformers' Trainer.push_to_hub does. Returns the commit's CommitInfo, or with blocking=False at once a
+        Future of it (huggingface_hub's run_as_future); None on processes other than the main one.
+
+        token: default --hub_token. revision: the branch to commit to (default main). private: the visibility of a
+        repository created now (default --hub_private_repo). kwargs: huggingface_hub's upload_folder keywords
+        path_in_repo, commit_description, create_pr, parent_commit, allow_patterns, ignore_patterns and
+        delete_patterns, passed on; transformers' model-card keywords (model_name, dataset_name, tags, ...) are
+        accepted and change nothing (rlhfkit writes no model card); any other is refused. The run directory's lock
+        files (.rlhfkit.lock, .rlhfkit.mutex) are never uploaded."""
         from huggingface_hub import HfApi
         from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
+        unknown = sorted(set(kwargs) - MODEL_CARD_KEYWORDS - UPLOAD_KEYWORDS)
+        if unknown:
+            raise ConfigError(
+                f"push_to_hub({', '.join(f'{name}=...' for name in unknown)}): not a keyword push_to_hub takes. It "
+                f"takes commit_message, blocking, token, revision, private, upload_folder's "
+                f"{', '.join(sorted(UPLOAD_KEYWORDS))}, and transformers' model-card keywords "
+                f"({', '.join(sorted(MODEL_CARD_KEYWORDS))}), which change nothing."
+            )
+        upload = {name: value for name, value in kwargs.items() if name in UPLOAD_KEYWORDS}
+        upload["ignore_patterns"] = [*_patterns(upload.get("ignore_patterns")), *NEVER_UPLOADED]
         repo_id = getattr(self.args, "hub_model_id", None) or os.path.basename(os.path.abspath(self.args.output_dir))
         self.run.accelerator.wait_for_everyone()
         if not self.is_world_process_zero():
             return None
-        api = HfApi(token=getattr(self.args, "hub_token", None))
+        api = HfApi(token=token if token is not None else getattr(self.args, "hub_token", None))
+        private = private if private is not None else getattr(self.args, "hub_private_repo", None)
         try:
-            api.create_repo(repo_id, private=getattr(self.args, "hub_private_repo", None), exist_ok=True)
+            api.create_repo(repo_id, private=private, exist_ok=True)
             return api.upload_folder(
-                repo_id=repo_id, folder_path=self.args.output_dir, commit_message=commit_message, run_as_future=False
+                repo_id=repo_id,
+                folder_path=self.args.output_dir,
+                commit_message=commit_message,
+                revision=revision,
+                run_as_future=not blocking,
+                **upload,
             )
         except (OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
             raise ConfigError(
@@ -151,6 +213,26 @@ class TRLTrainerAPI:
         """Finish the trackers (train() already did), release the run directory and end the process group of a
         multi-process launch (RunLogger.finish does all three)."""
         self.run.logger.finish()
+
+
+def _patterns(patterns: str | list[str] | None) -> list[str]:
+    """upload_folder's allow/ignore patterns (one, a list, or none) as a list."""
+    if patterns is None:
+        return []
+    return [patterns] if isinstance(patterns, str) else list(patterns)
+
+
+def refuse_agent_arguments(**arguments: Any) -> None:
+    """TRL 1.16's GRPOTrainer agent arguments (tools, rollout_func, environment_factory): None is accepted; anything
+    else exits 2, since rlhfkit does not train agents yet."""
+    given = [name for name, value in arguments.items() if value is not None]
+    if given:
+        raise ConfigError(
+            f"GRPOTrainer({', '.join(f'{name}=...' for name in given)}): rlhfkit does not train agents yet. TRL 1.16's "
+            "tools, environment_factory and rollout_func (multi-turn tool use and environments) are planned; until "
+            "then train on single-turn completions scored by reward functions (pass None), or train agents with "
+            "TRL's GRPOTrainer."
+        )
 
 
 def _same(wanted: str, run: TrainingRun) -> bool:

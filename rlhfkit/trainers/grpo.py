@@ -80,7 +80,7 @@ from rlhfkit.models import (
 from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, GRPOLossOutput
 from rlhfkit.rewards import RewardSources, reward_sources
 from rlhfkit.sampling import decode, sampling_config, terminator_ids
-from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
+from rlhfkit.trainers.api import TRLTrainerAPI, refuse_agent_arguments, trl_constructor_arguments
 from rlhfkit.trainers.async_generation import (
     AsyncGeneration,
     generating,
@@ -110,6 +110,8 @@ class GRPOTrainer(TRLTrainerAPI):
     task: a built-in ``Task`` whose checker measures true success (rollout/ and eval/task_success). The other
     arguments and the methods are TRL 1.16's (api.py: callbacks, state, save_model, evaluate, log, ...; peft_config
     is a LoRA config, which sets --use_peft and the lora_* fields; quantization_config a BitsAndBytesConfig).
+    tools, rollout_func, environment_factory: TRL 1.16's agent training, which rlhfkit does not do yet; anything but
+    None exits 2 with that reason.
     """
 
     def __init__(
@@ -125,8 +127,12 @@ class GRPOTrainer(TRLTrainerAPI):
         optimizers=(None, None),
         quantization_config=None,
         peft_config=None,
+        tools: Sequence[Callable] | None = None,
+        rollout_func: Callable | None = None,
+        environment_factory=None,
         task=None,
     ):
+        refuse_agent_arguments(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
         args = trl_constructor_arguments(args or GRPOConfig(), peft_config, quantization_config, optimizers)
         self.args = args  # a GRPOArguments: a TRL script's GRPOConfig gets the script and model groups' defaults
         if args.model_init_kwargs:  # TRL's script sets them after building the config

@@ -1,6 +1,6 @@
 """transformers' Trainer contract on rlhfkit's trainers (trainers/api.py, run.py): train() returns a TrainOutput whose
 training_loss is the mean logged loss and ends with transformers' summary row; evaluate() on another dataset under
-another prefix."""
+another prefix; push_to_hub's keywords; TRL 1.16's agent arguments refused with the reason."""
 
 import os
 
@@ -10,7 +10,7 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import TrainOutput
 
-from rlhfkit import GRPOTrainer, PPOConfig, PPOTrainer
+from rlhfkit import GRPOConfig, GRPOTrainer, PPOConfig, PPOTrainer
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import load_reward_model
 from tests.trainers.test_grpo import grpo_config
@@ -72,6 +72,7 @@ def test_grpo_train_returns_the_mean_logged_loss_and_the_summary_row(grpo):
     assert summary["train_steps_per_second"] == pytest.approx(3 / runtime, rel=1e-2)
     state = trainer.state
     assert (state.max_steps, state.num_train_epochs, state.total_flos) == (3, 1, 0.0)
+    assert trainer.processing_class is trainer.tokenizer
 
 
 def test_evaluate_another_dataset_under_another_prefix(grpo, tiny_assets):
@@ -93,6 +94,61 @@ def test_evaluate_another_dataset_under_another_prefix(grpo, tiny_assets):
     assert sum(len(prompts) for prompts, _ in reward.calls) == 8
     with pytest.raises(ConfigError, match="several evaluation sets"):
         trainer.evaluate(eval_dataset={"a": other})
+
+
+def test_log_takes_start_time(grpo):
+    trainer, *_ = grpo
+    trainer.log({"custom/value": 2.5}, start_time=0.0)  # no speed metrics: include_num_input_tokens_seen is off
+    assert trainer.state.log_history[-1] == {"step": 3, "custom/value": 2.5}
+
+
+class FakeHub:
+    """huggingface_hub.HfApi, recording what push_to_hub asks of it."""
+
+    calls = []
+
+    def __init__(self, token=None):
+        self.calls.append(("init", {"token": token}))
+
+    def create_repo(self, repo_id, **kwargs):
+        self.calls.append(("create_repo", {"repo_id": repo_id, **kwargs}))
+
+    def upload_folder(self, **kwargs):
+        self.calls.append(("upload_folder", kwargs))
+        return "future" if kwargs["run_as_future"] else "commit"
+
+
+def test_push_to_hub_passes_blocking_and_upload_keywords(grpo, monkeypatch):
+    import huggingface_hub
+
+    trainer, *_ = grpo
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeHub)
+    FakeHub.calls = []
+    result = trainer.push_to_hub(
+        "tiny run",
+        blocking=False,
+        token="hf_x",
+        revision="dev",
+        private=True,
+        ignore_patterns="*.jsonl",
+        create_pr=True,
+        dataset_name="tiny",  # TRL's scripts pass it, for transformers' model card
+    )
+    assert result == "future"
+    (_, init), (_, created), (_, upload) = FakeHub.calls
+    assert init == {"token": "hf_x"} and created["private"] is True and created["exist_ok"] is True
+    assert upload["run_as_future"] is True and upload["revision"] == "dev" and upload["create_pr"] is True
+    assert upload["commit_message"] == "tiny run" and upload["folder_path"] == trainer.args.output_dir
+    assert upload["ignore_patterns"] == ["*.jsonl", ".rlhfkit.lock", ".rlhfkit.mutex"]
+    assert created["repo_id"] == upload["repo_id"] == os.path.basename(trainer.args.output_dir)
+    FakeHub.calls = []
+    assert trainer.push_to_hub() == "commit"
+    assert FakeHub.calls[-1][1]["run_as_future"] is False
+    assert FakeHub.calls[-1][1]["ignore_patterns"] == [".rlhfkit.lock", ".rlhfkit.mutex"]
+    FakeHub.calls = []
+    with pytest.raises(ConfigError, match=r"push_to_hub\(repo_type=\.\.\.\): not a keyword"):
+        trainer.push_to_hub(repo_type="dataset")
+    assert FakeHub.calls == []  # refused before anything is asked of the hub
 
 
 def test_ppo_train_returns_the_mean_loss_it_logged(tiny_assets, tmp_path):
@@ -132,3 +188,21 @@ def test_ppo_train_returns_the_mean_loss_it_logged(tiny_assets, tmp_path):
         "step": 3,
         "test/scores": metrics["test_scores"],
     }
+    assert trainer.processing_class is tokenizer
+
+
+@pytest.mark.parametrize("argument", ["tools", "environment_factory", "rollout_func"])
+def test_agent_arguments_exit_with_the_reason(tiny_assets, tmp_path, argument):
+    dataset = load_from_disk(str(tiny_assets / "prompts"))["train"]
+    value = [len] if argument == "tools" else len
+    with pytest.raises(ConfigError, match=rf"GRPOTrainer\({argument}=\.\.\.\): rlhfkit does not train agents yet"):
+        GRPOTrainer(str(tiny_assets / "sft"), len, grpo_config(tiny_assets, tmp_path), dataset, **{argument: value})
+    assert not (tmp_path / "run").exists()  # refused before the run directory
+
+
+def test_max_tool_calling_iterations_is_taken_at_its_default_only():
+    assert GRPOConfig(max_tool_calling_iterations=None, report_to=["none"]).max_tool_calling_iterations is None
+    with pytest.raises(
+        ConfigError, match="max_tool_calling_iterations=3: must be unset: rlhfkit does not train agents"
+    ):
+        GRPOConfig(max_tool_calling_iterations=3, report_to=["none"])
