@@ -161,7 +161,8 @@ def test_a_run_resumes_past_a_damaged_weight_file(tiny_assets, tmp_path, capsys)
     assert "[rlhfkit] resuming from checkpoint-1" in err
     assert "checkpoint-3 failed verification (model.safetensors: sha256 differs" in err
     assert "checkpoint-2 failed verification (model.safetensors: truncated" in err
-    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if "episode" in row]  # the steps' rows (not train()'s summary row)
     assert steps == [1, 2, 3]  # steps 2 and 3 trained again, each logged once
     assert all(verify_checkpoint(out / f"checkpoint-{n}").ok for n in (1, 2, 3))  # rewritten intact
     assert (out / "model.safetensors").is_file()
