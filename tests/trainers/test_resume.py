@@ -176,7 +176,8 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_assets, tmp_path):
         [*resume, "--allow_config_change"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    steps_after = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    rows_after = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps_after = [row["step"] for row in rows_after if "episode" in row]  # not the resumed train()'s summary row
     assert steps_after == list(range(1, steps[-1] + 3))  # each step exactly once
     parts = [json.loads(line) for line in (out / "run_config_history.jsonl").read_text().splitlines()]
     assert [(p["part"], p["start_step"]) for p in parts] == [(1, 0), (2, steps[-1])]
