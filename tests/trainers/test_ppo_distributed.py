@@ -31,3 +31,8 @@ def test_two_processes_pool_metrics(tiny_assets, tmp_path):
         )
     evals = [r for r in rows if "eval/task_success" in r]
     assert evals and all(0 <= r["eval/task_success"] <= 1 for r in evals)
+    # train()'s summary row: its loss pools each update over both processes as loss/total_avg does.
+    summary = rows[-1]
+    assert summary["step"] == 2 and summary["total_flos"] == 0.0
+    losses = [r["loss/total_avg"] for r in updates]
+    assert summary["train_loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-9, abs=1e-12)
