@@ -175,7 +175,10 @@ class RunLogger:
 
         if self.is_main:
             # Also creates output_dir, which W&B writes into.
-            self.run_dir.prepare(config, resume=resume, resume_step=resume_step)
+            # train()'s summary row comes after its final checkpoint: a run resumed from that checkpoint logs its own
+            self.run_dir.prepare(
+                config, resume=resume, resume_step=resume_step, after_checkpoint=[M.TRAIN_RUNTIME.name]
+            )
         # Used only for trackers given by name; tracker objects from make_trackers carry their settings.
         init_kwargs = {
             "wandb": wandb_init_kwargs(run_name, self.output_dir, resume),

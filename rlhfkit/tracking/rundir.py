@@ -111,11 +111,20 @@ class RunDirectory:
     def __init__(self, output_dir: str | os.PathLike):
         self.path = Path(output_dir)
 
-    def prepare(self, config: Mapping[str, Any], resume: bool = False, resume_step: int | None = None) -> None:
+    def prepare(
+        self,
+        config: Mapping[str, Any],
+        resume: bool = False,
+        resume_step: int | None = None,
+        after_checkpoint: Sequence[str] = (),
+    ) -> None:
         """Create the directory and write run_config.json; a fresh run also empties the JSONL files.
 
         resume_step: a run resumed from the checkpoint of that step keeps the lines up to it and drops the later
         ones (logged after the checkpoint, before the run stopped), so the record holds each step exactly once.
+        after_checkpoint: keys of lines that are always logged after their step's checkpoint (the summary row that
+        ends a train() call, after its final checkpoint): at resume_step such lines are dropped too, as the resumed
+        call logs its own.
         """
         self.path.mkdir(parents=True, exist_ok=True)
         text = json.dumps(to_jsonable(config), indent=2)
@@ -127,11 +136,16 @@ class RunDirectory:
                 # A reused output_dir must not mix an old run's lines into the new run's record.
                 (self.path / name).write_text("", encoding="utf-8")
             elif resume_step is not None and (self.path / name).is_file():
-                self._keep_until(name, resume_step)
+                self._keep_until(name, resume_step, after_checkpoint)
 
-    def _keep_until(self, name: str, step: int) -> None:
+    def _keep_until(self, name: str, step: int, after_checkpoint: Sequence[str]) -> None:
         rows, _ = read_jsonl(self.path / name)  # drops a line torn by the crash
-        kept = [json.dumps(row) + "\n" for row in rows if row.get("step", 0) <= step]
+        kept = [
+            json.dumps(row) + "\n"
+            for row in rows
+            if row.get("step", 0) < step
+            or (row.get("step", 0) == step and not any(k in row for k in after_checkpoint))
+        ]
         tmp = self.path / (name + ".tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, self.path / name)

@@ -69,6 +69,20 @@ def test_resume_step_keeps_the_lines_up_to_it_and_drops_a_torn_one(tmp_path):
     assert math.isnan(rows[0]["b"])
 
 
+def test_resume_at_the_last_step_drops_the_summary_row_logged_after_its_checkpoint(tmp_path):
+    """A run killed after train()'s summary row (logged after the final checkpoint) and resumed from that checkpoint
+    keeps the step's own rows, not the ended call's summary: the resumed call logs its own."""
+    run = RunDirectory(tmp_path)
+    run.prepare({"lr": 0.1})
+    run.append_metrics(1, {"a": 1.0})
+    run.append_metrics(2, {"a": 2.0})
+    run.append_metrics(2, {"eval/reward": 0.5})
+    run.append_metrics(2, {"train_runtime": 3.0, "train_loss": 0.1})
+    RunDirectory(tmp_path).prepare({"lr": 0.1}, resume=True, resume_step=2, after_checkpoint=["train_runtime"])
+    rows, _ = read_jsonl(tmp_path / METRICS_FILE)
+    assert rows == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}, {"step": 2, "eval/reward": 0.5}]
+
+
 def test_read_jsonl_skips_blank_lines_and_reports_lines_that_are_not_objects(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_text('{"step": 1}\n\n[1, 2]\nnot json\n{"step": 2, "v": NaN}\n{"step": 3, "v": 1.', encoding="utf-8")
