@@ -31,10 +31,7 @@ _NOT_SETTINGS = {"task_type", "peft_type", "base_model_name_or_path", "revision"
 def lora_config(args, task_type: str, **fields: Any):
     """peft's LoraConfig of the LoRA flags of `args` (a ModelConfig, or a config holding its fields) for an adapter
     of `task_type`; `fields`: LoraConfig fields set otherwise (they replace the flags' values)."""
-    try:
-        from peft import LoraConfig
-    except ImportError as e:
-        raise ConfigError("use_peft needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
+    LoraConfig = _lora_config_class("use_peft")
     values = {name: getattr(args, flag) for name, flag in LORA_FLAGS.items()}
     if values["target_modules"] == ["all-linear"]:
         values["target_modules"] = "all-linear"  # peft's shorthand is a string; a list holds module names
@@ -44,10 +41,7 @@ def lora_config(args, task_type: str, **fields: Any):
 def lora_flags(peft_config) -> dict[str, Any]:
     """The flags of a peft LoraConfig (a TRL trainer's ``peft_config``): use_peft and the lora_* values. A
     ConfigError for another PEFT method, or for a LoraConfig setting that no flag carries."""
-    try:
-        from peft import LoraConfig
-    except ImportError as e:
-        raise ConfigError("peft_config needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
+    LoraConfig = _lora_config_class("peft_config")
     if not isinstance(peft_config, LoraConfig):
         raise ConfigError(
             f"peft_config is a {type(peft_config).__name__}: rlhfkit trains LoRA adapters only (its reference "
@@ -74,3 +68,12 @@ def lora_flags(peft_config) -> dict[str, Any]:
     if values["lora_modules_to_save"] is not None:
         values["lora_modules_to_save"] = list(values["lora_modules_to_save"])
     return {"use_peft": True, **values}
+
+
+def _lora_config_class(needed_by: str) -> type:
+    """peft's LoraConfig, or a ConfigError naming what needs it (`needed_by`) and how to install peft."""
+    try:
+        from peft import LoraConfig
+    except ImportError as e:
+        raise ConfigError(f"{needed_by} needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
+    return LoraConfig
