@@ -90,28 +90,13 @@ class TRLTrainerAPI:
         self.tokenizer = value
 
     # What a script calls around train().
-    def check_resume_argument(self, resume_from_checkpoint: bool | str | None) -> None:
-        """train(resume_from_checkpoint=...): rlhfkit restores a checkpoint while the trainer is built (the models and
-        optimizer are restored before the first step), so the argument must name what the config named."""
-        if resume_from_checkpoint in (None, False):
-            return
-        wanted = "latest" if resume_from_checkpoint is True else str(resume_from_checkpoint)
-        given = self.args.resume_from_checkpoint
-        if given is not None and (wanted == given or self.run.resume is not None and _same(wanted, self.run)):
-            return
-        raise ConfigError(
-            f"train(resume_from_checkpoint={resume_from_checkpoint!r}) but the trainer was built with "
-            f"resume_from_checkpoint={given!r}: rlhfkit restores the checkpoint while the trainer is built. Set "
-            f"args.resume_from_checkpoint={wanted!r} (--resume_from_checkpoint {wanted}) before building the trainer, "
-            "and call train() (or train(resume_from_checkpoint=args.resume_from_checkpoint), as TRL's scripts do)."
-        )
-
     def log(self, logs: Mapping[str, float], start_time: float | None = None) -> None:
         """Log `logs` at the step training has reached: metrics.jsonl, the trackers, state.log_history, on_log.
 
         start_time: transformers' Trainer adds speed metrics from it (train_runtime, train_tokens_per_second) only
         with --include_num_input_tokens_seen, which rlhfkit does not take; so it changes nothing here, as in
         transformers without that flag. The summary row of train() has its own (run.py)."""
+        self.run.begin()
         self.run.log(dict(logs), self.run.progress.step)
 
     def evaluate(
@@ -143,6 +128,7 @@ class TRLTrainerAPI:
                 "or to evaluate()."
             )
         dataset = None if eval_dataset is None else tokenize_eval_dataset(self.args, self.tokenizer, eval_dataset)
+        self.run.begin()
         return self.run.evaluate(dataset, metric_key_prefix)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -211,8 +197,11 @@ class TRLTrainerAPI:
 
     def end(self) -> None:
         """Finish the trackers (train() already did), release the run directory and end the process group of a
-        multi-process launch (RunLogger.finish does all three)."""
-        self.run.logger.finish()
+        multi-process launch (RunLogger.finish does all three); a run that never began only releases the directory."""
+        if self.run.logger is None:
+            self.run.release_lock()
+        else:
+            self.run.logger.finish()
 
 
 def _patterns(patterns: str | list[str] | None) -> list[str]:
@@ -233,15 +222,6 @@ def refuse_agent_arguments(**arguments: Any) -> None:
             "then train on single-turn completions scored by reward functions (pass None), or train agents with "
             "TRL's GRPOTrainer."
         )
-
-
-def _same(wanted: str, run: TrainingRun) -> bool:
-    from rlhfkit.checkpoint import resolve_checkpoint
-
-    try:
-        return resolve_checkpoint(wanted, run.args.output_dir) == run.resume.path
-    except ConfigError:
-        return False
 
 
 def trl_constructor_arguments(

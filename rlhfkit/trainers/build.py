@@ -20,6 +20,7 @@ from rlhfkit.rewards import resolve_reward_funcs
 from rlhfkit.tasks import Assets, builtin_assets, load_task
 from rlhfkit.trainers.grpo import GRPOTrainer
 from rlhfkit.trainers.ppo import PPOTrainer
+from rlhfkit.trainers.resume import refuse_other_run, resolve_output_dir
 
 MODEL_FLAGS = ("model_name_or_path", "sft_model_path", "reward_model_path", "value_model_path", "model_name")
 
@@ -206,7 +207,11 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
 
 
 def build_trainer(args: TrainConfig, explicit: set[str] | frozenset[str] = frozenset()):
-    """The trainer of the algorithm `args` configures: a GRPOTrainer for a GRPOConfig, else a PPOTrainer."""
+    """The trainer of the algorithm `args` configures: a GRPOTrainer for a GRPOConfig, else a PPOTrainer. An
+    output_dir that another run holds is refused first (the trainer would refuse a finished one only when training
+    begins, after the models load)."""
+    resolve_output_dir(args)
+    refuse_other_run(args)
     if isinstance(args, GRPOConfig):
         return build_grpo_trainer(args, explicit)
     return build_ppo_trainer(args, explicit)

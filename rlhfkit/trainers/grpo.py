@@ -178,14 +178,7 @@ class GRPOTrainer(TRLTrainerAPI):
         sizes = self.sizes
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
-        run.start(
-            self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks, loss=M.LOSS
-        )  # restores a checkpoint
-        if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
-            with run.gathered(self.model) as policy:
-                self.generation_worker.load(
-                    policy, self.sampling_config(args.max_completion_length), run.progress.step
-                )
+        run.start(self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks, loss=M.LOSS)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -241,8 +234,12 @@ class GRPOTrainer(TRLTrainerAPI):
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
         """Train to the end (or a callback's stop); returns transformers' TrainOutput(global_step, training_loss,
         metrics), training_loss the mean of the logged loss over the optimizer steps of this call (api.py)."""
-        self.check_resume_argument(resume_from_checkpoint)
-        args, sizes, progress = self.args, self.sizes, self.run.progress
+        run = self.run
+        run.begin(resume_from_checkpoint)  # restores the checkpoint being resumed; opens the run directory
+        args, sizes, progress = self.args, self.sizes, run.progress
+        if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
+            with run.gathered(self.model) as policy:
+                self.generation_worker.load(policy, self.sampling_config(args.max_completion_length), progress.step)
         # Every process draws the same prompts (the whole generation batch) and keeps its slice of the completions.
         prompts = endless_batches(
             len(self.train_dataset), sizes.prompts, args.seed, skip=progress.generations, shuffle=args.shuffle_dataset

@@ -223,12 +223,7 @@ class PPOTrainer(TRLTrainerAPI):
         # Per-source rewards/<name>/mean|std only with reward functions: a reward model alone logs TRL's keys alone.
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
-        run.start(  # restores a checkpoint
-            self, num_updates, extra_metrics, "update", epoch_ends, callbacks, loss=M.LOSS_TOTAL_AVG
-        )
-        if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
-            with run.gathered(self.model) as model:
-                self.generation_worker.load(model.policy, self.sampling_config(), run.progress.step)
+        run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks, loss=M.LOSS_TOTAL_AVG)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -313,8 +308,11 @@ class PPOTrainer(TRLTrainerAPI):
         """Train to the end (or a callback's stop); returns transformers' TrainOutput(global_step, training_loss,
         metrics), training_loss the mean over the updates of this call of loss/total_avg, the loss each update
         minimised (policy loss plus vf_coef x value loss, pooled over its tokens; api.py)."""
-        self.check_resume_argument(resume_from_checkpoint)
         args, sizes, run, acc = self.args, self.sizes, self.run, self.accelerator
+        run.begin(resume_from_checkpoint)  # restores the checkpoint being resumed; opens the run directory
+        if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
+            with run.gathered(self.model) as model:
+                self.generation_worker.load(model.policy, self.sampling_config(), run.progress.step)
         prompts = endless_batches(
             len(self.train_dataset),
             sizes.local_batch_size,

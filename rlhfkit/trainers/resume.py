@@ -36,7 +36,8 @@ from rlhfkit.tracking.rundir import (
 
 
 def resolve_output_dir(args: TrainConfig) -> str:
-    """Fill in run_name and output_dir, and refuse an output_dir holding another run (nothing is written yet).
+    """Fill in run_name and output_dir, and refuse an output_dir another live run holds (nothing is written yet);
+    refuse_other_run refuses one that holds a finished or stopped run.
 
     A run is only continued with --resume_from_checkpoint and only replaced with --overwrite_output_dir: losing a
     finished run's logs to a repeated command is the kind of mistake that costs a day of compute.
@@ -52,13 +53,19 @@ def resolve_output_dir(args: TrainConfig) -> str:
     # looks: the others would see their own main process's lock, taken at the end of TrainingRun().)
     if int(os.environ.get("RANK", "0")) == 0 and (holder := locked_by(args.output_dir)) is not None:
         raise RunLockedError(locked_message(args.output_dir, holder))
+    return args.output_dir
+
+
+def refuse_other_run(args: TrainConfig) -> None:
+    """Refuse an output_dir that holds another run, unless the run resumes it or replaces it. Checked when the run
+    begins (train(), whose resume_from_checkpoint may name a checkpoint the trainer was not built with), and by the
+    command line before any model loads."""
     if holds_run(args.output_dir) and not (args.resume_from_checkpoint or args.overwrite_output_dir):
         held = [name for name in (CONFIG_FILE, METRICS_FILE) if os.path.isfile(os.path.join(args.output_dir, name))]
         raise ConfigError(
             f"--output_dir {args.output_dir} already holds a run ({', '.join(held)}). Continue it with "
             "--resume_from_checkpoint latest, replace it with --overwrite_output_dir, or choose another --output_dir."
         )
-    return args.output_dir
 
 
 # Settings a resumed run may change without --allow_config_change: where things are written and named, what is

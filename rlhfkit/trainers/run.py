@@ -1,9 +1,10 @@
 """The run lifecycle both trainers hold: everything a training run does around its algorithm, in one object.
 
 A trainer builds a :class:`TrainingRun` first: it resolves output_dir, reads the checkpoint to resume from and
-creates the accelerator with the trackers, and writes nothing. The trainer then prepares its models and calls
-:meth:`TrainingRun.start`, which restores the checkpoint and opens the run directory, the trackers and the health
-watch. Its ``train()`` loops over :meth:`TrainingRun.steps` with its own numbered phases, adds raw metric sums to
+creates the accelerator with the trackers, and writes nothing. The trainer then prepares its models and hands itself
+to :meth:`TrainingRun.start`. The run begins when train() calls :meth:`TrainingRun.begin` (or an evaluate() or log()
+before it): it restores the checkpoint (train()'s resume_from_checkpoint may name another, as in transformers) and
+opens the run directory, the trackers and the health watch. ``train()`` then loops over :meth:`TrainingRun.steps` with its own numbered phases, adds raw metric sums to
 ``run.metrics`` and ends each step with :meth:`TrainingRun.end_step`, where the logging window, health checks,
 progress, evaluation, checkpoints and early stops happen the same way for PPO and GRPO. After the last step the run
 logs transformers' summary row of the train() call (train_runtime, ..., train_loss: the mean of the losses the trainer
@@ -47,6 +48,7 @@ from rlhfkit.checkpoint import (
     checkpoint_path,
     load_optimizer,
     load_process_state,
+    resolve_checkpoint,
     save_checkpoint,
     save_into,
     set_rng_state,
@@ -86,6 +88,7 @@ from rlhfkit.trainers.resume import (
     Resume,
     check_changes,
     recorded_config,
+    refuse_other_run,
     resolve_output_dir,
     resume_from,
     unsafe_changes,
@@ -224,12 +227,11 @@ class TrainingRun:
         if self.lock is not None:
             self.lock.release()
 
-    def _make_accelerator(self) -> tuple[Accelerator, Engine]:
-        """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process), and
-        the engine it runs (the launch's)."""
+    def _trackers(self) -> list:
+        """The run's tracker objects (nothing starts until the run begins): a resumed run continues its W&B run."""
         args = self.args
         tracker_ids = self.resume.state.get("tracker_ids", {}) if self.resume is not None else {}
-        trackers = make_trackers(
+        return make_trackers(
             self.report_to,
             project=args.project,
             run_name=args.run_name,
@@ -238,6 +240,11 @@ class TrainingRun:
             resume=self.resume is not None,
             wandb_id=tracker_ids.get("wandb"),
         )
+
+    def _make_accelerator(self) -> tuple[Accelerator, Engine]:
+        """An Accelerator holding the run's trackers, with every library's RNG seeded (differently per process), and
+        the engine it runs (the launch's)."""
+        args = self.args
         precision = mixed_precision(args.bf16, args.fp16)
         if precision == "fp16" and not torch.cuda.is_available():
             raise ConfigError(
@@ -248,7 +255,7 @@ class TrainingRun:
         # a run is a fresh start (a notebook's second trainer, a test), so forget it. The process group (PartialState)
         # stays.
         AcceleratorState._reset_state()
-        accelerator, engine = make_accelerator(args, precision, trackers)
+        accelerator, engine = make_accelerator(args, precision, self._trackers())
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if accelerator.num_processes != launched:  # each process would train alone: N copies of one run
             raise ConfigError(
@@ -271,7 +278,8 @@ class TrainingRun:
         *,
         loss: M.Metric,
     ) -> None:
-        """Restore the checkpoint being resumed (if any), then open the run directory, trackers and health watch.
+        """What the run needs from its trainer, at the end of the trainer's construction (then on_init_end). The run
+        begins later (:meth:`begin`).
 
         num_steps: steps of the whole run. extra_metrics: template expansions the trainer logs (per-reward-function
         metrics). unit: what the progress bar counts ("update" for PPO). epoch_ends: the steps that end a pass over
@@ -302,6 +310,23 @@ class TrainingRun:
             is_local_process_zero=acc.is_local_main_process,
             is_world_process_zero=acc.is_main_process,
         )
+        self.callbacks.event("on_init_end")
+
+    def begin(self, resume_from_checkpoint: bool | str | None = None) -> None:
+        """Begin the run, once, when it first needs its directory (train(); an evaluate() or log() before it): refuse
+        an output_dir holding another run, restore the checkpoint being resumed, then open the run directory, the
+        trackers and the health watch.
+
+        resume_from_checkpoint: train()'s, as transformers' Trainer takes it: a checkpoint path, True or "latest"
+        (the newest in output_dir), resumed instead of the one the trainer was built with (args.resume_from_checkpoint,
+        which it then becomes); None or False: the trainer's. Once the run has begun, only the checkpoint it resumed
+        (ConfigError for another)."""
+        if resume_from_checkpoint not in (None, False):
+            self._resume_instead(resume_from_checkpoint)
+        if self.logger is not None:
+            return
+        args, acc = self.args, self.accelerator
+        refuse_other_run(args)
         if self.resume is not None:
             self._restore(self.resume)
         self.logger = _RunLogger(
@@ -335,7 +360,26 @@ class TrainingRun:
                 highlight=False,
                 soft_wrap=True,
             )
-        self.callbacks.event("on_init_end")
+
+    def _resume_instead(self, checkpoint: bool | str) -> None:
+        """train(resume_from_checkpoint=checkpoint): resume it (and compare its config, as a resume at construction
+        does) unless it is the checkpoint the run already resumes."""
+        args = self.args
+        wanted = "latest" if checkpoint is True else str(checkpoint)
+        if self.resume is not None and resolve_checkpoint(wanted, args.output_dir) == self.resume.path:
+            return
+        if self.logger is not None:
+            raise ConfigError(
+                f"train(resume_from_checkpoint={checkpoint!r}) after the run began (an earlier train(), evaluate() or "
+                "log() call opened it): a checkpoint is restored before the run's first row. Call "
+                "train(resume_from_checkpoint=...) first, or build the trainer with args.resume_from_checkpoint="
+                f"{wanted!r}."
+            )
+        args.resume_from_checkpoint = wanted
+        self.config = recorded_config(args)
+        self.resume = resume_from(args)
+        self.changes = check_changes(self.resume, self.config, args)
+        self.accelerator.log_with = self._trackers()  # started when the run begins: continue the checkpoint's W&B run
 
     def _restore(self, resume: Resume) -> None:
         """Weights, optimizer, the trainer's own state, the unfinished logging window, counters and RNG states

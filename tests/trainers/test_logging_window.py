@@ -58,6 +58,7 @@ def pooled_row(states):
 def train(trainer):
     """Train; return (training rows of metrics.jsonl, per-step raw states, histograms logged per row)."""
     run = trainer.run
+    run.begin()  # opens the logger wrapped below (train() would)
     states, histograms = [], []
     reduce, log_histograms = run.metrics.reduce, run.logger.log_histograms
 

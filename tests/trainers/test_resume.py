@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
 from tests.helpers import asset_flags
 from tests.trainers.test_grpo import grpo_config
@@ -36,6 +37,14 @@ def weights(output_dir, name="model.safetensors"):
 def resume_from(run_dir, checkpoint_step, tmp_path, make_config, build):
     """Copy a finished run as it stood when checkpoint-<step> was written plus the rows logged after it (as after
     a crash), resume it, and return the resumed run's directory."""
+    copy = crashed_copy(run_dir, checkpoint_step, tmp_path)
+    args = make_config(copy, resume_from_checkpoint="latest")
+    build(args, set()).train()
+    return copy
+
+
+def crashed_copy(run_dir, checkpoint_step, tmp_path):
+    """A copy of a finished run as it stood after a crash just after checkpoint-<step> and the rows logged after it."""
     copy = tmp_path / "resumed"
     shutil.copytree(run_dir, copy)
     for name in os.listdir(copy):  # the final model and later checkpoints did not exist yet
@@ -44,8 +53,6 @@ def resume_from(run_dir, checkpoint_step, tmp_path, make_config, build):
         if later or name in final:
             path = copy / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-    args = make_config(copy, resume_from_checkpoint="latest")
-    build(args, set()).train()
     return copy
 
 
@@ -89,6 +96,36 @@ def test_grpo_resumes_exactly_mid_batch_and_mid_window(tiny_assets, tmp_path):
     resumed = resume_from(original, 3, tmp_path, make_config, build_grpo_trainer)
     assert [r["step"] for r in rows_of(resumed) if "loss" in r] == [2, 4, 6]
     assert_same_run(original, resumed, ["model.safetensors"])
+
+
+def test_train_resumes_the_checkpoint_it_names_on_a_trainer_built_for_a_fresh_run(tiny_assets, tmp_path):
+    # transformers' way: build the trainer as for a new run, then train(resume_from_checkpoint=<a checkpoint's path>).
+    def make_config(out, **extra):
+        return grpo_config(
+            tiny_assets, tmp_path, output_dir=str(out), max_steps=4, num_iterations=2, logging_steps=2, save_steps=1,
+            **extra,
+        )  # fmt: skip
+
+    original = tmp_path / "original"
+    build_grpo_trainer(make_config(original), set()).train()
+    copy = crashed_copy(original, 2, tmp_path)
+    trainer = build_grpo_trainer(make_config(copy), set())  # no resume_from_checkpoint in its config
+    assert trainer.state.global_step == 0  # nothing restored until train(), as in transformers
+    output = trainer.train(resume_from_checkpoint=str(copy / "checkpoint-2"))
+    assert output.global_step == 4 and trainer.args.resume_from_checkpoint == str(copy / "checkpoint-2")
+    assert [r["step"] for r in rows_of(copy) if "loss" in r] == [2, 4]
+    assert_same_run(original, copy, ["model.safetensors"])
+
+
+def test_a_fresh_trainer_on_a_finished_run_is_refused_when_it_trains(tiny_assets, tmp_path):
+    out = tmp_path / "run"
+    build_grpo_trainer(grpo_config(tiny_assets, tmp_path, output_dir=str(out), max_steps=1), set()).train()
+    before = (out / "metrics.jsonl").read_text()
+    trainer = build_grpo_trainer(grpo_config(tiny_assets, tmp_path, output_dir=str(out), max_steps=2), set())
+    with pytest.raises(ConfigError, match="already holds a run"):
+        trainer.train()
+    trainer.end()
+    assert (out / "metrics.jsonl").read_text() == before and not (out / ".rlhfkit.lock").exists()
 
 
 def test_grpo_resumes_exactly_mid_generation_with_a_synced_reference(tiny_assets, tmp_path):
@@ -189,6 +226,7 @@ def test_sigint_saves_a_checkpoint_and_the_run_resumes(tiny_assets, tmp_path):
 def test_a_failing_tracker_is_dropped_and_training_goes_on(tiny_assets, tmp_path, capsys):
     args = small_config(tiny_assets, tmp_path, report_to=["tensorboard", "trackio"], total_episodes=48)
     trainer = build_ppo_trainer(args)
+    trainer.run.begin()  # the trackers start when the run begins (train() would)
     writer = trainer.accelerator.get_tracker("tensorboard", unwrap=True)
     calls = []
 
