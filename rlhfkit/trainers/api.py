@@ -106,17 +106,14 @@ class TRLTrainerAPI:
         trainer's eval_dataset is), else on the trainer's eval_dataset; logged at the step training has reached and
         returned under transformers' names, ``{metric_key_prefix}_{name}``: eval_reward, eval_task_success (PPO:
         eval_scores). Another prefix renames the logged metrics too: "test" logs test/reward (metrics.jsonl, and
-        test/reward in the trackers, where transformers' callbacks send test_* keys) and returns test_reward. Only
-        the trainer's own eval_dataset under "eval" moves state.best_metric (--metric_for_best_model).
+        test/reward in the trackers, where transformers' callbacks send test_* keys) and returns test_reward. Several
+        named sets (a dict or DatasetDict, given here or to the trainer) are evaluated one by one under
+        ``{metric_key_prefix}_{set name}``, as transformers does: eval_easy/reward logged, eval_easy_reward returned.
+        Only the trainer's own eval_dataset under "eval" moves state.best_metric (--metric_for_best_model).
 
         ignore_keys: in transformers, the keys of the model's outputs left out of the predictions gathered for
         compute_metrics. rlhfkit's evaluation generates completions and scores them, gathering no model outputs,
         so the argument has no effect."""
-        if isinstance(eval_dataset, Mapping):
-            raise ConfigError(
-                "evaluate(eval_dataset={...}): several evaluation sets at once are not supported yet. Call "
-                "evaluate(eval_dataset=dataset, metric_key_prefix=f'eval_{name}') once per set."
-            )
         if not isinstance(metric_key_prefix, str) or not metric_key_prefix or "/" in metric_key_prefix:
             raise ConfigError(
                 f"evaluate(metric_key_prefix={metric_key_prefix!r}): a prefix is a name without '/', such as 'eval' "

@@ -123,20 +123,19 @@ class Callbacks:
         self.state.log_history.append({"step": step, **row})
         self.event("on_log", logs=dict(row))
 
-    def evaluated(
-        self, scalars: Mapping[str, float], prefix: str = EVAL_PREFIX, track_best: bool = True
-    ) -> dict[str, float]:
+    def evaluated(self, scalars: Mapping[str, float], prefix: str = EVAL_PREFIX) -> dict[str, float]:
         """An evaluation ended with `scalars` (as logged, `prefix`/...): on_evaluate with transformers' names,
-        returned; with `track_best`, state.best_metric follows --metric_for_best_model."""
+        returned."""
         metrics = eval_metric_names(scalars, prefix)
         self.event("on_evaluate", metrics=metrics)
-        if track_best and self.args.metric_for_best_model:
-            self._track_best(metrics)
         return metrics
 
-    def _track_best(self, metrics: Mapping[str, float]) -> None:
-        """state.best_metric and best_global_step after an evaluation, as transformers' Trainer keeps them (after
+    def track_best(self, metrics: Mapping[str, float]) -> None:
+        """state.best_metric and best_global_step after an evaluation of the eval set (`metrics`: transformers'
+        names, every named set's), as transformers' Trainer keeps them with --metric_for_best_model (after
         on_evaluate, so a callback compares the new value with the best before it)."""
+        if not self.args.metric_for_best_model:
+            return
         name = self.args.metric_for_best_model.removeprefix("eval/").removeprefix("eval_")
         key, state = f"eval_{name}", self.state
         if key not in metrics:

@@ -591,14 +591,23 @@ class TrainingRun:
     def _evaluate(self, step: int, dataset=None, prefix: str = EVAL_PREFIX) -> dict[str, float]:
         """The trainer's evaluation at `step` on `dataset` (tokenized; None: its eval_dataset), logged with its
         metrics named `prefix`/... (the registry's eval/... by default); returned under transformers' names
-        (`prefix`_..., on_evaluate's). Only the eval set's own evaluations under "eval" move state.best_metric."""
+        (`prefix`_..., on_evaluate's). Several named sets (a dict) are evaluated one by one under `prefix`_<name>, as
+        transformers' Trainer does: eval_easy/reward logged, eval_easy_reward returned. Only the eval set's own
+        evaluations under "eval" move state.best_metric (over every set's metrics together)."""
         own = dataset is None
         dataset = self.trainer.eval_dataset if own else dataset
         if dataset is None:
             return {}
-        scalars = prefixed(self.trainer.evaluation(step, dataset), prefix)
-        self.log(scalars, step)
-        return self.callbacks.evaluated(scalars, prefix, track_best=own and prefix == EVAL_PREFIX)
+        named = dataset.items() if isinstance(dataset, Mapping) else [(None, dataset)]
+        metrics = {}
+        for name, part in named:
+            part_prefix = prefix if name is None else f"{prefix}_{name}"
+            scalars = prefixed(self.trainer.evaluation(step, part), part_prefix)
+            self.log(scalars, step)
+            metrics |= self.callbacks.evaluated(scalars, part_prefix)
+        if own and prefix == EVAL_PREFIX:
+            self.callbacks.track_best(metrics)
+        return metrics
 
     def evaluate(self, dataset=None, prefix: str = EVAL_PREFIX) -> dict[str, float]:
         """An evaluation now, at the step training has reached (trainer.evaluate()): on `dataset` (tokenized; None:

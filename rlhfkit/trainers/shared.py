@@ -4,8 +4,8 @@ engine, generating the evaluation's completions and counting true success. Each 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import NamedTuple, TypeAlias
 
 import torch
 from datasets import Dataset
@@ -13,6 +13,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit.data import tokenize_prompts
+from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import enable_gradient_checkpointing
@@ -22,20 +23,33 @@ from rlhfkit.sampling import Chunk, complete
 from rlhfkit.tracking.progress import progress_bar
 from rlhfkit.trainers.run import TrainingRun
 
+EvalDatasets: TypeAlias = "Dataset | Mapping[str, Dataset]"  # one evaluation set, or several by name
+
 
 def tokenize_datasets(
-    args, tokenizer: PreTrainedTokenizerBase, train_dataset: Dataset, eval_dataset: Dataset | None
-) -> tuple[Dataset, Dataset | None]:
+    args, tokenizer: PreTrainedTokenizerBase, train_dataset: Dataset, eval_dataset: EvalDatasets | None
+) -> tuple[Dataset, EvalDatasets | None]:
     """The train and eval prompts with their token ids (data.tokenize_prompts: --dataset_text_field,
     --max_prompt_length, --prompt_overflow, --dataset_num_proc)."""
     train = _tokenized(args, tokenizer, train_dataset, "")
     return train, (None if eval_dataset is None else tokenize_eval_dataset(args, tokenizer, eval_dataset))
 
 
-def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset) -> Dataset:
+def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: EvalDatasets) -> EvalDatasets:
     """Evaluation prompts with their token ids, as the trainer's eval_dataset is tokenized (trainer.evaluate()'s
-    eval_dataset too)."""
-    return _tokenized(args, tokenizer, dataset, "eval ")
+    eval_dataset too). Several named sets (a dict or DatasetDict, as transformers' Trainer takes them: each is
+    evaluated and logged under eval_<name>) give a dict of the same names."""
+    if not isinstance(dataset, Mapping):
+        return _tokenized(args, tokenizer, dataset, "eval ")
+    if not dataset:
+        raise ConfigError("eval_dataset={}: no evaluation set. Pass a dataset, a dict of named datasets, or None.")
+    for name in dataset:
+        if not isinstance(name, str) or not name or "/" in name:
+            raise ConfigError(
+                f"eval_dataset: the set name {name!r} must be a non-empty string without '/': its metrics are "
+                "logged as eval_<name>/... (e.g. {'easy': ..., 'hard': ...})."
+            )
+    return {name: _tokenized(args, tokenizer, part, f"eval {name!r} ") for name, part in dataset.items()}
 
 
 def _tokenized(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, flag_prefix: str) -> Dataset:

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from datasets import load_from_disk
+from datasets import DatasetDict, load_from_disk
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.trainer_utils import TrainOutput
 
@@ -92,8 +92,40 @@ def test_evaluate_another_dataset_under_another_prefix(grpo, tiny_assets):
     reward.calls.clear()
     assert set(trainer.evaluate()) == {"eval_reward"}
     assert sum(len(prompts) for prompts, _ in reward.calls) == 8
-    with pytest.raises(ConfigError, match="several evaluation sets"):
-        trainer.evaluate(eval_dataset={"a": other})
+    # Several named sets at once, each under {prefix}_{name} as transformers' Trainer.evaluate names them.
+    reward.calls.clear()
+    metrics = trainer.evaluate(eval_dataset={"a": other.select(range(2)), "b": other}, metric_key_prefix="test")
+    assert set(metrics) == {"test_a_reward", "test_b_reward"}
+    assert [len(prompts) for prompts, _ in reward.calls] == [2, 5]
+    rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
+    assert rows[-2:] == [
+        {"step": 3, "test_a/reward": metrics["test_a_reward"]},
+        {"step": 3, "test_b/reward": metrics["test_b_reward"]},
+    ]
+    with pytest.raises(ConfigError, match="the set name 'x/y' must be a non-empty string without '/'"):
+        trainer.evaluate(eval_dataset={"x/y": other})
+
+
+def test_two_named_eval_sets_are_each_evaluated_on_schedule_and_track_the_best(tiny_assets, tmp_path):
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    args = grpo_config(
+        tiny_assets, tmp_path, max_steps=2, eval_strategy="steps", eval_steps=1, metric_for_best_model="hard_reward"
+    )
+    recorder = Recorder()
+    sets = DatasetDict({"easy": dataset["test"].select(range(3)), "hard": dataset["test"].select(range(3, 7))})
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"), Scored(), args, train_dataset=dataset["train"], eval_dataset=sets,
+        callbacks=[recorder],
+    )  # fmt: skip
+    trainer.train()
+    rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    evaluated = [(row["step"], *row) for row in rows if any(key.startswith("eval") for key in row)]
+    assert evaluated == [(1, "step", "eval_easy/reward"), (1, "step", "eval_hard/reward"),
+                         (2, "step", "eval_easy/reward"), (2, "step", "eval_hard/reward")]  # fmt: skip
+    assert [set(metrics) for _, metrics in recorder.evaluations] == [{"eval_easy_reward"}, {"eval_hard_reward"}] * 2
+    hard = [row["eval_hard/reward"] for row in rows if "eval_hard/reward" in row]
+    assert trainer.state.best_metric == max(hard)
+    assert trainer.state.best_global_step == 1 + hard.index(max(hard))
 
 
 def test_log_takes_start_time(grpo):
