@@ -13,6 +13,7 @@ import numbers
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -22,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.data import as_completions, is_conversational
-from rlhfkit.errors import ConfigError, RewardFunctionError
+from rlhfkit.errors import ConfigError, RewardFunctionError, UnscoredCompletionWarning
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import DEFAULT_HUB, Hub, load_reward_model, token_values
@@ -174,7 +175,8 @@ def check_reward_values(name: str, out: Any, n: int) -> RewardOutput:
 def weighted_total(outputs: list[RewardOutput], weights: list[float], prompts: list[str]) -> torch.Tensor:
     """R_i = sum over the sources that apply to completion i of w_k * r_ik. (N,) float64.
 
-    A completion that no source scores has no reward at all: that is an error, not a silent 0.
+    A completion that no source scores gets 0, with a warning naming the first one, as TRL 1.16 does (it sums the
+    rewards with NaN left out): training goes on, and the warning says which prompt no function scored.
     """
     values = torch.stack([o.values for o in outputs])  # (K, N)
     applicable = torch.stack([o.applicable for o in outputs])
@@ -182,9 +184,12 @@ def weighted_total(outputs: list[RewardOutput], weights: list[float], prompts: l
     unscored = ~applicable.any(0)
     if unscored.any():
         i = int(unscored.nonzero()[0])
-        raise RewardFunctionError(
-            f"every reward function returned None or NaN for completion {i} (prompt {prompts[i]!r}); at least one must "
-            "score each completion."
+        warnings.warn(
+            f"every reward function returned None or NaN for {int(unscored.sum())} of {len(prompts)} completions, "
+            f"e.g. completion {i} (prompt {prompts[i]!r}): they get reward 0, as in TRL. Make at least one reward "
+            "function score each completion.",
+            UnscoredCompletionWarning,
+            stacklevel=2,
         )
     return torch.where(applicable, w * values, 0.0).sum(0)
 
@@ -265,10 +270,13 @@ def reward_sources(
     """Names and callables of GRPO's reward sources (TRL's ``reward_funcs``): callables stay as they are; reward
     models, given as paths or modules, are loaded with their own tokenizer and wrapped as RewardModelFunction.
 
-    processing_classes: the reward models' tokenizers, aligned with `sources` (None: load from the model's path)."""
+    processing_classes: the reward models' tokenizers, aligned with `sources` (None: load from the model's path); one
+    tokenizer alone stands for a list of one, as in TRL."""
     sources = list(sources) if isinstance(sources, (list, tuple)) else [sources]
     if not sources:
         raise ConfigError("reward_funcs is empty: give at least one reward function or reward model.")
+    if isinstance(processing_classes, PreTrainedTokenizerBase):
+        processing_classes = [processing_classes]
     processing_classes = list(processing_classes or [None] * len(sources))
     if len(processing_classes) != len(sources):
         raise ConfigError(
@@ -503,6 +511,16 @@ class RewardSources:
     def total(self, outputs: list[RewardOutput], prompts: list) -> torch.Tensor:
         """(N,) float64 weighted sum of the sources that apply to each completion (weighted_total)."""
         return weighted_total(outputs, self.weights, prompts)
+
+    @property
+    def sources(self) -> list:
+        """The reward models (modules) and functions, in order: TRL's trainer.reward_funcs."""
+        return [f.model if isinstance(f, RewardModelFunction) else f for f in self.funcs]
+
+    @property
+    def processing_classes(self) -> list:
+        """Each reward model's tokenizer, None for a function: TRL's trainer.reward_processing_classes."""
+        return [f.tokenizer if isinstance(f, RewardModelFunction) else None for f in self.funcs]
 
     def prepare_models(self, prepare: Callable[[nn.Module], nn.Module]) -> None:
         """Pass each reward model's module through `prepare` (e.g. TrainingRun.prepare_frozen: sharded for ZeRO-3 or

@@ -50,12 +50,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict
 from fractions import Fraction
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 from transformers.trainer_utils import TrainOutput
@@ -96,6 +96,7 @@ from rlhfkit.trainers.shared import (
     log_sampling_mismatch,
     prepare_trained,
     take_reward_logs,
+    take_streamed,
     tokenize_datasets,
 )
 
@@ -117,12 +118,12 @@ class GRPOTrainer(TRLTrainerAPI):
     def __init__(
         self,
         model: str | nn.Module,
-        reward_funcs: Callable | str | nn.Module | Sequence[Callable | str | nn.Module],
+        reward_funcs: Callable | str | nn.Module | Sequence[Callable | str | nn.Module] | None = None,
         args: GRPOConfig | None = None,
-        train_dataset: Dataset | None = None,
-        eval_dataset: Dataset | None = None,
+        train_dataset: Dataset | IterableDataset | None = None,
+        eval_dataset: Dataset | Mapping[str, Dataset] | None = None,
         processing_class: PreTrainedTokenizerBase | None = None,
-        reward_processing_classes: Sequence[PreTrainedTokenizerBase | None] | None = None,
+        reward_processing_classes: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase | None] | None = None,
         callbacks: Sequence | None = None,
         optimizers=(None, None),
         quantization_config=None,
@@ -139,6 +140,12 @@ class GRPOTrainer(TRLTrainerAPI):
             args.apply_model_init_kwargs()
         if train_dataset is None:
             raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
+        if reward_funcs is None or isinstance(reward_funcs, (list, tuple)) and not reward_funcs:
+            raise ConfigError(
+                "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them. "
+                "TRL 1.16 goes without one only when an environment_factory scores the episodes (get_reward), and "
+                "rlhfkit does not train agents yet."
+            )
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
         # async_generation: the worker starts now and imports while the models load; it gets the policy at the end
@@ -159,6 +166,22 @@ class GRPOTrainer(TRLTrainerAPI):
         names, funcs = reward_sources(reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub)
         self.rewards = RewardSources(names, funcs, args.reward_weights, args.dataset_text_field)
         self.rewards.prepare_models(run.prepare_frozen)  # sharded for ZeRO-3 / FSDP as the policy is
+        # TRL 1.16's attributes: the reward models (modules) and functions, their names, weights and tokenizers.
+        self.reward_funcs, self.reward_func_names = self.rewards.sources, names
+        self.reward_weights = torch.tensor(self.rewards.weights, dtype=torch.float32)
+        self.reward_processing_classes = self.rewards.processing_classes
+        self.streamed = isinstance(train_dataset, IterableDataset)
+        if self.streamed:  # TRL's streamed train set: the rows max_steps steps draw, in the stream's order
+            if args.max_steps <= 0:
+                raise ConfigError(
+                    f"train_dataset is a streamed IterableDataset, whose length is unknown, and max_steps is "
+                    f"{args.max_steps}: set max_steps (e.g. --max_steps 500), as TRL requires."
+                )
+            sizes = grpo_batch_sizes(args, acc.num_processes, 0)
+            generations = math.ceil(
+                args.max_steps * args.gradient_accumulation_steps / sizes.micro_steps_per_generation
+            )
+            train_dataset = take_streamed(train_dataset, generations * sizes.prompts)
         self.train_dataset, self.eval_dataset = tokenize_datasets(args, tok, train_dataset, eval_dataset)
         self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
@@ -242,7 +265,11 @@ class GRPOTrainer(TRLTrainerAPI):
                 self.generation_worker.load(policy, self.sampling_config(args.max_completion_length), progress.step)
         # Every process draws the same prompts (the whole generation batch) and keeps its slice of the completions.
         prompts = endless_batches(
-            len(self.train_dataset), sizes.prompts, args.seed, skip=progress.generations, shuffle=args.shuffle_dataset
+            len(self.train_dataset),
+            sizes.prompts,
+            args.seed,
+            skip=progress.generations,
+            shuffle=args.shuffle_dataset and not self.streamed,  # a stream's rows in its order, as TRL reads them
         )
         # The generation worker (async_generation) ends with the training, however it ends.
         with generating(self.generation_worker):

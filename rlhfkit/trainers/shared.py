@@ -4,16 +4,17 @@ engine, generating the evaluation's completions and counting true success. Each 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple, TypeAlias
 
 import torch
-from datasets import Dataset
+from datasets import Dataset, IterableDataset
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit.data import tokenize_prompts
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import enable_gradient_checkpointing
@@ -31,14 +32,40 @@ def tokenize_datasets(
 ) -> tuple[Dataset, EvalDatasets | None]:
     """The train and eval prompts with their token ids (data.tokenize_prompts: --dataset_text_field,
     --max_prompt_length, --prompt_overflow, --dataset_num_proc)."""
+    if isinstance(train_dataset, IterableDataset):
+        raise ConfigError(
+            "train_dataset is a streamed IterableDataset: GRPOTrainer takes one with max_steps (TRL 1.16's GRPO), "
+            "PPOTrainer does not (neither did TRL's PPO). Load it as a Dataset, or take the rows you need: "
+            "Dataset.from_list(list(stream.take(n)))."
+        )
     train = _tokenized(args, tokenizer, train_dataset, "")
     return train, (None if eval_dataset is None else tokenize_eval_dataset(args, tokenizer, eval_dataset))
+
+
+def take_streamed(dataset: IterableDataset, rows: int) -> Dataset:
+    """The first `rows` rows of a streamed train set (an IterableDataset: load_dataset(..., streaming=True)), held in
+    memory: the prompts a run of max_steps steps draws, in the stream's order, as TRL's loader reads them. A run
+    that draws more (dynamic sampling's extra rounds) starts them over, as another pass over the stream would; a
+    resumed run takes the same rows again."""
+    taken = list(itertools.islice(dataset, rows))
+    if not taken:
+        raise DataError("The streamed train_dataset yielded no rows: it needs at least one prompt.")
+    return Dataset.from_list(taken)
 
 
 def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: EvalDatasets) -> EvalDatasets:
     """Evaluation prompts with their token ids, as the trainer's eval_dataset is tokenized (trainer.evaluate()'s
     eval_dataset too). Several named sets (a dict or DatasetDict, as transformers' Trainer takes them: each is
     evaluated and logged under eval_<name>) give a dict of the same names."""
+    if (
+        isinstance(dataset, IterableDataset)
+        or isinstance(dataset, Mapping)
+        and any(isinstance(part, IterableDataset) for part in dataset.values())
+    ):
+        raise ConfigError(
+            "eval_dataset is a streamed IterableDataset: an evaluation reads every prompt of its set. Take the rows "
+            "to evaluate on: Dataset.from_list(list(stream.take(n)))."
+        )
     if not isinstance(dataset, Mapping):
         return _tokenized(args, tokenizer, dataset, "eval ")
     if not dataset:

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from rlhfkit import PPOTrainer
 from rlhfkit.config import PPOConfig
-from rlhfkit.errors import ConfigError, RewardFunctionError
+from rlhfkit.errors import ConfigError, UnscoredCompletionWarning
 from rlhfkit.metrics import registry
 from rlhfkit.models import token_values, value_model_from_policy
 from rlhfkit.trainers.build import build_ppo_trainer
@@ -124,10 +124,15 @@ def test_a_function_returning_none_is_left_out_for_those_completions(tiny_assets
     assert row["rewards/half_none/mean"] == 1.0 and row["rewards/half_none/std"] == 0.0  # over the 8 it scored
 
 
-def test_completions_no_source_scores_stop_with_the_reason(tiny_assets, tmp_path):
+def test_completions_no_source_scores_get_0_with_a_warning_and_training_goes_on(tiny_assets, tmp_path):
     trainer = python_api_trainer(tiny_assets, tmp_path, [grpo_rewards.half_none], with_reward_model=False)
-    with pytest.raises(RewardFunctionError, match="every reward function returned None or NaN for completion 1"):
+    with pytest.warns(
+        UnscoredCompletionWarning, match="returned None or NaN for 8 of 16 completions, e.g. completion 1"
+    ):
         trainer.train()
+    (_, batch), = trainer.batches  # fmt: skip
+    (half,) = batch.reward_outputs
+    assert torch.equal(batch.scores.double().cpu(), torch.where(half.applicable, half.values, 0.0))
 
 
 @pytest.mark.parametrize("flags", [{}, {"use_peft": True}], ids=["full", "lora"])

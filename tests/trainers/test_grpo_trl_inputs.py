@@ -1,0 +1,79 @@
+"""The forms of input TRL 1.16's GRPOTrainer takes (trainers/grpo.py, shared.py, rewards.py): a streamed train set
+with max_steps, one reward tokenizer for one reward model, TRL's reward attributes, completions no reward function
+scores (a warning, reward 0, training goes on), and reward_funcs left out."""
+
+import os
+
+import pytest
+import torch
+from datasets import load_from_disk
+from transformers import AutoTokenizer
+
+from rlhfkit import GRPOTrainer
+from rlhfkit.errors import ConfigError, UnscoredCompletionWarning
+from tests.trainers import grpo_rewards
+from tests.trainers.test_grpo import grpo_config, read_jsonl
+
+
+def prompts(tiny_assets):
+    return load_from_disk(str(tiny_assets / "prompts"))
+
+
+def test_a_streamed_train_set_trains_max_steps_in_the_stream_s_order(tiny_assets, tmp_path):
+    # 3 steps of 2 micro-batches of 8 completions, groups of 4: 4 prompts a step (steps_per_generation 2).
+    args = grpo_config(tiny_assets, tmp_path, max_steps=3)
+    rows = prompts(tiny_assets)["train"]
+    seen = []
+
+    def recorded(prompts, completions, **kwargs):
+        seen.extend(prompts[:: args.num_generations])  # one per group
+        return [float(len(c)) for c in completions]
+
+    stream = rows.to_iterable_dataset()
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), recorded, args, train_dataset=stream)
+    output = trainer.train()
+    assert output.global_step == 3 and len(trainer.train_dataset) == 12  # only the rows 3 steps draw were read
+    assert seen == rows["prompt"][:12]  # in the stream's order, not shuffled
+    logged = [row["step"] for row in read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")) if "loss" in row]
+    assert logged == [1, 2, 3]
+
+
+def test_a_streamed_train_set_needs_max_steps(tiny_assets, tmp_path):
+    args = grpo_config(tiny_assets, tmp_path, max_steps=-1, num_train_epochs=1)
+    stream = prompts(tiny_assets)["train"].to_iterable_dataset()
+    with pytest.raises(ConfigError, match="streamed IterableDataset, whose length is unknown, and max_steps is -1"):
+        GRPOTrainer(str(tiny_assets / "sft"), grpo_rewards.recorded_length, args, train_dataset=stream)
+
+
+def test_one_reward_tokenizer_for_one_reward_model_and_trl_s_reward_attributes(tiny_assets, tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets / "reward")
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"),
+        str(tiny_assets / "reward"),
+        grpo_config(tiny_assets, tmp_path, max_steps=1),
+        train_dataset=prompts(tiny_assets)["train"],
+        reward_processing_classes=tokenizer,  # TRL takes one tokenizer for a list of one
+    )
+    assert trainer.reward_processing_classes == [tokenizer]
+    (model,) = trainer.reward_funcs
+    assert isinstance(model, torch.nn.Module) and trainer.reward_func_names == ["reward"]
+    assert torch.equal(trainer.reward_weights, torch.tensor([1.0]))
+    trainer.train()
+
+
+def test_completions_no_reward_function_scores_get_0_with_a_warning(tiny_assets, tmp_path):
+    args = grpo_config(tiny_assets, tmp_path, max_steps=2)
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"), grpo_rewards.always_none, args, train_dataset=prompts(tiny_assets)["train"]
+    )
+    with pytest.warns(UnscoredCompletionWarning, match="for 16 of 16 completions, e.g. completion 0 .* reward 0"):
+        output = trainer.train()
+    assert output.global_step == 2
+    rows = [row for row in read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")) if "reward" in row]
+    assert [row["reward"] for row in rows] == [0.0, 0.0]
+
+
+def test_reward_funcs_left_out_says_why(tiny_assets, tmp_path):
+    args = grpo_config(tiny_assets, tmp_path, max_steps=1)
+    with pytest.raises(ConfigError, match="GRPOTrainer needs reward_funcs.*rlhfkit does not train agents yet"):
+        GRPOTrainer(str(tiny_assets / "sft"), args=args, train_dataset=prompts(tiny_assets)["train"])
