@@ -5,7 +5,7 @@ Every function takes tensors and scalars (no config objects), imports only torch
 Shapes: B sequences, T completion tokens, V vocabulary, G group size. Masks are bool, True = counts.
 """
 
-from rlhfkit.ops.advantages import GAEOutput, gae, group_advantages
+from rlhfkit.ops.advantages import GAEOutput, decoupled_group_advantages, gae, group_advantages
 from rlhfkit.ops.dynamic_sampling import GroupSelection, select_groups, zero_std_groups
 from rlhfkit.ops.entropy import (
     adaptive_entropy_coef,
@@ -15,7 +15,12 @@ from rlhfkit.ops.entropy import (
     entropy_window_sums,
     window_entropy,
 )
-from rlhfkit.ops.importance import IS_CORRECTION_MODES, OffPolicyCorrection, off_policy_correction
+from rlhfkit.ops.importance import (
+    IS_CORRECTION_MODES,
+    OffPolicyCorrection,
+    off_policy_correction,
+    off_policy_sequence_mask,
+)
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
 from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_logits
 from rlhfkit.ops.losses import (
@@ -48,6 +53,7 @@ __all__ = [
     "applied_entropy_coef",
     "clipped_policy_loss",
     "clipped_value_loss",
+    "decoupled_group_advantages",
     "entropy_bonus",
     "entropy_from_logits",
     "entropy_token_mask",
@@ -68,6 +74,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "off_policy_correction",
+    "off_policy_sequence_mask",
     "select_groups",
     "truncate_after_stop_token",
     "vespo_gamma_weights",

@@ -6,6 +6,9 @@ import torch
 from torch import Tensor
 
 GROUP_SCALES = ("group", "batch", "none")  # group_advantages; GRPOConfig.scale_rewards accepts these
+# How several rewards become one advantage; GRPOConfig.multi_objective_aggregation accepts these (TRL 1.16's names):
+# weighted sum, then group_advantages; or each reward normalised in its group first (decoupled_group_advantages).
+MULTI_OBJECTIVE_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
 
 
 class GAEOutput(NamedTuple):
@@ -81,3 +84,50 @@ def group_advantages(rewards: Tensor, group_size: int, scale: str, eps: float = 
     elif scale == "batch":
         centred = centred / (_std(rewards) + eps)
     return centred.reshape(rewards.shape)
+
+
+def _nan_std(x: Tensor, dim: int | None = None) -> Tensor:
+    """Unbiased std over the non-NaN values (keepdim along `dim`); NaN with fewer than 2 of them (TRL's nanstd)."""
+    mean = torch.nanmean(x, dim=dim, keepdim=dim is not None)
+    count = (~torch.isnan(x)).sum(dim=dim, keepdim=dim is not None)
+    squares = torch.nansum((x - mean).square(), dim=dim, keepdim=dim is not None)
+    return torch.where(count > 1, squares / (count - 1).clamp(min=1), torch.nan).sqrt()
+
+
+def _nan_centred(x: Tensor, dim: int | None = None) -> Tensor:
+    """x minus the mean of its non-NaN values, the mean refined by one pass as in group_advantages (identical values
+    centre to exactly 0)."""
+    keep = dim is not None
+    mean = torch.nanmean(x, dim=dim, keepdim=keep)
+    mean = mean + torch.nanmean(x - mean, dim=dim, keepdim=keep)
+    return x - mean
+
+
+def decoupled_group_advantages(rewards: Tensor, weights: Tensor, group_size: int, eps: float = 1e-4) -> Tensor:
+    """GDPO's advantages (arXiv 2601.05242; TRL 1.16's multi_objective_aggregation="normalize_then_sum"): each reward
+    normalised within its group first, so a reward with a large scale or spread cannot drown the others.
+
+    rewards: (K, B) float, reward source k's raw value for completion i, NaN where the source does not apply; the G
+    completions of a prompt are contiguous (B = groups x G). weights: (K,) the sources' weights w_k. group_size: G.
+
+      a_ik = (r_ik - mean_group(r_k)) / (std_group(r_k) + eps)   per source, over the group's scored completions
+      R_i  = sum_k w_k a_ik                                      over the sources with a value (NaN counts as 0)
+      A_i  = (R_i - mean_batch(R)) / (std_batch(R) + eps)        over the whole batch
+
+    The group std always divides (TRL ignores scale_rewards here), and the second normalisation is over the batch,
+    not the group. Stds are unbiased, as TRL's nanstd; a source with fewer than 2 values in a group contributes 0
+    there. A completion no source scores gets A = 0 (TRL's nan_to_num), and so does every completion of a batch with
+    fewer than 2 scored ones. Returns (B,) in the rewards' dtype (float64 recommended: tied rewards then give 0).
+    """
+    K, B = rewards.shape
+    if group_size < 1 or B % group_size != 0:
+        raise ValueError(f"{B} rewards do not split into groups of {group_size}")
+    if weights.shape != (K,):
+        raise ValueError(f"{weights.shape[0] if weights.dim() else 0} weights for {K} reward sources")
+    grouped = rewards.reshape(K, -1, group_size)
+    normalised = _nan_centred(grouped, dim=-1) / (_nan_std(grouped, dim=-1) + eps)
+    weighted = normalised.reshape(K, B) * weights.to(rewards.dtype)[:, None]
+    unscored = torch.isnan(rewards).all(0)
+    total = torch.where(unscored, torch.nan, torch.nansum(weighted, dim=0))
+    advantages = _nan_centred(total) / (_nan_std(total) + eps)
+    return torch.nan_to_num(advantages, nan=0.0)

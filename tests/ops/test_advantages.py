@@ -175,3 +175,90 @@ def test_group_advantages_reject_bad_arguments():
         ops.group_advantages(torch.zeros(6), 4, scale="group")
     with pytest.raises(ValueError, match="'std'"):
         ops.group_advantages(torch.zeros(4), 2, scale="std")
+
+
+# ---- decoupled_group_advantages (GDPO, multi_objective_aggregation="normalize_then_sum") ----
+
+
+def _stdev_or_nan(values):
+    return statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def reference_decoupled_advantages(rewards, weights, G, eps=1e-4):
+    """Loop version: rewards[k][i] is None where source k does not score completion i."""
+    K, B = len(rewards), len(rewards[0])
+    totals = []
+    for i in range(B):
+        start = i - i % G
+        total, scored = 0.0, False
+        for k in range(K):
+            if rewards[k][i] is None:
+                continue
+            scored = True
+            group = [r for r in rewards[k][start : start + G] if r is not None]
+            std = _stdev_or_nan(group)
+            if not math.isnan(std):  # a source with one value in the group contributes 0 there
+                total += weights[k] * (rewards[k][i] - statistics.fmean(group)) / (std + eps)
+        totals.append(total if scored else None)
+    scored = [t for t in totals if t is not None]
+    mean, std = statistics.fmean(scored), _stdev_or_nan(scored)
+    out = [0.0 if t is None or math.isnan(std) else (t - mean) / (std + eps) for t in totals]
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def as_tensor(rewards):
+    return torch.tensor([[math.nan if r is None else r for r in row] for row in rewards], dtype=torch.float64)
+
+
+def test_decoupled_advantages_hand_computed():
+    # two sources, two groups of 2; source 1 is 10x source 0's scale in the first group
+    rewards = torch.tensor([[1.0, 3.0, 0.0, 0.0], [10.0, 30.0, 5.0, 7.0]], dtype=torch.float64)
+    weights = torch.tensor([1.0, 0.5], dtype=torch.float64)
+    s, e = math.sqrt(2.0), 1e-4
+    # per source and group: (r - mean) / (std + eps); the tied source-0 group gives exactly 0
+    x = 1 / (s + e) + 0.5 * 10 / (10 * s + e)  # group 1's |R|: both sources count about equally
+    y = 0.5 / (s + e)  # group 2's |R|: source 1 alone
+    totals = torch.tensor([-x, x, -y, y], dtype=torch.float64)  # batch mean 0
+    std = math.sqrt((2 * x * x + 2 * y * y) / 3)
+    out = ops.decoupled_group_advantages(rewards, weights, 2)
+    assert_close(out, totals / (std + e))
+
+
+@pytest.mark.parametrize("G", [2, 4])
+def test_decoupled_advantages_match_reference_loop(G):
+    g = torch.Generator().manual_seed(11)
+    values = (torch.randn(3, 12, generator=g, dtype=torch.float64) * torch.tensor([[1.0], [20.0], [0.1]])).tolist()
+    values[1][0] = None  # a source that does not apply to a completion
+    values[2][4:6] = [None, None]
+    values[0][9] = values[1][9] = values[2][9] = None  # no source scores completion 9: advantage 0
+    weights = [1.0, 0.5, 2.0]
+    out = ops.decoupled_group_advantages(as_tensor(values), torch.tensor(weights, dtype=torch.float64), G)
+    expected = reference_decoupled_advantages(values, weights, G)
+    assert_close(out, expected)
+    assert out[9] == 0.0
+
+
+def test_decoupled_advantages_ignore_each_sources_scale_and_shift():
+    g = torch.Generator().manual_seed(12)
+    rewards = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    weights = torch.tensor([1.0, 1.0], dtype=torch.float64)
+    out = ops.decoupled_group_advantages(rewards, weights, 4)
+    rescaled = rewards * torch.tensor([[1000.0], [1.0]], dtype=torch.float64) + 5.0
+    # only the eps of each group's std tells the scales apart
+    assert_close(ops.decoupled_group_advantages(rescaled, weights, 4), out, atol=1e-3, rtol=1e-3)
+    # the sum of normalised rewards differs from normalising the weighted sum (sum_then_normalize)
+    summed = ops.group_advantages(rescaled.sum(0), 4, "group")
+    assert not torch.allclose(summed, ops.decoupled_group_advantages(rescaled, weights, 4), atol=1e-2)
+
+
+def test_decoupled_advantages_are_zero_when_nothing_differs():
+    rewards = torch.tensor([[0.3] * 4, [1.7] * 4], dtype=torch.float64)
+    out = ops.decoupled_group_advantages(rewards, torch.tensor([1.0, 2.0], dtype=torch.float64), 2)
+    assert torch.equal(out, torch.zeros(4, dtype=torch.float64))
+
+
+def test_decoupled_advantages_reject_bad_arguments():
+    with pytest.raises(ValueError, match="groups of 4"):
+        ops.decoupled_group_advantages(torch.zeros(2, 6), torch.ones(2), 4)
+    with pytest.raises(ValueError, match="3 weights for 2 reward sources"):
+        ops.decoupled_group_advantages(torch.zeros(2, 4), torch.ones(3), 2)

@@ -1,4 +1,5 @@
-"""ops.importance.off_policy_correction against a float64 loop over tokens and sequences, and hand-computed cases."""
+"""ops.importance: off_policy_correction and off_policy_sequence_mask against float64 loops over tokens and
+sequences, and hand-computed cases."""
 
 import math
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from rlhfkit.ops.importance import IS_CORRECTION_MODES, off_policy_correction
+from rlhfkit.ops.importance import IS_CORRECTION_MODES, off_policy_correction, off_policy_sequence_mask
 
 
 def naive(old, sampling, mask, mode, clip_min, clip_max):
@@ -83,3 +84,51 @@ def test_unknown_mode_is_refused():
         off_policy_correction(
             torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1, dtype=torch.bool), "clip", None, 3.0
         )
+
+
+# ---- off_policy_sequence_mask (DeepSeek-V3.2, TRL's off_policy_mask_threshold) ----
+
+
+def naive_sequence_mask(logprobs, behaviour, advantages, mask, threshold):
+    """Completion by completion: the mean over its tokens of behaviour - current (NaN as 0), then the rule."""
+    keep = []
+    for b in range(logprobs.shape[0]):
+        tokens = [t for t in range(logprobs.shape[1]) if mask[b, t]]
+        drifts = [behaviour[b, t].item() - logprobs[b, t].item() for t in tokens]
+        drift = sum(0.0 if math.isnan(d) else d for d in drifts) / max(len(tokens), 1)
+        keep.append(advantages[b].item() >= 0 or drift <= threshold)
+    return torch.tensor(keep)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.1, 0.5])
+def test_sequence_mask_matches_a_loop(threshold):
+    g = torch.Generator().manual_seed(3)
+    B, T = 8, 6
+    logprobs = -2.0 * torch.rand(B, T, generator=g, dtype=torch.float64)
+    behaviour = logprobs + 0.8 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    behaviour[2, 1] = float("nan")  # no log-prob from the sampler: no evidence of drift
+    advantages = torch.randn(B, generator=g, dtype=torch.float64)
+    advantages[0] = 0.0  # a zero advantage is kept, as TRL keeps A >= 0
+    lengths = torch.tensor([6, 0, 3, 6, 1, 4, 6, 2])
+    mask = torch.arange(T) < lengths[:, None]
+    logprobs[~mask] = float("inf")  # padding holds garbage
+    out = off_policy_sequence_mask(logprobs, behaviour, advantages, mask, threshold)
+    assert out.dtype == torch.bool and out.shape == (B,)
+    assert torch.equal(out, naive_sequence_mask(logprobs, behaviour, advantages, mask, threshold))
+
+
+def test_sequence_mask_hand_computed():
+    logprobs = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, -1.0], [-1.0, 0.0]])
+    # drifts (mean of behaviour - current): 0.6, 0.6, 0.2, and 0.6 over the one real token of the last row
+    behaviour = torch.tensor([[-0.2, -0.6], [-0.2, -0.6], [-0.6, -1.0], [-0.4, 5.0]])
+    advantages = torch.tensor([-1.0, 1.0, -1.0, -0.5])
+    mask = torch.tensor([[True, True], [True, True], [True, True], [True, False]])
+    out = off_policy_sequence_mask(logprobs, behaviour, advantages, mask, 0.5)
+    # dropped: negative advantage and drift 0.6 > 0.5; kept: positive advantage, or drift 0.2 <= 0.5
+    assert out.tolist() == [False, True, True, False]
+
+
+def test_sequence_mask_carries_no_gradient():
+    logprobs = torch.zeros(2, 3, requires_grad=True)
+    out = off_policy_sequence_mask(logprobs, torch.ones(2, 3), torch.tensor([-1.0, 1.0]), torch.ones(2, 3).bool(), 0.5)
+    assert not out.requires_grad and out.tolist() == [False, True]
