@@ -12,6 +12,8 @@ import copy
 import functools
 import inspect
 import os
+import sys
+import types
 import warnings
 from typing import NamedTuple
 
@@ -24,7 +26,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from rlhfkit.errors import ModelLoadError
+from rlhfkit.errors import ConfigError, ModelLoadError
 from rlhfkit.lora import lora_config
 
 
@@ -281,6 +283,56 @@ def disable_dropout(model: nn.Module) -> None:
                 setattr(module, name, 0.0)
 
 
+def cast_lm_head_to_fp32(model: nn.Module) -> nn.Module:
+    """TRL's cast_lm_head_to_fp32 (the ScaleRL recipe, arXiv 2510.13786), in place: the LM head's weights become
+    float32, and it computes its logits in float32 from float32 hidden states, outside autocast, so the softmax the
+    log-probs and the sampler read is not rounded to bf16 (a bf16 logit of 20 is off by up to 0.06). Every forward
+    of the model uses it: the training forward, the sampler and, for a reference copied from it, the reference's.
+
+    Tied word embeddings (the head's weight is the input embedding's): that one weight becomes float32, and the
+    embedding's output is cast back to the dtype it had, so the layers above it see what they saw before (as TRL
+    does). A head that carries a LoRA adapter is refused, as in TRL: the adapter's own output would not be float32.
+    Calling it again changes nothing. Returns `model`."""
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "_rlhfkit_fp32_logits", False):
+        return model
+    peft = sys.modules.get("peft.tuners.tuners_utils")
+    if peft is not None and isinstance(head, peft.BaseTunerLayer):
+        raise ConfigError(
+            "cast_lm_head_to_fp32 with a LoRA adapter on the LM head (lora_target_modules names lm_head): the "
+            "adapter's output would not be float32. Leave lm_head out of lora_target_modules, or leave "
+            "cast_lm_head_to_fp32 off."
+        )
+    # peft's lora_modules_to_save=["lm_head"] wraps the head: the base head and the trained copy are both cast
+    heads = [head.original_module, *head.modules_to_save.values()] if hasattr(head, "modules_to_save") else [head]
+    if not all(isinstance(h, nn.Linear) for h in heads):
+        raise ConfigError(
+            f"cast_lm_head_to_fp32: {type(model).__name__}'s output embedding is a {type(head).__name__}, not a "
+            "linear LM head rlhfkit can compute in float32. Leave cast_lm_head_to_fp32 off for this model."
+        )
+    embedding = model.get_input_embeddings()
+    for linear in heads:
+        was = linear.weight.dtype
+        tied = embedding is not None and getattr(embedding, "weight", None) is linear.weight
+        linear.float()  # in place: the Parameter objects stay (the optimizer's, and a tied embedding's)
+        linear.forward = types.MethodType(_float32_linear, linear)
+        linear._rlhfkit_fp32_logits = True
+        if tied and was != torch.float32:
+            embedding.register_forward_hook(functools.partial(_cast_output, dtype=was))
+    return model
+
+
+def _float32_linear(head: nn.Linear, hidden_states: torch.Tensor) -> torch.Tensor:
+    """The forward of a head cast by cast_lm_head_to_fp32 (autocast would compute the product in bf16 again)."""
+    with torch.autocast(hidden_states.device.type, enabled=False):
+        bias = None if head.bias is None else head.bias.float()
+        return nn.functional.linear(hidden_states.float(), head.weight.float(), bias)
+
+
+def _cast_output(module: nn.Module, args, output: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return output.to(dtype)
+
+
 def _score_head(model: nn.Module) -> nn.Module | None:
     return getattr(model, "score", None) or getattr(model, "classifier", None)
 
@@ -529,8 +581,14 @@ def load_quantized_policy(name: str, dtype, args, flag: str = "sft_model_path", 
 def load_trained_policy(name: str, args, flag: str, hub: Hub = DEFAULT_HUB) -> nn.Module:
     """The policy a run trains, from a hub id or local directory (`args`: a TrainConfig): with --load_in_4bit /
     --load_in_8bit its base weights quantised (QLoRA: a CUDA GPU and bitsandbytes), else in --dtype's weights
-    (float32 by default, the master weights of --bf16 / --fp16 mixed precision). Both trainers load it here."""
+    (float32 by default, the master weights of --bf16 / --fp16 mixed precision). Both trainers load it here. With
+    GRPO's cast_lm_head_to_fp32 its LM head is cast at once, before an adapter, a reference copy or an engine's
+    wrapper is made from it."""
     dtype = weight_dtype(args.dtype)
     if args.load_in_4bit or args.load_in_8bit:
-        return load_quantized_policy(name, dtype, args, flag, hub)
-    return load_policy(name, dtype, flag, hub)
+        model = load_quantized_policy(name, dtype, args, flag, hub)
+    else:
+        model = load_policy(name, dtype, flag, hub)
+    if getattr(args, "cast_lm_head_to_fp32", False):  # a GRPOConfig field; PPOConfig has none
+        cast_lm_head_to_fp32(model)
+    return model
