@@ -16,15 +16,16 @@ from rlhfkit.config.rules import (
     OneOf,
     OrNone,
     check_fields,
+    field_rule,
     inherited,
     integer,
     meta,
     number,
 )
 from rlhfkit.config.script import GRPOScriptArguments, ModelConfig, check_adapter_merge
-from rlhfkit.config.train import TrainConfig, config_dataclass
+from rlhfkit.config.train import TrainConfig, config_dataclass, note
 from rlhfkit.errors import ConfigError
-from rlhfkit.ops.advantages import GROUP_SCALES
+from rlhfkit.ops.advantages import GROUP_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 
 
@@ -35,6 +36,18 @@ def _no_agents(value) -> str | None:
         "must be unset: rlhfkit does not train agents yet (multi-turn tool use, TRL 1.16's tools= and "
         "environment_factory=, is planned), so there are no tool-calling turns to limit. Leave it out"
     )
+
+
+def _pad_multiple_complaint(value) -> str | None:
+    """pad_to_multiple_of: TRL's "auto" (resolved to unset before the rules run: see GRPOConfig._apply_aliases), a
+    positive integer, or unset."""
+    if value is None or value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return None
+    return "must be an integer >= 1, auto, or unset (none)"
+
+
+# generation_kwargs keys that a flag also sets: they override the flag (as in TRL), so they pass the flag's rule.
+SAMPLING_FLAG_KEYS = ("top_k", "top_p", "min_p", "repetition_penalty")
 
 
 # model_init_kwargs key -> the field that carries it (what TRL's GRPO script puts there, from its ModelConfig)
@@ -133,6 +146,28 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
         ),
     )
 
+    # --- the training forward ----------------------------------------------------------------------
+    cast_lm_head_to_fp32: bool = field(
+        default=False,
+        metadata=meta(
+            "Compute the LM head of the policy and the reference in float32 (ScaleRL's recipe, as TRL 1.16): its "
+            "weights become float32 and its logits are computed from float32 hidden states outside autocast, for "
+            "training, sampling and reference forwards. With tied word embeddings the shared weight becomes float32 "
+            "and the embedding's output keeps its dtype (as TRL). Not with a LoRA adapter on lm_head.",
+            FLAG,
+        ),
+    )
+    pad_to_multiple_of: int | str | None = field(
+        default="auto",
+        metadata=meta(
+            "Pad the prompts (on the left) and the completions (on the right) of the training, old and reference "
+            "forwards to a multiple of this many tokens (TRL), for fewer distinct shapes; the padding is masked, so "
+            "the log-probs are the same. auto (TRL's default): 128 on AWS Neuron, which compiles once per shape, "
+            "else unset; rlhfkit runs on CPUs and GPUs, so auto is unset (no padding).",
+            Checked("an integer >= 1, auto, or unset", _pad_multiple_complaint, example=64),
+        ),
+    )
+
     # --- generation --------------------------------------------------------------------------------
     num_generations: int = field(
         default=8,
@@ -167,8 +202,11 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
     generation_kwargs: dict | str | None = field(
         default=None,
         metadata=meta(
-            "Further transformers GenerationConfig fields, as JSON; they override the flags above. Options the "
-            "lean decoding loop does not implement send generation to model.generate (said once).",
+            "Further transformers GenerationConfig fields, as JSON; they override the flags above (top_k, top_p, "
+            "min_p, repetition_penalty: with those flags' rules). temperature and max_new_tokens may only repeat "
+            "--temperature and --max_completion_length, and do_sample only be true: the loss and the completion "
+            "mask read the flags. Options the lean decoding loop does not implement (num_beams, suppress_tokens, "
+            "...) send generation to model.generate (said once); stop_strings is refused (use eos_token_id).",
             OrNone(JSON_OBJECT),
         ),
     )
@@ -240,6 +278,15 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
             "Multiply the k3 KL term by the importance ratio, in the loss and in the logged kl (TRL 1.16's default; "
             "false: the plain k3 term of the GRPO paper). Only matters with beta > 0.",
             FLAG,
+        ),
+    )
+    off_policy_mask_threshold: float | None = field(
+        default=None,
+        metadata=meta(
+            "DeepSeek-V3.2's off-policy sequence mask (delta of its eq. 9, as TRL 1.16): a completion with a "
+            "negative advantage whose mean per-token log-prob drift, sampler minus current policy, exceeds delta "
+            "gets no policy loss (its KL term stays). The sampler's log-probs are the behaviour policy's. Unset: off.",
+            OrNone(number(ge=0, example=0.5)),
         ),
     )
     top_entropy_quantile: float = field(
@@ -335,8 +382,18 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
         default="group",
         metadata=meta(
             "Divide group-centred rewards by the std of the group, of the batch, or not at all "
-            "(true = group, false = none).",
+            "(true = group, false = none). No effect with multi_objective_aggregation normalize_then_sum.",
             OneOf(GROUP_SCALES),
+        ),
+    )
+    multi_objective_aggregation: str = field(
+        default="sum_then_normalize",
+        metadata=meta(
+            "How several rewards become one advantage (TRL 1.16): sum_then_normalize, the weighted sum of the "
+            "rewards normalised as scale_rewards says; normalize_then_sum (GDPO), each reward normalised by its "
+            "group's mean and std, the weighted sum of those normalised by the batch's mean and std (scale_rewards "
+            "has no effect).",
+            OneOf(MULTI_OBJECTIVE_AGGREGATIONS),
         ),
     )
     mask_truncated_completions: bool = field(
@@ -368,17 +425,20 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
         scale = self.scale_rewards
         if isinstance(scale, bool) or str(scale).lower() in ("true", "false"):
             self.scale_rewards = "group" if str(scale).lower() == "true" else "none"
+        self.pad_to_multiple_of = _pad_multiple(self.pad_to_multiple_of)
         super()._apply_aliases()
 
     def _check_combinations(self) -> None:
         super()._check_combinations()
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
-        owned = sorted(set(self.generation_kwargs or {}) & {"temperature", "max_new_tokens", "do_sample"})
-        if owned:
-            raise ConfigError(
-                f"generation_kwargs sets {', '.join(owned)}: use --temperature / --max_completion_length instead; "
-                "the loss's log-probs and the completion mask read those flags, so they must match the sampler."
+        if self.generation_kwargs:
+            self._check_generation_kwargs()
+        if self.multi_objective_aggregation == "normalize_then_sum" and self.scale_rewards != "group":
+            note(
+                f"scale_rewards={self.scale_rewards} has no effect with multi_objective_aggregation="
+                "normalize_then_sum: each reward is divided by its group's std and their weighted sum by the batch's, "
+                "as in TRL."
             )
         if self.steps_per_generation is not None and self.generation_batch_size is not None:
             raise ConfigError(
@@ -407,6 +467,51 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
             self._check_async_generation()
         # The launcher's process count (accelerate launch sets WORLD_SIZE); the trainer checks again with its own.
         grpo_generation_shape(self, int(os.environ.get("WORLD_SIZE", "1")))
+
+    def _check_generation_kwargs(self) -> None:
+        """generation_kwargs may set what the sampler alone reads; what the loss or the completion mask also reads
+        (the temperature of the log-probs, the length of a completion, sampling itself) only as the flags say."""
+        kwargs = self.generation_kwargs
+        if "do_sample" in kwargs and kwargs["do_sample"] is not True:
+            raise ConfigError(
+                f"generation_kwargs do_sample={kwargs['do_sample']!r}: GRPO compares num_generations sampled "
+                "completions of each prompt, and greedy decoding makes them all the same (every advantage 0). Leave "
+                "do_sample out (rlhfkit always samples) or set it to true."
+            )
+        for key, flag, reads in (
+            ("temperature", "temperature", "the loss's log-probs are softmax(logits / --temperature)"),
+            ("max_new_tokens", "max_completion_length", "the completion mask, mask_truncated_completions and "
+             "dr_grpo's normaliser read --max_completion_length"),
+        ):  # fmt: skip
+            if key in kwargs and kwargs[key] != getattr(self, flag):
+                raise ConfigError(
+                    f"generation_kwargs {key}={kwargs[key]!r} differs from --{flag} {getattr(self, flag)!r}: {reads}, "
+                    f"so the sampler must use the same value. Pass --{flag} {kwargs[key]!r} and leave {key} out of "
+                    "generation_kwargs."
+                )
+        for key in SAMPLING_FLAG_KEYS:
+            problem = field_rule(GRPOConfig.__dataclass_fields__[key]).problem(kwargs[key]) if key in kwargs else None
+            if problem:
+                raise ConfigError(f"generation_kwargs {key}={kwargs[key]!r}: {problem} (the rule of --{key}).")
+        if kwargs.get("num_return_sequences") not in (None, 1):
+            raise ConfigError(
+                f"generation_kwargs num_return_sequences={kwargs['num_return_sequences']!r}: rlhfkit samples one "
+                "completion per prompt row and repeats each prompt num_generations times; set --num_generations."
+            )
+        if kwargs.get("stop_strings"):
+            raise ConfigError(
+                "generation_kwargs stop_strings: completions end at token ids (the tokenizer's and the generation "
+                "config's EOS ids), and model.generate needs a tokenizer for stop strings, which it is not given (nor "
+                "in TRL). Put the ids of the stop tokens in generation_kwargs eos_token_id instead."
+            )
+        from rlhfkit.sampling.settings import generation_config_fields  # transformers: only when it is needed
+
+        unknown = sorted(set(kwargs) - generation_config_fields())
+        if unknown:
+            raise ConfigError(
+                f"generation_kwargs: {', '.join(map(repr, unknown))} is not a field of transformers' "
+                "GenerationConfig. Check the spelling (see transformers' GenerationConfig documentation)."
+            )
 
     def _check_async_generation(self) -> None:
         """async_generation bounds staleness by handing the worker one generation per optimizer step, so each step
@@ -443,6 +548,18 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
                 f"{high}]: with use_adaptive_entropy it is the coefficient the controller starts from and keeps in "
                 f"that range. Pass --entropy_coef {min(max(self.entropy_coef, low), high)}, or widen the range."
             )
+
+
+def _pad_multiple(value):
+    """pad_to_multiple_of as TRL's GRPOConfig reads it: the command line's text as a number or none, and "auto" as
+    TRL resolves it off AWS Neuron (rlhfkit runs on CPUs and GPUs): unset."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("none", "null", "auto"):
+            return None
+        if text.isdigit():
+            return int(text)
+    return value
 
 
 @config_dataclass
@@ -489,6 +606,12 @@ class GRPOArguments(GRPOConfig, GRPOScriptArguments, ModelConfig):
         if self.model_init_kwargs:
             self.apply_model_init_kwargs()
         check_adapter_merge(self)
+        if self.cast_lm_head_to_fp32 and self.use_peft and "lm_head" in (self.lora_target_modules or ()):
+            raise ConfigError(
+                "cast_lm_head_to_fp32 with lm_head in lora_target_modules: the adapter's output would not be float32 "
+                "(TRL refuses it too). Leave lm_head out of lora_target_modules (lora_modules_to_save may train it in "
+                "full), or leave cast_lm_head_to_fp32 off."
+            )
         if self.sync_ref_model and self.use_peft:
             raise ConfigError(
                 "sync_ref_model needs a reference model to move, but with --use_peft the reference is the policy with "
