@@ -841,7 +841,9 @@ FRAC_REWARD_ZERO_STD = Metric(
     watch="Near 1 means almost every group is all-right or all-wrong: no gradient. Make prompts harder/easier "
     "or raise num_generations.",
     vs_trl="With dynamic_sampling, over every group generated, those dropped included (the share dynamic sampling "
-    "acts on); the batch trained on then has none, or only the ones filled in at the cap.",
+    "acts on); the batch trained on then has none, or only the ones filled in at the cap. With "
+    "multi_objective_aggregation normalize_then_sum still each group's spread of R; TRL logs there whether the "
+    "std of the whole batch's aggregated rewards is 0 (0 or 1 for every completion).",
 )
 _PER_GENERATION = "mean over the window's generation batches"
 DYNAMIC_SAMPLING_EXTRA_ROUNDS = Metric(

@@ -118,6 +118,26 @@ class Chunk(NamedTuple):
         """The same chunk on `device` (the generation worker's chunks travel on the CPU)."""
         return Chunk(*(None if t is None else t.to(device) for t in self))
 
+    def padded_to_multiple(self, multiple: int, pad_token_id: int) -> Chunk:
+        """The chunk with its prompts padded on the left and its completions on the right to the next multiple of
+        `multiple` tokens each (TRL's pad_to_multiple_of): more masked padding, the same tokens. sampling_logprobs
+        are padded with 0, as outside the mask elsewhere."""
+
+        def widen(t: torch.Tensor | None, value, left: bool = False) -> torch.Tensor | None:
+            if t is None:
+                return None
+            extra = -t.shape[1] % multiple
+            return nn.functional.pad(t, (extra, 0) if left else (0, extra), value=value)
+
+        return Chunk(
+            prompt_ids=widen(self.prompt_ids, pad_token_id, left=True),
+            prompt_mask=widen(self.prompt_mask, False, left=True),
+            completion_ids=widen(self.completion_ids, pad_token_id),
+            completion_mask=widen(self.completion_mask, False),
+            terminated=self.terminated,
+            sampling_logprobs=widen(self.sampling_logprobs, 0.0),
+        )
+
 
 def complete(
     model: nn.Module,

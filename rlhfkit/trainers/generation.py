@@ -31,8 +31,9 @@ import torch
 from torch import nn
 
 from rlhfkit import ops
+from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
-from rlhfkit.models import adapter_disabled, response_logits
+from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, response_logits
 from rlhfkit.rewards import RewardOutput
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
 from rlhfkit.trainers.shared import count_task_success, take_reward_logs
@@ -50,6 +51,9 @@ class ScoredRound:
     gathered: torch.Tensor  # (P x n,) float64 total rewards of every process, in process order (CPU)
     logged_columns: dict[str, list]  # the reward functions' log_extra, (n,) each
     tokens: int  # prompt + completion tokens, all processes
+    # (K, P x n) float64 raw rewards per source of every process (CPU), NaN where not applicable; gathered only for
+    # multi_objective_aggregation="normalize_then_sum", which normalises each source in its group
+    gathered_rewards: torch.Tensor | None = None
 
 
 @dataclass
@@ -91,6 +95,27 @@ class GRPOGeneration:
     def __init__(self, trainer):
         self.trainer = trainer
         self.batch: GRPOBatch | None = None
+        if trainer.args.cast_lm_head_to_fp32:
+            self.cast_lm_heads()
+
+    def cast_lm_heads(self) -> None:
+        """cast_lm_head_to_fp32 for a policy given as a model object (one loaded by name was cast as it loaded,
+        models.load_trained_policy) and its reference. The models are already prepared: a head whose weights are not
+        float32 yet can only change dtype where no engine or process group holds them."""
+        t = self.trainer
+        reference = None if t.ref_model is None else t.accelerator.unwrap_model(t.ref_model)
+        for model in (t.policy, reference):
+            head = None if model is None else model.get_output_embeddings()
+            if head is None or getattr(head, "_rlhfkit_fp32_logits", False):
+                continue
+            if head.weight.dtype != torch.float32 and (t.accelerator.num_processes > 1 or t.run.engine.sharded):
+                raise ConfigError(
+                    f"cast_lm_head_to_fp32 with a model object whose LM head is {head.weight.dtype}, under "
+                    f"{t.accelerator.num_processes} processes ({t.run.engine}): its weights must become float32 "
+                    "before the engine wraps them. Pass the model by name (the trainer casts it as it loads), or "
+                    "call rlhfkit.models.cast_lm_head_to_fp32(model) before building the trainer."
+                )
+            cast_lm_head_to_fp32(model)
 
     def micro_batches(self, step: int, prompts: Iterator[list[int]]) -> list[MicroBatch]:
         """The gradient_accumulation_steps micro-batches of optimizer step `step`, in order: a new generation (steps
@@ -204,6 +229,10 @@ class GRPOGeneration:
 
         # Every process's rewards, in process order: a group spanning processes is one group.
         gathered = acc.gather(total.to(device)).double().cpu()
+        rewards = torch.stack([o.values for o in outputs])  # (K, n)
+        gathered_rewards = None
+        if args.multi_objective_aggregation == "normalize_then_sum":  # each source is normalised in its group
+            gathered_rewards = acc.gather(rewards.t().contiguous().to(device)).t().double().cpu()
         zero_std = ops.zero_std_groups(gathered, G).repeat_interleave(G)[self.own_slice()]
         counts = torch.tensor(
             [chunk.prompt_mask.sum(), chunk.completion_mask.sum()], dtype=torch.float64, device=device
@@ -214,10 +243,11 @@ class GRPOGeneration:
             chunk=chunk,
             prompts=prompts,
             completions=texts,
-            rewards=torch.stack([o.values for o in outputs]),
+            rewards=rewards,
             gathered=gathered,
             logged_columns=logged_columns,
             tokens=int(prompt_tokens + completion_tokens),
+            gathered_rewards=gathered_rewards,
         )
 
     def log_round(self, outputs: list[RewardOutput], total, zero_std, chunk: Chunk, prompts, texts) -> None:
@@ -252,6 +282,10 @@ class GRPOGeneration:
         local_groups = per_round // P
         mine = kept[acc.process_index * local_groups : (acc.process_index + 1) * local_groups]
         gathered = torch.cat([r.gathered for r in rounds]).view(-1, G)[kept].reshape(-1)  # the batch's, all processes
+        gathered_rewards = None
+        if rounds[0].gathered_rewards is not None:  # (K, groups x G) of every round, then the kept groups
+            every = torch.cat([r.gathered_rewards for r in rounds], dim=1)
+            gathered_rewards = every.view(every.shape[0], -1, G)[:, kept].reshape(every.shape[0], -1)
         if len(rounds) == 1:  # one round holds exactly the batch's groups: all of them are kept, in order
             return self.batch_of(model, rounds[0], gathered, rounds)
         parts: list[tuple[ScoredRound, torch.Tensor]] = []  # (round, this process's rows of it), in order
@@ -284,6 +318,7 @@ class GRPOGeneration:
                 for key in rounds[0].logged_columns
             },
             tokens=0,
+            gathered_rewards=gathered_rewards,
         )
         return self.batch_of(model, merged, gathered, rounds)
 
@@ -292,13 +327,21 @@ class GRPOGeneration:
         self, model: nn.Module, scored: ScoredRound, gathered: torch.Tensor, rounds: list[ScoredRound]
     ) -> GRPOBatch:
         """The GRPOBatch of this process's scored completions `scored`: advantages over the whole batch (all
-        processes' total rewards `gathered`, so scale_rewards="batch" uses the batch std; each process's completions
-        a contiguous block in gathered order), the loss mask and the no-gradient log-probs. rounds: every round
-        generated for it (episode and token counts)."""
+        processes' total rewards `gathered`, so scale_rewards="batch" uses the batch std; with normalize_then_sum the
+        sources' rewards of every process, scored.gathered_rewards; each process's completions a contiguous block in
+        gathered order), the loss mask and the no-gradient log-probs, over prompts and completions padded to
+        pad_to_multiple_of. rounds: every round generated for it (episode and token counts)."""
         t = self.trainer
         args, acc, chunk = t.args, t.accelerator, scored.chunk
+        if args.pad_to_multiple_of is not None:  # TRL's padding of prompts and completions: fewer distinct shapes
+            chunk = chunk.padded_to_multiple(args.pad_to_multiple_of, model_pad_id(model, t.tokenizer.pad_token_id))
         ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
-        advantages = ops.group_advantages(gathered, args.num_generations, args.scale_rewards)[self.own_slice()]
+        if args.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each source normalised in its group
+            weights = torch.tensor(t.rewards.weights, dtype=torch.float64)
+            advantages = ops.decoupled_group_advantages(scored.gathered_rewards, weights, args.num_generations)
+        else:  # the weighted sum of the sources, normalised (scale_rewards)
+            advantages = ops.group_advantages(gathered, args.num_generations, args.scale_rewards)
+        advantages = advantages[self.own_slice()]
 
         loss_mask = chunk.completion_mask
         if args.mask_truncated_completions:

@@ -16,6 +16,14 @@ Variant: GRPO as in DeepSeekMath (Shao et al., 2024, section 4.1, outcome superv
   ``num_iterations`` times; an optimizer step accumulates ``gradient_accumulation_steps`` micro-batches, so a
   generation may serve several steps (logp_old saved at generation then) or a step draw on several generations;
 * ``mask_truncated_completions`` leaves completions without a terminator out of the loss (DAPO);
+* ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask): a completion with a negative advantage
+  whose mean per-token drift log pi_behaviour - log pi (the sampler's log-probs against the current policy's) exceeds
+  the threshold gets no policy term; its KL term stays (ops.off_policy_sequence_mask);
+* ``multi_objective_aggregation``: the weighted sum of the rewards normalised as above (``sum_then_normalize``), or
+  each reward normalised in its group and their weighted sum normalised over the batch (``normalize_then_sum``,
+  GDPO; ops.decoupled_group_advantages);
+* ``cast_lm_head_to_fp32``: the LM head's weights and logits in float32 (models.cast_lm_head_to_fp32);
+  ``pad_to_multiple_of`` pads the prompts and completions of the training forwards to a multiple of tokens;
 * ``dynamic_sampling`` (DAPO): groups whose rewards have no spread are dropped and further batches of prompts are
   generated until the generation batch is full of groups with spread, at most ``max_num_gen_batches`` rounds, after
   which zero-spread groups fill it (ops.select_groups; each process keeps whole groups it generated). Advantages and
@@ -400,10 +408,18 @@ class GRPOTrainer(TRLTrainerAPI):
         token_mask = None
         if args.top_entropy_quantile < 1.0:  # the policy loss only on the micro-batch's highest-entropy tokens
             token_mask = ops.high_entropy_mask(entropy, mask, 1.0 - args.top_entropy_quantile)
+        policy_mask = token_mask  # the tokens the policy term trains on; the entropy bonus keeps token_mask
+        if args.off_policy_mask_threshold is not None:  # DeepSeek-V3.2: drop drifted completions with A < 0
+            # The behaviour policy is the sampler's (TRL: vLLM's log-probs where it has them, else logp_old).
+            behaviour = batch.sampling_logprobs[idx] if batch.sampling_logprobs is not None else old
+            keep = ops.off_policy_sequence_mask(
+                logprobs, behaviour, batch.advantages[idx], mask, args.off_policy_mask_threshold
+            )[:, None]
+            policy_mask = keep if token_mask is None else token_mask & keep
         out = ops.grpo_per_token_loss(
             logprobs, old, batch.advantages[idx], mask, args.epsilon, args.epsilon_high, ref, args.beta,
             loss_type=args.loss_type, importance_sampling_level=args.importance_sampling_level, delta=args.delta,
-            use_bias_correction_kl=args.use_bias_correction_kl, token_mask=token_mask,
+            use_bias_correction_kl=args.use_bias_correction_kl, token_mask=policy_mask,
             sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
             vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
             vespo_lambda_neg=args.vespo_lambda_neg,
