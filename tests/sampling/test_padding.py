@@ -4,7 +4,7 @@ embeddings, and padded ids reach forwards (masked, but embedded). Both sampling 
 import pytest
 import torch
 
-from rlhfkit.sampling import complete, embeddable_ids, model_pad_id, sampling_config
+from rlhfkit.sampling import Chunk, complete, embeddable_ids, left_pad, model_pad_id, right_pad, sampling_config
 
 
 @pytest.fixture
@@ -55,3 +55,22 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+@pytest.mark.parametrize("multiple", [1, 4, 16])
+def test_a_chunk_padded_to_a_multiple_keeps_every_token_and_mask(multiple):
+    """TRL's pad_to_multiple_of: prompts widened on the left, completions on the right, with padding masked out."""
+    prompt_ids, prompt_mask = left_pad([[5, 6, 7], [8]], 0)
+    completion_ids, completion_mask = right_pad([[1, 2, 3, 4, 9], [3]], 0)
+    logprobs = torch.where(completion_mask, -torch.rand(completion_mask.shape), 0.0)
+    chunk = Chunk(prompt_ids, prompt_mask, completion_ids, completion_mask, torch.tensor([True, False]), logprobs)
+    padded = chunk.padded_to_multiple(multiple, pad_token_id=11)
+    Lp, T = padded.prompt_ids.shape[1], padded.completion_ids.shape[1]
+    assert Lp % multiple == 0 and T % multiple == 0 and Lp - 3 < multiple and T - 5 < multiple
+    assert torch.equal(padded.prompt_ids[:, Lp - 3 :], prompt_ids) and (padded.prompt_ids[:, : Lp - 3] == 11).all()
+    assert torch.equal(padded.prompt_mask[:, Lp - 3 :], prompt_mask) and not padded.prompt_mask[:, : Lp - 3].any()
+    assert torch.equal(padded.completion_ids[:, :5], completion_ids) and (padded.completion_ids[:, 5:] == 11).all()
+    assert torch.equal(padded.completion_mask[:, :5], completion_mask) and not padded.completion_mask[:, 5:].any()
+    assert torch.equal(padded.sampling_logprobs[:, :5], logprobs) and (padded.sampling_logprobs[:, 5:] == 0).all()
+    assert torch.equal(padded.terminated, chunk.terminated)
+    assert chunk._replace(sampling_logprobs=None).padded_to_multiple(multiple, 11).sampling_logprobs is None

@@ -38,3 +38,15 @@ def test_sampling_config_defaults_are_unchanged_and_generation_kwargs_override()
 def test_sampling_config_rejects_what_it_cannot_honour(kwargs, message):
     with pytest.raises(ValueError, match=message):
         sampling_config(10, 0.7, 0, [1], **kwargs)
+
+
+def test_generation_kwargs_set_what_the_flags_of_the_same_name_set():
+    """GRPOConfig accepts top_k, top_p, min_p and repetition_penalty in generation_kwargs as the flags: the same
+    GenerationConfig, so the same sampler."""
+    flags = sampling_config(10, 0.7, 0, [1], 0.9, 5, min_p=0.05, repetition_penalty=1.2)
+    kwargs = sampling_config(
+        10, 0.7, 0, [1],
+        generation_kwargs={"top_p": 0.9, "top_k": 5, "min_p": 0.05, "repetition_penalty": 1.2, "do_sample": True,
+                           "temperature": 0.7, "max_new_tokens": 10},
+    )  # fmt: skip
+    assert kwargs.to_dict() == flags.to_dict()
