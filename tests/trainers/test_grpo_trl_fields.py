@@ -193,6 +193,18 @@ def test_cast_lm_head_to_fp32_trains_a_bf16_policy_with_float32_logits(tiny_asse
     assert not torch.equal(before, policy.lm_head.weight)  # trained, in float32
 
 
+def test_a_bf16_policy_with_a_float32_head_takes_logp_old_from_a_forward(tiny_assets, tmp_path):
+    """The cast tied weight is the policy's first parameter, but the layers are bf16: the sampler's cached log-probs
+    are not the training forward's, so a generation that outlives a step gets logp_old from a forward."""
+    trainer = trainer_of(tiny_assets, tmp_path, dtype="bfloat16", cast_lm_head_to_fp32=True, num_iterations=2)
+    assert next(trainer.policy.parameters()).dtype == torch.float32
+    batch = generation(trainer)
+    forward = trainer.generation.logprobs(
+        trainer.policy, batch.input_ids, batch.attention_mask, batch.prompt_width, batch.completion_ids
+    )
+    torch.testing.assert_close(batch.old_logprobs, forward, atol=0, rtol=0)
+
+
 def test_cast_lm_head_to_fp32_casts_a_model_object_too(tiny_assets, tmp_path):
     dataset = load_from_disk(str(tiny_assets / "prompts"))
     model = AutoModelForCausalLM.from_pretrained(tiny_assets / "sft", dtype=torch.bfloat16)
