@@ -5,9 +5,9 @@ transformers' HfArgumentParser reads the flags; the values are then checked by t
 end numbers that do not parse reach the rules as text ("2.5" for an integer field) instead of stopping argparse
 with a message that has no valid range.
 
-TRL's flags that rlhfkit does not take (config/trl_flags.py) are refused before parsing with their reason, so they
-never read as unknown flags; the few accepted and ignored ones are dropped here, with their values, and one note
-each. ``--num_processes N`` and ``--accelerate_config FILE`` (flags, or keys of the --config file) are the
+TRL's flags that rlhfkit does not take (config/trl_flags.py) are dropped here, with their values, when they give TRL's
+default, and otherwise refused before parsing with their reason, so they never read as unknown flags; the few accepted
+and ignored ones are dropped at any value, with one note each. ``--num_processes N`` and ``--accelerate_config FILE`` (flags, or keys of the --config file) are the
 launcher's, as in the ``trl`` command: :func:`launch_arguments` turns them into ``accelerate launch`` arguments
 (rlhfkit.cli relaunches with them) and :func:`parse_config` leaves them out.
 """
@@ -118,31 +118,39 @@ def launch_arguments(command: str, argv: Sequence[str]) -> list[str] | None:
 
 def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
     """Raise a UsageError naming each TRL/transformers flag in `argv` that rlhfkit does not take, with the reason;
-    return `argv` without the flags rlhfkit accepts and ignores (and their values)."""
+    return `argv` without those at TRL's default and those rlhfkit accepts and ignores (each with its value)."""
     fields = set(config_field_names(cls))
     written = {_flag_name(arg) for arg in argv if arg.startswith("--")}
     if all(name in fields or name.removeprefix("no_") in fields for name in written):
         # Only rlhfkit's own flags: TRL's list, which imports transformers' TrainingArguments (+11 MB), is not needed.
         return list(argv)
-    refused = trl_flags.not_taken(cls.trl_command, fields)
-    kept, errors, ignored, value_of = [], [], [], ""
-    for arg in argv:
-        if value_of:  # the previous argument was an ignored flag: drop its value too
-            name, value_of = value_of, ""
-            if _is_value(name, arg):
-                continue
+    command = cls.trl_command
+    refused = trl_flags.not_taken(command, fields)
+    kept, errors, ignored = [], [], []
+    i = 0
+    while i < len(argv):
+        arg, i = argv[i], i + 1
         name = _flag_name(arg) if arg.startswith("--") else ""
-        if name not in refused and name.startswith("no_") and name[3:] in refused:
-            name = name[3:]  # HfArgumentParser's --no_NAME of a boolean flag that defaults to true
+        negated = name not in refused and name.startswith("no_") and name[3:] in refused
+        name = name[3:] if negated else name  # HfArgumentParser's --no_NAME of a boolean flag that defaults to true
         group = refused.get(name)
         if group is None:
             kept.append(arg)
-        elif group.status != trl_flags.IGNORED:
-            errors.append(trl_flags.message(name, group))
+            continue
+        if negated:
+            value = False
+        elif "=" in arg:
+            value = trl_flags.flag_value(command, name, arg.split("=", 1)[1])
+        elif i < len(argv) and _is_value(command, name, argv[i]):
+            value, i = trl_flags.flag_value(command, name, argv[i]), i + 1
         else:
+            value = trl_flags.flag_value(command, name, None)  # a bare on/off flag: true
+        if trl_flags.is_default(command, name, value):
+            continue  # TRL's default asks for nothing rlhfkit does differently
+        if group.status == trl_flags.IGNORED:
             ignored.append(name)
-            if "=" not in arg and not arg[2:].startswith(("no_", "no-")):
-                value_of = name
+        else:
+            errors.append(trl_flags.message(name, group, command=command))
     for name in dict.fromkeys(ignored) if not errors else ():
         note(trl_flags.ignored_note(f"--{name}", refused[name]))
     if errors:
@@ -150,11 +158,11 @@ def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
     return kept
 
 
-def _is_value(name: str, arg: str) -> bool:
-    """Whether `arg` is the value of the ignored flag `name` (optional for a boolean flag)."""
+def _is_value(command: str, name: str, arg: str) -> bool:
+    """Whether `arg` is the value of TRL's flag `name` (optional for an on/off flag)."""
     if arg.startswith("--"):
         return False
-    return not trl_flags.is_boolean(name) or arg.lower() in _BOOLEAN_WORDS
+    return not trl_flags.is_boolean(command, name) or arg.lower() in _BOOLEAN_WORDS
 
 
 _BOOLEAN_WORDS = ("true", "false", "yes", "no", "t", "f", "y", "n", "1", "0")  # what HfArgumentParser reads as bools
@@ -201,13 +209,19 @@ def _read_config_file(argv: list[str], cls: type, prog: str) -> dict:
     if not isinstance(values, dict):
         raise UsageError(f"--config {path!r} must hold a mapping of field: value.")
     unknown = sorted(set(values) - set(config_field_names(cls)) - set(LAUNCH_FLAGS))
-    refused = trl_flags.not_taken(cls.trl_command, set(config_field_names(cls)))
+    command = cls.trl_command
+    refused = trl_flags.not_taken(command, set(config_field_names(cls))) if unknown else {}
     for key in [key for key in unknown if key in refused]:
+        value = values.pop(key)
+        if isinstance(value, str):  # argparse reads a text default as the flag's text (TRL's parser: YAML as defaults)
+            value = trl_flags.flag_value(command, key, value)
+        if trl_flags.is_default(command, key, value):
+            continue  # TRL's default asks for nothing rlhfkit does differently
         if refused[key].status == trl_flags.IGNORED:
-            del values[key]
             note(trl_flags.ignored_note(f"{key} (in --config {path})", refused[key]))
         else:
-            raise UsageError(f"--config {path!r} has the key {key}: {trl_flags.message(key, refused[key])}")
+            reason = trl_flags.message(key, refused[key], command=command)
+            raise UsageError(f"--config {path!r} has the key {key}: {reason}")
     unknown = [key for key in unknown if key not in refused]
     if unknown:
         raise UsageError(

@@ -140,9 +140,9 @@ class CheckedConfig:
 def config_dataclass(cls: type[_Config]) -> type[_Config]:
     """Class decorator of every config: ``@dataclass``, ``--no_NAME`` for its on/off fields (rules.on_off_flags), and
     an ``__init__`` that explains a keyword the dataclass does not take before Python's bare "unexpected keyword
-    argument": TRL's fields rlhfkit refuses raise FieldNotTakenError with the command line's reason, the
-    accepted-and-ignored ones are dropped after one note, other names get the closest flag
-    (trl_flags.screen_keyword)."""
+    argument": a TRL field at TRL's default is dropped, as are the accepted-and-ignored ones (after one note at
+    another value); the others rlhfkit refuses raise FieldNotTakenError with the command line's reason, other names
+    get the closest flag (trl_flags.screen_keyword)."""
     cls = on_off_flags(dataclass(cls))
     init = cls.__init__
 
@@ -153,9 +153,11 @@ def config_dataclass(cls: type[_Config]) -> type[_Config]:
         if not taken.issuperset(kwargs):
             flags = _init_names(getattr(config, "full_arguments", config))  # the flags of the command line
             for name in [name for name in kwargs if name not in taken]:
-                # raises FieldNotTakenError, or returns the note of a keyword rlhfkit accepts and ignores
-                note(trl_flags.screen_keyword(config.__name__, config.trl_command, name, flags))
-                del kwargs[name]
+                # raises FieldNotTakenError, or returns None (TRL's default) or the note of an ignored keyword
+                value = kwargs.pop(name)
+                explained = trl_flags.screen_keyword(config.__name__, config.trl_command, name, value, flags)
+                if explained is not None:
+                    note(explained)
         init(self, *args, **kwargs)
 
     cls.__init__ = __init__

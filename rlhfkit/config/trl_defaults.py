@@ -3,8 +3,8 @@
 TRL's defaults are read from the classes themselves where they are installed: TRL 1.16's ``GRPOConfig``,
 ``ScriptArguments``, ``GRPOScriptArguments`` and ``ModelConfig`` (TRL is a test and docs dependency), and
 transformers' ``TrainingArguments``, which TRL's configs extend. TRL 1.12's ``PPOConfig`` (TRL's last PPO, gone from
-1.13 on) cannot be installed beside 1.16, so its defaults are recorded here (TRL_1_12_PPO_DEFAULTS). Its
-``ScriptArguments`` and ``ModelConfig`` have the same defaults as 1.16's (compared when they were recorded).
+1.13 on) cannot be installed beside 1.16, so its defaults are recorded (config/trl_recorded.py TRL_1_12_PPO_DEFAULTS).
+Its ``ScriptArguments`` and ``ModelConfig`` have the same defaults as 1.16's (compared when they were recorded).
 ``make docs`` renders the table; tests/config/test_trl_defaults.py keeps it true.
 """
 
@@ -16,42 +16,7 @@ from typing import Any
 
 from rlhfkit.config.grpo import GRPOArguments
 from rlhfkit.config.ppo import PPOArguments
-
-# TRL 1.12.0 (trl-1.12.0-py3-none-any.whl): the defaults of trl/experimental/ppo/ppo_config.py PPOConfig's own fields
-# and of the TrainingArguments fields trl/trainer/base_config.py _BaseConfig (its parent) overrides; every other
-# TrainingArguments field keeps transformers' default. Fields that TRL fills in at run time (world_size,
-# batch_size, ...) and the adapter names, which rlhfkit does not take, are left out.
-TRL_1_12_PPO_DEFAULTS: dict[str, Any] = {
-    # _BaseConfig (all TRL trainers' configs)
-    "logging_steps": 10,
-    "gradient_checkpointing": True,
-    "bf16": None,
-    "lr_scheduler_kwargs": None,
-    # PPOConfig
-    "learning_rate": 3e-6,
-    "dataset_num_proc": None,
-    "num_mini_batches": 1,
-    "total_episodes": None,
-    "local_rollout_forward_batch_size": 64,
-    "num_sample_generations": 10,
-    "response_length": 53,
-    "stop_token": None,
-    "stop_token_id": None,
-    "temperature": 0.7,
-    "missing_eos_penalty": None,
-    "sft_model_path": "EleutherAI/pythia-160m",
-    "reward_model_path": "EleutherAI/pythia-160m",
-    "num_ppo_epochs": 4,
-    "whiten_rewards": False,
-    "kl_coef": 0.05,
-    "kl_estimator": "k1",
-    "cliprange": 0.2,
-    "vf_coef": 0.1,
-    "cliprange_value": 0.2,
-    "gamma": 1.0,
-    "lam": 0.95,
-    "ds3_gather_for_generation": True,
-}
+from rlhfkit.config.trl_recorded import TRL_1_12_PPO_DEFAULTS
 
 # Why each default differs: (command, field) -> one short phrase. A test requires one for every differing default and
 # none for a default that no longer differs.

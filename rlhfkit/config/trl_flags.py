@@ -1,18 +1,24 @@
-"""TRL's command-line flags that rlhfkit does not take, and why.
+"""TRL's fields that rlhfkit takes only at TRL's default value, and why.
 
 ``rlhfkit ppo`` and ``rlhfkit grpo`` take TRL's flag names, so a TRL command line runs unchanged where the concept is
 the same. The flags of TRL's commands are those of its dataclasses: for ``trl ppo`` (TRL 1.12's PPO example script)
 ``PPOConfig``, ``ScriptArguments`` and ``ModelConfig``; for ``trl grpo`` (TRL 1.16) ``GRPOScriptArguments``,
 ``GRPOConfig``, ``ModelConfig`` and ``DatasetMixtureConfig``; both configs extend transformers' ``TrainingArguments``.
-A flag of those that rlhfkit does not take exits with status 2 and its reason, never as an unknown flag:
 
-    --push_to_hub is a TRL/transformers flag that rlhfkit does not support: <why>. See docs/trl-flags.md.
+Every one of those fields is accepted at TRL's default value for that command (a Python keyword, a --config key or a
+flag) and dropped without a word: it asks for nothing rlhfkit does differently, so a TRL config, YAML file or command
+line that spells out TRL's defaults runs. A field that no config of rlhfkit takes, at another value, exits with status
+2 and its reason, never as an unknown flag:
 
-The names TRL adds are frozen here (TRL_PPO_FLAGS, TRL_GRPO_FLAGS, read from TRL's sources); transformers' names are
-read from the installed ``TrainingArguments``. Every name is in one of the GROUPS below: not supported (with the
-reason), not supported yet (planned), or accepted and ignored (where ignoring is harmless and honest: the flag asks
-for nothing rlhfkit would do differently). ``make docs`` generates ``docs/trl-flags.md`` and the table of TRL's GRPOConfig
-fields in ``docs/algorithms/grpo.md`` from these facts (config/trl_flags_docs.py).
+    --use_vllm is a TRL/transformers flag that rlhfkit does not support: <why>. TRL's default (--use_vllm false) is
+    accepted. See docs/trl-flags.md.
+
+The names and defaults TRL adds are recorded in config/trl_recorded.py (rlhfkit does not import TRL at run time);
+transformers' are read from the installed ``TrainingArguments``. Every name is in one of the GROUPS below: not
+supported (with the reason), not supported yet (planned), or accepted and ignored at any value (where ignoring is
+harmless and honest: the flag asks for nothing rlhfkit would do differently; a value other than the default prints
+one note). ``make docs`` generates ``docs/trl-flags.md`` and the table of TRL's GRPOConfig fields in
+``docs/algorithms/grpo.md`` from these facts (config/trl_flags_docs.py).
 
 The configs import this module to explain a keyword they do not take (:func:`screen_keyword`), so it imports no
 config: a config names its command with its ``trl_command`` attribute.
@@ -22,60 +28,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
+import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from functools import cache
+from typing import Any
 
+from rlhfkit.config.trl_recorded import TRL_DEFAULTS, TRL_FLAGS, TRL_GRPO_FLAGS, TRL_SCRIPT_DEFAULTS
 from rlhfkit.errors import FieldNotTakenError
 
 SUPPORTED_NOT, NOT_YET, IGNORED = "not supported", "not supported yet", "accepted and ignored"
 DOC = "docs/trl-flags.md"
 COMMANDS = ("ppo", "grpo")
-
-# Flags of TRL's own dataclasses (not TrainingArguments'), in their order, from the TRL wheels' sources.
-TRL_PPO_FLAGS = (  # TRL 1.12: experimental/ppo/ppo_config.py PPOConfig, scripts/utils.py ScriptArguments, ModelConfig
-    "dataset_num_proc", "num_mini_batches", "total_episodes", "local_rollout_forward_batch_size",
-    "num_sample_generations", "response_length", "stop_token", "stop_token_id", "temperature", "missing_eos_penalty",
-    "sft_model_path", "world_size", "num_total_batches", "micro_batch_size", "local_batch_size", "batch_size",
-    "local_mini_batch_size", "mini_batch_size", "reward_model_path", "model_adapter_name", "ref_adapter_name",
-    "num_ppo_epochs", "whiten_rewards", "kl_coef", "kl_estimator", "cliprange", "vf_coef", "cliprange_value", "gamma",
-    "lam", "ds3_gather_for_generation",
-    "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming",
-    "ignore_bias_buffers",
-    "model_name_or_path", "model_revision", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha",
-    "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save", "lora_task_type",
-    "use_rslora", "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
-    "bnb_4bit_quant_storage",
-)  # fmt: skip
-TRL_GRPO_CONFIG_FIELDS = (  # TRL 1.16: trainer/grpo_config.py GRPOConfig's own fields, in its order
-    "model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "disable_dropout", "cast_lm_head_to_fp32",
-    "num_generations", "num_generations_eval", "max_completion_length", "ds3_gather_for_generation",
-    "shuffle_dataset", "pad_to_multiple_of", "generation_batch_size", "steps_per_generation", "temperature", "top_p",
-    "top_k", "min_p", "generation_kwargs", "chat_template_kwargs", "repetition_penalty", "cache_implementation",
-    "use_vllm", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode", "vllm_structured_outputs_regex",
-    "vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
-    "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size", "beta", "num_iterations",
-    "epsilon", "delta", "epsilon_high", "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos",
-    "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", "importance_sampling_level", "reward_weights",
-    "multi_objective_aggregation", "scale_rewards", "loss_type", "mask_truncated_completions", "sync_ref_model",
-    "ref_model_mixup_alpha", "ref_model_sync_steps", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy",
-    "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta", "entropy_target", "max_tool_calling_iterations",
-    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
-    "vllm_importance_sampling_clip_min", "off_policy_mask_threshold", "use_bias_correction_kl", "log_completions",
-    "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
-    "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged",
-    "vllm_importance_sampling_cap",
-)  # fmt: skip
-TRL_GRPO_FLAGS = (  # TRL 1.16: scripts/grpo.py GRPOScriptArguments, GRPOConfig, ModelConfig, DatasetMixtureConfig
-    "dataset_name", "dataset_config", "dataset_train_split", "dataset_test_split", "dataset_streaming", "ignore_bias_buffers",
-    "reward_model_name_or_path", "reward_funcs",
-    *TRL_GRPO_CONFIG_FIELDS,
-    "model_name_or_path", "model_revision", "dtype", "attn_implementation", "use_peft", "lora_r", "lora_alpha",
-    "lora_dropout", "lora_target_modules", "lora_target_parameters", "lora_modules_to_save", "lora_task_type",
-    "use_rslora", "use_dora", "load_in_8bit", "load_in_4bit", "bnb_4bit_quant_type", "use_bnb_nested_quant",
-    "bnb_4bit_quant_storage", "datasets", "streaming", "test_split_size",
-)  # fmt: skip
-TRL_FLAGS = {"ppo": TRL_PPO_FLAGS, "grpo": TRL_GRPO_FLAGS}
 
 
 @dataclass(frozen=True)
@@ -341,23 +306,125 @@ FALLBACK = Group(SUPPORTED_NOT, "a transformers Trainer option that rlhfkit's tr
 @cache
 def transformers_flags() -> tuple[str, ...]:
     """The flags of the installed transformers' TrainingArguments (TRL's configs extend it)."""
+    return tuple(_transformers_defaults())
+
+
+@cache
+def _transformers_defaults() -> dict[str, Any]:
     from transformers import TrainingArguments
 
-    return tuple(f.name for f in dataclasses.fields(TrainingArguments) if f.init)
+    return {f.name: _field_default(f) for f in dataclasses.fields(TrainingArguments) if f.init}
 
 
-def is_boolean(name: str) -> bool:
-    """Whether transformers' flag `name` is an on/off flag (its value is optional on the command line)."""
-    from transformers import TrainingArguments
-
-    field = TrainingArguments.__dataclass_fields__.get(name)
-    return field is not None and isinstance(field.default, bool)
+def _field_default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None if f.default is MISSING else f.default
 
 
 def trl_flags(command: str) -> tuple[str, ...]:
     """Every flag of TRL's `command` ("ppo" or "grpo"): TrainingArguments', then TRL's own."""
     names = transformers_flags()
     return names + tuple(name for name in TRL_FLAGS[command] if name not in names)
+
+
+def trl_default(command: str, name: str) -> Any:
+    """TRL's default of the flag `name` of `command` (TRL 1.12's for "ppo", 1.16's for "grpo"; MISSING for a name
+    that is no flag of it)."""
+    if name in TRL_DEFAULTS[command]:
+        return TRL_DEFAULTS[command][name]
+    if name in TRL_FLAGS[command] and name in TRL_SCRIPT_DEFAULTS:
+        return TRL_SCRIPT_DEFAULTS[name]
+    return _transformers_defaults().get(name, MISSING)
+
+
+def is_default(command: str, name: str, value: Any) -> bool:
+    """Whether `value` of TRL's flag `name` is TRL's default for `command`, as TRL would read it: an enum as its value
+    (HubStrategy.EVERY_SAVE is "every_save"), an empty value (None, "", [], {}) as any other, a number as an equal
+    number (not a bool), and for accelerator_config, which transformers fills in from None, a dict (or
+    AcceleratorConfig) that sets nothing but its defaults."""
+    default = trl_default(command, name)
+    if default is MISSING:
+        return False
+    if _same(value, default):
+        return True
+    filled = _filled_defaults().get(name)
+    value = _plain(value)
+    return (
+        filled is not None
+        and isinstance(value, dict)
+        and value.keys() <= filled.keys()
+        and all(_same(v, filled[k]) for k, v in value.items())
+    )
+
+
+@cache
+def _filled_defaults() -> dict[str, dict[str, Any]]:
+    """transformers' values of fields whose default None its TrainingArguments fills in (as a TRL config's to_dict()
+    shows them)."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    return {"accelerator_config": {f.name: _field_default(f) for f in dataclasses.fields(AcceleratorConfig)}}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _same(value: Any, default: Any) -> bool:
+    value, default = _plain(value), _plain(default)
+    if _is_empty(value) and _is_empty(default):
+        return True  # an empty value asks for nothing: debug "" is transformers' [], include_for_metrics None its []
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value is default  # True is not 1
+    if isinstance(value, (int, float)) and isinstance(default, (int, float)):
+        return value == default
+    if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
+        return len(value) == len(default) and all(_same(v, d) for v, d in zip(value, default))
+    if isinstance(value, dict) and isinstance(default, dict):
+        return value.keys() == default.keys() and all(_same(v, default[k]) for k, v in value.items())
+    return type(value) is type(default) and value == default
+
+
+def _is_empty(value: Any) -> bool:
+    return value is None or (isinstance(value, (str, list, tuple, dict)) and len(value) == 0)
+
+
+_TRUE, _FALSE = ("true", "yes", "t", "y", "1"), ("false", "no", "f", "n", "0")  # transformers' string_to_bool
+
+
+def flag_value(command: str, name: str, text: str | None) -> Any:
+    """The value HfArgumentParser (and TRL's parser) reads for TRL's flag `name` from the text after it (None: the
+    bare flag; a YAML string is read the same way, as argparse reads a string default): a boolean for an on/off flag
+    (bare: True), a number for a numeric one, JSON text as a dict; other text as it is ("None" is the text, not None:
+    a default of None is spelled by leaving the flag out)."""
+    default = _plain(trl_default(command, name))
+    if text is None:
+        return True  # a bare on/off flag; a flag that needs a value has no default to spell without one
+    if isinstance(default, bool):
+        low = text.lower()
+        return True if low in _TRUE else False if low in _FALSE else text
+    if isinstance(default, (int, float)):
+        for number in (int, float):
+            try:
+                return number(text)
+            except ValueError:
+                pass
+    if text.startswith("{"):
+        try:
+            return json.loads(text)  # transformers reads a dict field's JSON text
+        except ValueError:
+            pass
+    return text
+
+
+def is_boolean(command: str, name: str) -> bool:
+    """Whether TRL's flag `name` is an on/off flag (its value is optional on the command line)."""
+    return isinstance(trl_default(command, name), bool)
 
 
 @cache
@@ -376,29 +443,49 @@ def not_taken(command: str, rlhfkit_flags: set[str] | frozenset[str]) -> dict[st
     return {name: group_of(name) for name in trl_flags(command) if name not in rlhfkit_flags}
 
 
-def message(flag: str, group: Group, python: bool = False) -> str:
-    """The error for a refused flag, e.g. "--push_to_hub is a TRL/transformers flag that rlhfkit does not support:
-    ... See docs/trl-flags.md." (`python`: the same for a keyword of a config's constructor)."""
+def default_spelling(command: str, name: str, python: bool = False) -> str:
+    """TRL's default of flag `name` as a command line (or, `python`, a keyword) gives it: "--use_vllm false",
+    "leaving --deepspeed out", "hub_strategy='every_save'"."""
+    default = _plain(trl_default(command, name))
+    if python:
+        return f"{name}={default!r}"
+    if _is_empty(default):
+        return f"leaving --{name} out"
+    if isinstance(default, bool):
+        return f"--{name} {str(default).lower()}"
+    return f"--{name} {json.dumps(default) if isinstance(default, (dict, list)) else default}"
+
+
+def message(flag: str, group: Group, python: bool = False, command: str | None = None) -> str:
+    """The error for a refused flag, e.g. "--use_vllm is a TRL/transformers flag that rlhfkit does not support: ...
+    TRL's default (--use_vllm false) is accepted. See docs/trl-flags.md." (`python`: the same for a keyword of a
+    config's constructor; `command`: the TRL command whose default to name)."""
     verb = "does not support yet" if group.status == NOT_YET else "does not support"
     what = f"{flag} is a TRL/transformers field" if python else f"--{flag} is a TRL/transformers flag"
-    return f"{what} that rlhfkit {verb}: {group.reason}. See {DOC}."
+    default = ""
+    if command is not None and trl_default(command, flag) is not MISSING:
+        default = f" TRL's default ({default_spelling(command, flag, python)}) is accepted."
+    return f"{what} that rlhfkit {verb}: {group.reason}.{default} See {DOC}."
 
 
 def ignored_note(flag: str, group: Group) -> str:
-    """The one line printed for an accepted-and-ignored flag (or keyword, or --config key)."""
+    """The one line printed for an accepted-and-ignored flag (or keyword, or --config key) at another value than
+    TRL's default."""
     return f"{flag} has no effect in rlhfkit: {group.reason}."
 
 
-def screen_keyword(config: str, command: str, name: str, taken: Collection[str]) -> str:
-    """A keyword `name` that the config class named `config` does not take (`taken`: the flags of its command line,
-    `command`: "ppo" or "grpo"): raise FieldNotTakenError with the command line's reason for a TRL field rlhfkit
-    refuses, or with Python's message and the closest flag for another name; return the note for one rlhfkit accepts
-    and ignores (the config then drops it)."""
+def screen_keyword(config: str, command: str, name: str, value: Any, taken: Collection[str]) -> str | None:
+    """A keyword `name` (= `value`) that the config class named `config` does not take (`taken`: the flags of its
+    command line, `command`: "ppo" or "grpo"): None for a TRL field at TRL's default (the config drops it); the note
+    for one rlhfkit accepts and ignores at any value (dropped too); FieldNotTakenError with the command line's reason
+    for a TRL field rlhfkit refuses, or with Python's message and the closest flag for another name."""
     group = not_taken(command, set(taken)).get(name)
     if group is None:
         close = difflib.get_close_matches(name, sorted(taken), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise FieldNotTakenError(f"{config}.__init__() got an unexpected keyword argument {name!r}.{hint}")
+    if is_default(command, name, value):
+        return None
     if group.status == IGNORED:
         return ignored_note(name, group)
-    raise FieldNotTakenError(f"{config}({name}=...): {message(name, group, python=True)}")
+    raise FieldNotTakenError(f"{config}({name}=...): {message(name, group, python=True, command=command)}")

@@ -17,13 +17,13 @@ from rlhfkit.config.trl_flags import (
     IGNORED,
     NOT_YET,
     SUPPORTED_NOT,
-    TRL_GRPO_CONFIG_FIELDS,
     Group,
     group_of,
     message,
     not_taken,
     trl_flags,
 )
+from rlhfkit.config.trl_recorded import TRL_GRPO_CONFIG_FIELDS
 
 
 def render_markdown() -> str:

@@ -1,11 +1,13 @@
 """docs/migrating-from-trl.md's table of the defaults that differ from TRL's is regenerated from the live classes
-(rlhfkit's configs; TRL 1.16's installed GRPOConfig; TRL 1.12's recorded PPOConfig defaults), and each row says why."""
+(rlhfkit's configs; TRL 1.16's installed GRPOConfig; TRL 1.12's recorded PPOConfig defaults), and each row says why;
+the TRL 1.16 defaults rlhfkit records for run time (config/trl_recorded.py) are the installed TRL's."""
 
+import dataclasses
 from pathlib import Path
 
 import trl
 
-from rlhfkit.config import trl_defaults
+from rlhfkit.config import trl_defaults, trl_recorded
 from rlhfkit.docs import PAGES, expected
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,3 +39,47 @@ def test_a_new_difference_shows_up_without_a_reason(monkeypatch):
     monkeypatch.setitem(trl_defaults.TRL_1_12_PPO_DEFAULTS, "kl_coef", 0.1)
     assert ("ppo", "kl_coef", 0.1, 0.05) in trl_defaults.differing_defaults()
     assert "| ppo | `kl_coef` | `0.1` (TRL 1.12) | `0.05` | ? |" in trl_defaults.render_table()
+
+
+def _installed_defaults(cls) -> dict:
+    return {
+        f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+        if f.init
+    }
+
+
+def _typed(table: dict) -> dict:
+    return {name: (type(value), value) for name, value in table.items()}  # 1 is not 1.0, nor False 0
+
+
+def test_the_recorded_trl_1_16_defaults_are_the_installed_trls():
+    """rlhfkit judges a TRL field's default without importing TRL (config/trl_recorded.py): the recorded GRPOConfig
+    holds every field of the installed one that is its own or whose default is not TrainingArguments', with its
+    default, and the script groups hold theirs."""
+    from transformers import TrainingArguments
+    from trl import ModelConfig
+    from trl.scripts.grpo import GRPOScriptArguments
+    from trl.scripts.utils import DatasetMixtureConfig
+
+    base = _installed_defaults(TrainingArguments)
+    installed = {
+        name: value
+        for name, value in _installed_defaults(trl.GRPOConfig).items()
+        if name not in base or _typed({name: base[name]}) != _typed({name: value})
+    }
+    assert _typed(trl_recorded.TRL_1_16_GRPO_DEFAULTS) == _typed(installed)
+    assert tuple(name for name in installed if name not in base) == trl_recorded.TRL_GRPO_CONFIG_FIELDS
+    scripts = {}
+    for cls in (GRPOScriptArguments, ModelConfig, DatasetMixtureConfig):
+        scripts.update(_installed_defaults(cls))
+    assert _typed(trl_recorded.TRL_SCRIPT_DEFAULTS) == _typed(scripts)
+
+
+def test_every_trl_flag_has_a_recorded_or_transformers_default():
+    for command in ("ppo", "grpo"):
+        for name in trl_recorded.TRL_FLAGS[command]:
+            assert name in trl_recorded.TRL_DEFAULTS[command] or name in trl_recorded.TRL_SCRIPT_DEFAULTS, name
+    assert set(trl_recorded.TRL_1_12_PPO_DEFAULTS) <= set(trl_recorded.TRL_PPO_FLAGS) | {
+        "logging_steps", "gradient_checkpointing", "bf16", "lr_scheduler_kwargs", "learning_rate"  # _BaseConfig's
+    }  # fmt: skip

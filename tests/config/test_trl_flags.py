@@ -1,5 +1,5 @@
-"""TRL's flags that rlhfkit does not take (rlhfkit/config/trl_flags.py): every one is refused with its reason, never as an
-unknown flag, and docs/trl-flags.md lists them."""
+"""TRL's flags that rlhfkit does not take (rlhfkit/config/trl_flags.py): every one is accepted at TRL's default and
+refused at another value with its reason, never as an unknown flag, and docs/trl-flags.md lists them."""
 
 import os
 from dataclasses import fields
@@ -17,6 +17,7 @@ from rlhfkit.config import (
     trl_flags_docs,
 )
 from rlhfkit.config.parse import _parser, parse_config
+from rlhfkit.config.trl_recorded import TRL_GRPO_CONFIG_FIELDS
 from rlhfkit.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,7 +34,7 @@ def test_grpo_docs_hold_every_trl_grpo_config_field():
         text = f.read()
     table = trl_flags_docs.render_grpo_config_table()
     assert table in text, "docs/algorithms/grpo.md is stale: run `make docs`"
-    assert all(f"`{name}`" in table for name in trl_flags.TRL_GRPO_CONFIG_FIELDS)
+    assert all(f"`{name}`" in table for name in TRL_GRPO_CONFIG_FIELDS)
 
 
 @pytest.mark.parametrize("command", trl_flags.COMMANDS)
@@ -60,13 +61,13 @@ def test_every_listed_flag_is_a_trl_flag_that_some_command_refuses():
 @pytest.mark.parametrize(
     "argv, needle",
     [
-        (["ppo", "--hub_strategy", "every_save"], "--hub_strategy is a TRL/transformers flag that rlhfkit does not "
+        (["ppo", "--hub_strategy", "checkpoint"], "--hub_strategy is a TRL/transformers flag that rlhfkit does not "
          "support: rlhfkit uploads output_dir once, when training has ended (--push_to_hub"),
         (["grpo", "--use_vllm", "true"], "--use_vllm is a TRL/transformers flag that rlhfkit does not support:"),
         (["ppo", "--model-adapter-name", "policy"], "--model_adapter_name is a TRL/transformers flag that rlhfkit "
          "does not support: with --use_peft rlhfkit creates one LoRA adapter"),
-        (["grpo", "--off_policy_mask_threshold", "0.5"], "--off_policy_mask_threshold is a TRL/transformers flag "
-         "that rlhfkit does not support yet: TRL 1.16's off-policy sequence mask"),
+        (["grpo", "--use_transformers_paged", "true"], "--use_transformers_paged is a TRL/transformers flag "
+         "that rlhfkit does not support: rlhfkit samples with its own KV-cache decoder"),
         (["ppo", "--no_remove_unused_columns"], "--remove_unused_columns is a TRL/transformers flag"),
         (["ppo", "--ddp_backend", "gloo"], "--ddp_backend is a TRL/transformers flag that rlhfkit does not support: "
          "devices, processes and sharding come from accelerate"),
@@ -81,6 +82,38 @@ def test_a_trl_flag_exits_2_with_its_reason(capsys, tmp_path, argv, needle):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("command", trl_flags.COMMANDS)
+def test_every_refused_flag_is_accepted_at_trls_default_from_python_and_the_command_line(command, capsys):
+    cls = CONFIGS[command]
+    refused = trl_flags.not_taken(command, set(config_field_names(cls)))
+    cls(**{name: trl_flags.trl_default(command, name) for name in refused})  # all at once
+    argv = []
+    for name in refused:  # TRL's default as its command line spells it; a default of None is the flag left out
+        default = trl_flags.trl_default(command, name)
+        if isinstance(default, (bool, int, float, str)) and default != "":
+            argv += [f"--{name}", str(default)]
+    assert len(argv) > 40
+    config, explicit = parse_config(cls, [*argv, "--learning_rate", "2e-6"], "x")
+    assert config.learning_rate == 2e-6 and explicit == {"learning_rate"}
+    assert capsys.readouterr().err == ""  # not even the ignored flags' notes: the defaults ask for nothing
+
+
+def test_is_default_reads_values_as_trl_does():
+    assert trl_flags.is_default("grpo", "use_vllm", False) and not trl_flags.is_default("grpo", "use_vllm", 0)
+    assert trl_flags.is_default("grpo", "vllm_server_timeout", 240) and trl_flags.is_default("ppo", "debug", [])
+    assert not trl_flags.is_default("grpo", "remove_unused_columns", True)  # TRL 1.16's GRPOConfig turns it off
+    assert trl_flags.is_default("ppo", "remove_unused_columns", True)  # TRL 1.12's PPOConfig keeps transformers'
+    assert trl_flags.is_default("ppo", "accelerator_config", {"even_batches": True})  # transformers fills it in
+    assert not trl_flags.is_default("ppo", "accelerator_config", {"even_batches": False})
+    assert not trl_flags.is_default("ppo", "accelerator_config", {"no_such_key": None})
+    assert not trl_flags.is_default("grpo", "no_such_flag", None)
+    assert trl_flags.flag_value("grpo", "use_vllm", "FALSE") is False and trl_flags.flag_value(
+        "grpo", "use_vllm", None
+    )
+    assert trl_flags.flag_value("grpo", "vllm_server_port", "8000") == 8000
+    assert trl_flags.flag_value("ppo", "deepspeed", "None") == "None"  # HfArgumentParser's text, not None
+
+
 def test_a_misspelt_flag_is_still_unknown(capsys):
     assert main(["ppo", "--learnin_rate", "1e-5", "--push_to_hubb"]) == 2
     err = capsys.readouterr().err
@@ -91,7 +124,7 @@ def test_a_misspelt_flag_is_still_unknown(capsys):
 
 def test_every_refused_flag_is_named_at_once():
     with pytest.raises(UsageError) as info:
-        parse_config(GRPOConfig, ["--off_policy_mask_threshold", "0.5", "--hub_revision", "dev", "--beta", "0.1"], "x")
+        parse_config(GRPOConfig, ["--use_vllm", "--hub_revision", "dev", "--beta", "0.1"], "x")
     assert str(info.value).count("is a TRL/transformers flag") == 2
 
 
