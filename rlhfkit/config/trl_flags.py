@@ -64,24 +64,6 @@ _VLLM = tuple(
 )
 
 GROUPS: tuple[Group, ...] = (
-    # --- planned ---------------------------------------------------------------------------------------------------
-    Group(
-        SUPPORTED_NOT,
-        "DeepSpeed ZeRO and FSDP2 come from the accelerate config, not from trainer flags: accelerate launch "
-        "--config_file examples/accelerate_configs/deepspeed_zero3.yaml (or deepspeed_zero1/2, fsdp2) -m rlhfkit ...; "
-        "a DeepSpeed JSON goes into the accelerate config as deepspeed_config_file (docs/distributed.md)",
-        ("deepspeed", "fsdp", "fsdp_config"),
-    ),
-    Group(
-        NOT_YET,
-        "TRL 1.16's off-policy sequence mask and per-reward normalisation (GDPO) are planned; rlhfkit's GRPO loss "
-        "masks no sequence for being off-policy and normalises the weighted sum of the rewards (TRL's defaults: "
-        "off_policy_mask_threshold unset, sum_then_normalize)",
-        (
-            "off_policy_mask_threshold",
-            "multi_objective_aggregation",
-        ),
-    ),  # fmt: skip
     # --- accepted and ignored ----------------------------------------------------------------------------------------
     Group(
         IGNORED,
@@ -117,6 +99,13 @@ GROUPS: tuple[Group, ...] = (
         ("local_rank",),
     ),
     # --- not supported ---------------------------------------------------------------------------------------------
+    Group(
+        SUPPORTED_NOT,
+        "DeepSpeed ZeRO and FSDP2 come from the accelerate config, not from trainer flags: accelerate launch "
+        "--config_file examples/accelerate_configs/deepspeed_zero3.yaml (or deepspeed_zero1/2, fsdp2) -m rlhfkit ...; "
+        "a DeepSpeed JSON goes into the accelerate config as deepspeed_config_file (docs/distributed.md)",
+        ("deepspeed", "fsdp", "fsdp_config"),
+    ),
     Group(
         SUPPORTED_NOT,
         "with --use_peft rlhfkit creates one LoRA adapter on the modules --lora_target_modules names, and the "
@@ -227,8 +216,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         SUPPORTED_NOT,
         "speed and memory features rlhfkit does not offer for the training forward (compilation, Liger kernels, "
-        "TF32, cache emptying, batch-size search, NEFTune noise, MoE auxiliary loss, an fp32 LM head, padding to a "
-        "multiple, the KV cache in training)",
+        "TF32, cache emptying, batch-size search, NEFTune noise, MoE auxiliary loss, the KV cache in training)",
         (
             "torch_compile",
             "torch_compile_backend",
@@ -240,8 +228,6 @@ GROUPS: tuple[Group, ...] = (
             "auto_find_batch_size",
             "neftune_noise_alpha",
             "router_aux_loss_coef",
-            "cast_lm_head_to_fp32",
-            "pad_to_multiple_of",
             "use_cache",
         ),
     ),  # fmt: skip
