@@ -8,7 +8,7 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -169,8 +169,10 @@ def tokenize_prompts(
     overflow: str = "drop",
     log=print,
     num_proc: int | None = None,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
 ) -> Dataset:
     """Adds ``input_ids`` (prompt tokens, no padding). num_proc: processes for the map/filter (--dataset_num_proc).
+    chat_template_kwargs: passed to the chat template of conversations (prompt_text).
 
     A dataset already tokenized (an ``input_ids`` column, as TRL's examples/scripts/ppo/ppo.py prepares it, which
     keeps that column alone) keeps its ids as given; when it has no `text_field` column, the prompt text that reward
@@ -193,7 +195,7 @@ def tokenize_prompts(
         prompts = dataset[text_field]
         _check_prompts(prompts, text_field, flag_prefix, tokenizer)
         # As TRL: a chat template already writes the special tokens it wants, and text prompts are used as given.
-        texts = [prompt_text(prompt, tokenizer) for prompt in prompts]
+        texts = [prompt_text(prompt, tokenizer, chat_template_kwargs) for prompt in prompts]
         dataset = dataset.add_column("input_ids", _token_ids(tokenizer, texts))
     elif text_field not in dataset.column_names:
         dataset = dataset.add_column(text_field, _decoded(tokenizer, dataset["input_ids"], flag_prefix))
@@ -264,12 +266,16 @@ def is_conversational(prompt: object) -> bool:
     )
 
 
-def prompt_text(prompt: str | list[dict], tokenizer: PreTrainedTokenizerBase) -> str:
+def prompt_text(
+    prompt: str | list[dict], tokenizer: PreTrainedTokenizerBase, chat_template_kwargs: Mapping[str, Any] | None = None
+) -> str:
     """What the model reads: a text prompt as it is; a conversation through the tokenizer's chat template, ending
-    with the assistant's turn (add_generation_prompt=True)."""
+    with the assistant's turn (add_generation_prompt=True). chat_template_kwargs: the template's own variables, as
+    TRL's --chat_template_kwargs passes them (e.g. {"enable_thinking": False} for Qwen3's)."""
     if isinstance(prompt, str):
         return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    kwargs = dict(chat_template_kwargs or {})
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **kwargs)
 
 
 def as_completions(completions: list[str], prompts: list) -> list:

@@ -60,6 +60,17 @@ def test_conversations_are_rendered_with_the_chat_template_and_text_is_kept(chat
     assert dataset["prompt"] == [conversation]  # reward functions still get the messages
 
 
+def test_chat_template_kwargs_reach_the_template(chat_tokenizer):
+    chat_tokenizer.chat_template = "{% if not enable_thinking %}/no_think {% endif %}" + CHAT_TEMPLATE
+    conversation = [{"role": "user", "content": "sort 21="}]
+    assert prompt_text(conversation, chat_tokenizer, {"enable_thinking": False}).startswith("/no_think user: sort")
+    assert prompt_text(conversation, chat_tokenizer, {"enable_thinking": True}).startswith("user: sort")
+    dataset = Dataset.from_dict({"prompt": [conversation]})
+    tokenized = tokenize_prompts(dataset, chat_tokenizer, "prompt", None, chat_template_kwargs={"enable_thinking": 0})
+    rendered = chat_tokenizer("/no_think user: sort 21=\nassistant: ", add_special_tokens=False)["input_ids"]
+    assert tokenized["input_ids"] == [rendered]
+
+
 def test_completions_take_the_prompts_format():
     conversation = [{"role": "user", "content": "sort 21="}]
     assert as_completions(["12", "21"], ["sort 21=", conversation]) == [

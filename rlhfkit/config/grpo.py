@@ -59,6 +59,14 @@ MODEL_INIT_FIELDS = {
 }
 
 
+# apply_chat_template's own arguments, which rendering a prompt sets (data.prompt_text): not template variables.
+CHAT_TEMPLATE_ARGUMENTS = frozenset(
+    {"conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
+     "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
+     "tokenizer_kwargs"}
+)  # fmt: skip
+
+
 @config_dataclass
 class GRPOConfig(AsyncGenerationConfig, TrainConfig):
     """Hyper-parameters of :class:`rlhfkit.GRPOTrainer` (names, meanings and defaults as in TRL's ``GRPOConfig``).
@@ -207,6 +215,14 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
             "--temperature and --max_completion_length, and do_sample only be true: the loss and the completion "
             "mask read the flags. Options the lean decoding loop does not implement (num_beams, suppress_tokens, "
             "...) send generation to model.generate (said once); stop_strings is refused (use eos_token_id).",
+            OrNone(JSON_OBJECT),
+        ),
+    )
+    chat_template_kwargs: dict | str | None = field(
+        default=None,
+        metadata=meta(
+            "Variables of the policy tokenizer's chat template for conversational prompts, as JSON (TRL's flag), "
+            'e.g. {"enable_thinking": false} for Qwen3. Not the arguments apply_chat_template sets itself.',
             OrNone(JSON_OBJECT),
         ),
     )
@@ -434,6 +450,13 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
             self.epsilon_high = self.epsilon
         if self.generation_kwargs:
             self._check_generation_kwargs()
+        owned = sorted(set(self.chat_template_kwargs or {}) & CHAT_TEMPLATE_ARGUMENTS)
+        if owned:
+            raise ConfigError(
+                f"chat_template_kwargs sets {', '.join(owned)}: rlhfkit renders the prompts with apply_chat_template "
+                "itself (tokenize=False, add_generation_prompt=True). Pass only the template's own variables, such as "
+                '{"enable_thinking": false}.'
+            )
         if self.multi_objective_aggregation == "normalize_then_sum" and self.scale_rewards != "group":
             note(
                 f"scale_rewards={self.scale_rewards} has no effect with multi_objective_aggregation="

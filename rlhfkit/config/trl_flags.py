@@ -246,9 +246,8 @@ GROUPS: tuple[Group, ...] = (
     ),  # fmt: skip
     Group(
         SUPPORTED_NOT,
-        "text prompts and conversations only: no multimodal inputs, and conversations are rendered with the "
-        "tokenizer's chat template as it is",
-        ("log_multimodal", "chat_template_kwargs"),
+        "text prompts and conversations only: no multimodal inputs, so no images to log",
+        ("log_multimodal",),
     ),
     Group(
         SUPPORTED_NOT,

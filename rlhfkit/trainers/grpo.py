@@ -480,7 +480,8 @@ class GRPOTrainer(TRLTrainerAPI):
             return
         columns = ["prompt", "completion", *self.rewards.names, "advantage"]
         rewards = batch.rewards.t().tolist()
-        prompts = [prompt_text(p, self.tokenizer) for p in batch.prompts]  # a conversation as the model read it
+        # a conversation as the model read it
+        prompts = [prompt_text(p, self.tokenizer, self.args.chat_template_kwargs) for p in batch.prompts]
         rows = [
             [p, c, *[None if r != r else r for r in rs], a]
             for p, c, rs, a in zip(prompts, batch.completions, rewards, batch.advantages.tolist())

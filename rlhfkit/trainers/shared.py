@@ -81,7 +81,16 @@ def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: Eva
 
 def _tokenized(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, flag_prefix: str) -> Dataset:
     text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
-    return tokenize_prompts(dataset, tokenizer, text, limit, flag_prefix, overflow, num_proc=args.dataset_num_proc)
+    return tokenize_prompts(
+        dataset,
+        tokenizer,
+        text,
+        limit,
+        flag_prefix,
+        overflow,
+        num_proc=args.dataset_num_proc,
+        chat_template_kwargs=getattr(args, "chat_template_kwargs", None),  # GRPO's (TRL 1.12's PPO has none)
+    )
 
 
 def prepare_trained(

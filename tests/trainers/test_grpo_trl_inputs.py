@@ -73,6 +73,24 @@ def test_completions_no_reward_function_scores_get_0_with_a_warning(tiny_assets,
     assert [row["reward"] for row in rows] == [0.0, 0.0]
 
 
+def test_chat_template_kwargs_render_the_conversational_prompts(tiny_assets, tmp_path):
+    from datasets import Dataset
+
+    from rlhfkit.models import load_tokenizer
+    from tests.hub_cache import CHAT_TEMPLATE
+
+    tokenizer = load_tokenizer(str(tiny_assets / "tokenizer"))
+    tokenizer.chat_template = "{% if not enable_thinking %}/no_think {% endif %}" + CHAT_TEMPLATE
+    conversations = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in ["sort 21=", "sort 12="]]})
+    args = grpo_config(tiny_assets, tmp_path, max_steps=1, chat_template_kwargs='{"enable_thinking": false}')
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), grpo_rewards.recorded_length, args, train_dataset=conversations,
+                          processing_class=tokenizer)  # fmt: skip
+    rendered = [f"/no_think user: {p}\nassistant: " for p in ["sort 21=", "sort 12="]]
+    assert trainer.train_dataset["input_ids"] == tokenizer(rendered, add_special_tokens=False)["input_ids"]
+    with pytest.raises(ConfigError, match="chat_template_kwargs sets add_generation_prompt"):
+        grpo_config(tiny_assets, tmp_path, chat_template_kwargs={"add_generation_prompt": False})
+
+
 def test_reward_funcs_left_out_says_why(tiny_assets, tmp_path):
     args = grpo_config(tiny_assets, tmp_path, max_steps=1)
     with pytest.raises(ConfigError, match="GRPOTrainer needs reward_funcs.*rlhfkit does not train agents yet"):
