@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import json
 import os
 import sys
 import types
@@ -106,6 +107,17 @@ def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
             f"the base model (base_model_name_or_path in its adapter_config.json) reachable ({error}). Install peft "
             "(pip install 'rlhfkit[peft]'), or pass the merged model (output_dir/merged with --merge_adapter)."
         )
+    causes = []
+    cause: BaseException | None = error
+    while cause is not None:
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if not hub.trust_remote_code and (_ships_code(name, hub) or any("trust_remote_code" in str(c) for c in causes)):
+        return (
+            f"{where} ships its own modelling code, which transformers runs only when told to trust it. If you trust "
+            "it, pass --trust_remote_code (in Python: trust_remote_code=True in the config, or in "
+            "model_init_kwargs)."
+        )
     if os.path.isdir(name):
         return (
             f"{where} is a directory but not a model saved with save_pretrained ({error}). Pass the directory that "
@@ -113,11 +125,6 @@ def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
         )
     if not is_hub_id(name):
         return f"{where} is neither a local directory nor a hub model id (ORG/NAME): check the path."
-    causes = []
-    cause: BaseException | None = error
-    while cause is not None:
-        causes.append(cause)
-        cause = cause.__cause__ or cause.__context__
     if any(isinstance(c, RevisionNotFoundError) for c in causes):
         return f"{where}: the hub has no revision {hub.revision!r} of it (--model_revision): pass a branch, tag or commit."
     if any(isinstance(c, GatedRepoError) for c in causes):
@@ -139,6 +146,24 @@ def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
         f"{where} could not be loaded from the hub ({type(error).__name__}: {error}). Check the connection and the "
         "id, log in (hf auth login) for private or gated models, or pass a local directory."
     )
+
+
+def _ships_code(name: str, hub: Hub) -> bool:
+    """Whether the model's config.json (its directory's, or the hub cache's copy) maps its classes to modelling code
+    of its own (``auto_map``), which transformers does not run without trust_remote_code."""
+    from huggingface_hub import try_to_load_from_cache
+
+    if os.path.isdir(name):
+        path = os.path.join(name, "config.json")
+    elif is_hub_id(name):
+        path = try_to_load_from_cache(name, "config.json", revision=hub.revision)
+    else:
+        return False
+    try:
+        with open(path) as f:
+            return "auto_map" in json.load(f)
+    except (TypeError, OSError, ValueError):  # not cached (None or a sentinel), unreadable, not JSON
+        return False
 
 
 def _build_options(hub: Hub) -> dict:

@@ -1,6 +1,8 @@
 """The forwards in rlhfkit.models that the losses read: logits of the response positions only, and the float32 LM
 head of cast_lm_head_to_fp32."""
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -184,3 +186,31 @@ def test_cast_lm_head_to_fp32_refuses_a_lora_adapter_on_the_head(tiny_assets):
     assert saved(input_ids=ids).logits.dtype == torch.float32
     with saved.disable_adapter():
         assert saved(input_ids=ids).logits.dtype == torch.float32
+
+
+def test_a_model_that_ships_its_own_code_is_explained_not_called_missing(tmp_path):
+    from rlhfkit.errors import ModelLoadError
+    from rlhfkit.models import load_policy
+
+    config = {"model_type": "rlhfkit-custom", "auto_map": {"AutoModelForCausalLM": "modeling_custom.CustomLM"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "modeling_custom.py").write_text("raise RuntimeError('never imported without trust')\n")
+    with pytest.raises(ModelLoadError, match="ships its own modelling code.*pass --trust_remote_code"):
+        load_policy(str(tmp_path), torch.float32, "model_name_or_path")
+
+
+def test_a_cached_hub_model_that_ships_its_own_code_is_not_called_missing(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from rlhfkit.models import DEFAULT_HUB, _why_not_loaded
+    from tests.hub_cache import cache_model
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    (saved / "config.json").write_text(json.dumps({"model_type": "x", "auto_map": {"AutoModel": "m.X"}}))
+    cache_model(tmp_path / "hub", "org/custom", saved)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    message = _why_not_loaded("org/custom", "model_name_or_path", DEFAULT_HUB, OSError("offline"))
+    assert "ships its own modelling code" in message and "not in the hub cache" not in message
+    assert "not in the hub cache" in _why_not_loaded("org/absent", "model_name_or_path", DEFAULT_HUB, OSError("x"))
