@@ -450,6 +450,12 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
             self.epsilon_high = self.epsilon
         if self.generation_kwargs:
             self._check_generation_kwargs()
+        if self.importance_sampling_level == "sequence" and self.loss_type in ("bnpo", "dr_grpo", "dapo", "cispo"):
+            note(  # TRL 1.16's advice, in our words
+                f"importance_sampling_level=sequence with loss_type={self.loss_type}: this loss sums the tokens' "
+                "terms, so each sequence's ratio weighs as many times as it has tokens, not once as GSPO's "
+                "per-sequence objective. For GSPO as published use loss_type=grpo."
+            )
         owned = sorted(set(self.chat_template_kwargs or {}) & CHAT_TEMPLATE_ARGUMENTS)
         if owned:
             raise ConfigError(

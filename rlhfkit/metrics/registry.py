@@ -727,6 +727,19 @@ LOSS = Metric(
     watch="Near 0 is expected with num_iterations = 1 and beta = 0 (the ratio is 1 and advantages are centred); "
     "watch reward instead.",
 )
+POLICY_LOSS = Metric(
+    name="policy_loss",
+    meaning="The loss without the entropy bonus: the policy term as aggregated by loss_type, plus beta * KL (TRL "
+    "1.16's name). loss = policy_loss - entropy_coef * mean entropy.",
+    formula="mean over the window's optimizer steps and processes of the step's loss before the entropy bonus is "
+    "subtracted",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    when="entropy_coef != 0 or use_adaptive_entropy",
+    watch="Read it beside loss: the gap is the bonus; a loss falling while policy_loss stays is entropy, not reward.",
+)
 COMPLETIONS_MEAN_LENGTH = Metric(
     name="completions/mean_length",
     meaning="Mean completion length, truncated completions included.",

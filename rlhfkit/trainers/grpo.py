@@ -436,6 +436,8 @@ class GRPOTrainer(TRLTrainerAPI):
         if args.loss_type not in STEP_NORMALISED_LOSS_TYPES:  # those already divide by the step's tokens
             loss = loss / args.gradient_accumulation_steps
         if entropy_coef is not None:  # mean entropy over the policy term's tokens, per micro-batch of the step
+            # The loss without the bonus, TRL's policy_loss: each micro-batch holds 1/G of its step's.
+            self.run.metrics.add(M.POLICY_LOSS, loss.detach() * args.gradient_accumulation_steps, 1)
             bonus = ops.entropy_bonus(entropy_with_grad, mask, token_mask) / args.gradient_accumulation_steps
             loss = loss - entropy_coef * bonus
             if entropy_sums is not None:

@@ -132,3 +132,11 @@ def test_generation_kwargs_the_loss_can_follow_are_taken(kwargs):
 def test_generation_kwargs_the_loss_cannot_follow_are_refused_with_the_reason(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         GRPOConfig(temperature=0.7, max_completion_length=16, generation_kwargs=kwargs)
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "dapo", "cispo"])
+def test_a_sequence_level_ratio_with_a_token_summed_loss_gets_trls_advice(loss_type, capsys):
+    GRPOConfig(importance_sampling_level="sequence", loss_type=loss_type)
+    assert f"importance_sampling_level=sequence with loss_type={loss_type}" in capsys.readouterr().err
+    GRPOConfig(importance_sampling_level="sequence", loss_type="grpo")  # GSPO as published: nothing to say
+    assert capsys.readouterr().err == ""

@@ -114,7 +114,11 @@ def test_static_coefficient_in_a_run_is_logged_and_lowers_the_loss_by_the_bonus(
     assert regularised[0]["entropy"] == pytest.approx(plain[0]["entropy"], rel=1e-6)
     assert regularised[0]["loss"] - plain[0]["loss"] == pytest.approx(-0.2 * plain[0]["entropy"], rel=1e-4)
     assert [r["entropy_coef"] for r in regularised] == [0.2, 0.2]
-    assert all("entropy_coef" not in r for r in plain)
+    assert all("entropy_coef" not in r and "policy_loss" not in r for r in plain)
+    # TRL's policy_loss: the loss before the bonus, the plain run's loss on the same samples and weights.
+    assert regularised[0]["policy_loss"] == pytest.approx(plain[0]["loss"], rel=1e-5, abs=1e-7)
+    for row in regularised:
+        assert row["loss"] == pytest.approx(row["policy_loss"] - 0.2 * row["entropy"], rel=1e-4, abs=1e-6)
 
 
 def adaptive_run(tiny_assets, tmp_path, **overrides):
