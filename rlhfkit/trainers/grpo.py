@@ -407,7 +407,7 @@ class GRPOTrainer(TRLTrainerAPI):
                 entropy = ops.entropy_from_logits(logits.detach(), args.temperature)
         token_mask = None
         if args.top_entropy_quantile < 1.0:  # the policy loss only on the micro-batch's highest-entropy tokens
-            token_mask = ops.high_entropy_mask(entropy, mask, 1.0 - args.top_entropy_quantile)
+            token_mask = self.get_high_entropy_mask(entropy, mask, 1.0 - args.top_entropy_quantile)
         policy_mask = token_mask  # the tokens the policy term trains on; the entropy bonus keeps token_mask
         if args.off_policy_mask_threshold is not None:  # DeepSeek-V3.2: drop drifted completions with A < 0
             # The behaviour policy is the sampler's (TRL: vLLM's log-probs where it has them, else logp_old).
@@ -448,6 +448,31 @@ class GRPOTrainer(TRLTrainerAPI):
             if fresh and batch.sampling_logprobs is not None:
                 log_sampling_mismatch(self.run.metrics, logprobs, batch.sampling_logprobs[idx], mask)
         return loss.item()
+
+    # TRL 1.16's helpers, under its names and shapes (a subclass or a test of TRL's may call them).
+    def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
+        """The tokens whose entropy is at least the `threshold`-quantile of the entropies of every process's
+        tokens in `mask` (ops.high_entropy_mask; a collective: each process thresholds its own tokens by the pooled
+        quantile, as TRL does). (B, T) bool."""
+        mask, acc = mask.bool(), self.accelerator
+        # -1 pads the shorter processes' tokens: no entropy is negative
+        pooled = acc.gather(acc.pad_across_processes(entropies[mask].float(), dim=0, pad_index=-1.0))
+        return ops.high_entropy_mask(entropies, mask, threshold, pooled_entropies=pooled[pooled >= 0])
+
+    @staticmethod
+    def get_off_policy_mask(
+        advantages: torch.Tensor,
+        per_token_logps: torch.Tensor,
+        sampling_per_token_logps: torch.Tensor,
+        mask: torch.Tensor,
+        off_policy_threshold: float,
+    ) -> torch.Tensor:
+        """TRL's off-policy sequence mask (ops.off_policy_sequence_mask) with TRL's shapes: advantages (B,) or (B,
+        1), a (B, 1) tensor of mask's dtype, 1 = kept."""
+        keep = ops.off_policy_sequence_mask(
+            per_token_logps, sampling_per_token_logps, advantages.reshape(-1), mask.bool(), off_policy_threshold
+        )
+        return keep[:, None].to(mask.dtype)
 
     def log_micro_step(self, out: GRPOLossOutput, entropy, mask) -> None:
         """Entropy, KL and the clip statistics of one micro-batch (per token; per completion for a sequence-level

@@ -95,3 +95,21 @@ def test_reward_funcs_left_out_says_why(tiny_assets, tmp_path):
     args = grpo_config(tiny_assets, tmp_path, max_steps=1)
     with pytest.raises(ConfigError, match="GRPOTrainer needs reward_funcs.*rlhfkit does not train agents yet"):
         GRPOTrainer(str(tiny_assets / "sft"), args=args, train_dataset=prompts(tiny_assets)["train"])
+
+
+def test_trl_s_mask_helpers_under_trl_s_names(tiny_assets, tmp_path):
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"), grpo_rewards.recorded_length, grpo_config(tiny_assets, tmp_path, max_steps=1),
+        train_dataset=prompts(tiny_assets)["train"],
+    )  # fmt: skip
+    # 10 valid tokens 0.1 ... 1.0 (the two padded ones are left out of the quantile): the 0.8-quantile is 0.82.
+    entropies = torch.tensor([[0.1, 0.2, 0.3, 0.4, 0.5, 0.6], [0.7, 0.8, 0.9, 1.0, 1.1, 1.2]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    expected = torch.tensor([[0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0]], dtype=torch.bool)
+    assert torch.equal(trainer.get_high_entropy_mask(entropies, mask, 0.8), expected)
+    # Drift = mean(sampling - current) per sequence: 0.5 and 0.05; only the drifted, negative-advantage one is dropped.
+    current = torch.zeros(3, 2)
+    sampling = torch.tensor([[0.5, 0.5], [0.1, 0.0], [0.5, 0.5]])
+    keep = GRPOTrainer.get_off_policy_mask(torch.tensor([[-1.0], [-1.0], [1.0]]), current, sampling,
+                                           torch.ones(3, 2), 0.1)  # fmt: skip
+    assert torch.equal(keep, torch.tensor([[0.0], [1.0], [1.0]]))
