@@ -280,8 +280,8 @@ def reward_sources(
     processing_classes = list(processing_classes or [None] * len(sources))
     if len(processing_classes) != len(sources):
         raise ConfigError(
-            f"reward_processing_classes has {len(processing_classes)} entries for {len(sources)} reward_funcs: give "
-            "one per reward function (None for functions), in the same order."
+            f"reward_processing_classes has {len(processing_classes)} entries for {len(sources)} reward_funcs: the "
+            "counts must match, one per reward function (None for functions), in the same order."
         )
     names, funcs = [], []
     for source, tokenizer in zip(sources, processing_classes):
