@@ -352,8 +352,6 @@ class GRPOGeneration:
         if args.gradient_accumulation_steps % t.sizes.micro_steps_per_generation:  # outlives an optimizer step
             # logp_old: the sampler's log-probs where exact, else a full forward's
             exact = t.run.sampling_logprobs_exact(model)
-            if exact and args.cast_lm_head_to_fp32:  # a cast tied head leaves its embedding the one float32 weight
-                exact = all(p.dtype == torch.float32 for p in model.parameters())
             old_logprobs = (
                 chunk.sampling_logprobs if exact else self.logprobs(model, ids, mask, width, chunk.completion_ids)
             )

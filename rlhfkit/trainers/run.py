@@ -510,7 +510,9 @@ class TrainingRun:
         """Whether the log-probs computed while sampling (KV cache, one token at a time) can stand for a full
         forward's: in fp32 weights without mixed precision they agree to ~1e-6; in bf16 or fp16, weights or
         autocast, cached decoding and a full pass differ by ~1e-2, which PPO would see as spurious clipping."""
-        return next(model.parameters()).dtype == torch.float32 and self.accelerator.mixed_precision == "no"
+        # every weight: a float32 LM head (cast_lm_head_to_fp32) leaves the rest of a bf16 model in bf16
+        weights_fp32 = all(p.dtype == torch.float32 for p in model.parameters())
+        return weights_fp32 and self.accelerator.mixed_precision == "no"
 
     @property
     def lr(self) -> float:
