@@ -208,17 +208,24 @@ def _patterns(patterns: str | list[str] | None) -> list[str]:
     return [patterns] if isinstance(patterns, str) else list(patterns)
 
 
+def refuse_arguments(owner: str, why: str, **arguments: Any) -> None:
+    """TRL constructor arguments rlhfkit takes as None only: any other value exits 2 with `why`, naming them as
+    ``owner(name=...)``."""
+    given = [name for name, value in arguments.items() if value is not None]
+    if given:
+        raise ConfigError(f"{owner}({', '.join(f'{name}=...' for name in given)}): {why}")
+
+
 def refuse_agent_arguments(**arguments: Any) -> None:
     """TRL 1.16's GRPOTrainer agent arguments (tools, rollout_func, environment_factory): None is accepted; anything
     else exits 2, since rlhfkit does not train agents yet."""
-    given = [name for name, value in arguments.items() if value is not None]
-    if given:
-        raise ConfigError(
-            f"GRPOTrainer({', '.join(f'{name}=...' for name in given)}): rlhfkit does not train agents yet. TRL 1.16's "
-            "tools, environment_factory and rollout_func (multi-turn tool use and environments) are planned; until "
-            "then train on single-turn completions scored by reward functions (pass None), or train agents with "
-            "TRL's GRPOTrainer."
-        )
+    refuse_arguments(
+        "GRPOTrainer",
+        "rlhfkit does not train agents yet. TRL 1.16's tools, environment_factory and rollout_func (multi-turn tool "
+        "use and environments) are planned; until then train on single-turn completions scored by reward functions "
+        "(pass None), or train agents with TRL's GRPOTrainer.",
+        **arguments,
+    )
 
 
 def trl_constructor_arguments(

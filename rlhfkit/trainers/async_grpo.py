@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhfkit.config.async_grpo import AsyncGRPOConfig
 from rlhfkit.errors import ConfigError
+from rlhfkit.trainers.api import refuse_arguments
 from rlhfkit.trainers.grpo import GRPOTrainer
 
 
@@ -35,14 +36,13 @@ class AsyncGRPOTrainer(GRPOTrainer):
         rollout_worker=None,
         weight_transfer=None,
     ):
-        plumbing = {"rollout_worker": rollout_worker, "weight_transfer": weight_transfer}
-        given = [name for name, value in plumbing.items() if value is not None]
-        if given:
-            raise ConfigError(
-                f"AsyncGRPOTrainer({', '.join(f'{name}=...' for name in given)}): these drive TRL's vLLM server; "
-                "rlhfkit generates in its own worker process (async_generation), which takes no replacement. Pass "
-                "None."
-            )
+        refuse_arguments(
+            "AsyncGRPOTrainer",
+            "these drive TRL's vLLM server; rlhfkit generates in its own worker process (async_generation), which "
+            "takes no replacement. Pass None.",
+            rollout_worker=rollout_worker,
+            weight_transfer=weight_transfer,
+        )
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = AsyncGRPOConfig(output_dir=f"{name.rstrip('/').split('/')[-1]}-AsyncGRPO")
