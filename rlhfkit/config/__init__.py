@@ -7,7 +7,8 @@
 - script.py: TRL's other groups of flags, ScriptArguments (GRPOScriptArguments) and ModelConfig;
 - batch_sizes.py: the sizes that follow from the flags, the number of processes and the dataset (exact divisions);
 - parse.py: from a command line and a --config YAML file to a checked config;
-- trl_flags.py: TRL's flags that rlhfkit does not take, and why; trl_flags_docs.py: their page (docs/trl-flags.md).
+- trl_flags.py: TRL's flags that rlhfkit takes at TRL's default only, and why; trl_flags_docs.py: their page
+  (docs/trl-flags.md); trl_recorded.py: TRL's flag names and defaults, recorded from its wheels.
 """
 
 from rlhfkit.config.async_grpo import AsyncGRPOArguments, AsyncGRPOConfig
