@@ -91,7 +91,7 @@ def mem_available_gb() -> float:
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
+                return int(line.split()[1]) * 1024 / 1e9  # kB (KiB) to GB
     return float("nan")
 
 
@@ -110,7 +110,7 @@ def child_rss_gb(pid: int) -> float:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 2**20
+                    return int(line.split()[1]) * 1024 / 1e9
     except OSError:
         pass
     return 0.0
@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trl-grpo-python", default=sys.executable, help="an environment with trl==1.16.0")
     default_ppo = BENCH_DIR / ".venvs" / "trl-1.12.0" / "bin" / "python"
     p.add_argument("--trl-ppo-python", default=str(default_ppo if default_ppo.exists() else "/tmp/trl112/bin/python"))
-    p.add_argument("--min-available-gb", type=float, default=12.0, help="wait for this much MemAvailable first")
-    p.add_argument("--max-rss-gb", type=float, default=14.0, help="kill a run whose RSS passes this")
+    p.add_argument("--min-available-gb", type=float, default=12.0, help="wait for this much MemAvailable (GB) first")
+    p.add_argument("--max-rss-gb", type=float, default=14.0, help="kill a run whose RSS passes this many GB")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
     p.add_argument("--quick", action="store_true", help="the tiny shape, N = 16, one run: checks the harness")
     p.add_argument("--summary", type=Path, help="print the tables of a results file and exit")
