@@ -179,7 +179,7 @@ def tables(data: dict) -> str:
     runs = sorted({r["run"] for r in results})
     profile = meta.get("profile")
     if not profile:
-        lines.append(f"Peak RSS (GB = 10^9 bytes), median of the runs; {len(runs)} run(s) per row and library.")
+        lines.append(f"Peak RSS (GB = 10^9 bytes), median of each row's runs (listed; up to {len(runs)} per library).")
         lines.append("")
         lines.append("| trainer | shape | N | rlhfkit (GB) | TRL (GB) | rlhfkit / TRL | rlhfkit runs | TRL runs |"
                      " [8, N, V] fp32 (GB) |")  # fmt: skip
