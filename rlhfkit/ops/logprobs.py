@@ -9,8 +9,11 @@ numbers, and bfloat16's 8-bit mantissa would turn a log-prob of -20 into -20 +- 
 before any learning happens.
 """
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -85,3 +88,61 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     if not rows:  # B == 0
         return logits.new_zeros(logits.shape[:-1], dtype=_compute_dtype(logits.dtype))
     return torch.cat(rows)
+
+
+HIDDEN_CHUNK_ELEMENTS = 1 << 24  # logits per chunk of positions: 64 MB of float32 (110 positions at Qwen's 151,936)
+
+
+def positions_per_chunk(vocab_size: int) -> int:
+    """How many positions logprobs_from_hidden sends through the LM head at once: HIDDEN_CHUNK_ELEMENTS logits, at
+    least 1 position."""
+    return max(1, HIDDEN_CHUNK_ELEMENTS // max(1, vocab_size))
+
+
+def logprobs_from_hidden(
+    hidden: Tensor,
+    head: Callable[[Tensor], Tensor],
+    tokens: Tensor,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+    vocab_size: int = 1,
+) -> tuple[Tensor, Tensor | None]:
+    """logprobs_from_logits and entropy_from_logits of head(hidden), without a (B, T, V) logits tensor ever existing.
+
+    hidden: (B, T, H), the last hidden states at the positions that predict `tokens` (B, T) long. head: the LM head,
+    hidden (N, H) -> logits (N, V). The head runs on positions_per_chunk(vocab_size) positions at a time; with grad
+    enabled each chunk is checkpointed (torch.utils.checkpoint, non-reentrant): its logits are dropped after the
+    forward and recomputed in the backward, so forward and backward hold one chunk's logits and their gradient, not
+    the batch's. The cost is one more LM-head product per position (the recompute).
+    entropy: also return the (B, T) entropy; entropy_grad: with its gradient (GRPO's entropy bonus), else detached.
+    Returns (logprobs, entropy or None), equal to the two functions on head(hidden) up to float32 rounding of the
+    chunked matmul.
+    """
+    _check_temperature(temperature)
+    batch, width = tokens.shape
+    flat_hidden, flat_tokens = hidden.reshape(batch * width, hidden.shape[-1]), tokens.reshape(batch * width)
+
+    def chunk_stats(h: Tensor, t: Tensor) -> Tensor:
+        logits = head(h).unsqueeze(0)
+        logprobs = logprobs_from_logits(logits, t.unsqueeze(0), temperature)[0]
+        if not entropy:
+            return logprobs.unsqueeze(-1)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            h_ = entropy_from_logits(logits if entropy_grad else logits.detach(), temperature)[0]
+        return torch.stack([logprobs, h_], -1)
+
+    step, parts = positions_per_chunk(vocab_size), []
+    for i in range(0, batch * width, step):
+        h, t = flat_hidden[i : i + step], flat_tokens[i : i + step]
+        if torch.is_grad_enabled():  # RNG state kept: a LoRA adapter's dropout on the head recomputes the same
+            parts.append(checkpoint(chunk_stats, h, t, use_reentrant=False))
+        else:
+            parts.append(chunk_stats(h, t))
+    if not parts:  # no positions
+        stats = hidden.new_zeros(batch, width, 2 if entropy else 1, dtype=_compute_dtype(hidden.dtype))
+    else:
+        stats = torch.cat(parts).reshape(batch, width, -1)
+    if not entropy:
+        return stats[..., 0], None
+    return stats[..., 0], stats[..., 1] if entropy_grad else stats[..., 1].detach()

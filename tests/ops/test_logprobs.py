@@ -159,3 +159,106 @@ def test_row_chunking_does_not_change_results(monkeypatch):
     row_by_row = (ops.logprobs_from_logits(logits, tokens, 0.7), ops.entropy_from_logits(logits, 0.7))
     for a, b in zip(whole, row_by_row):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+# ---- logprobs_from_hidden: the LM head in chunks of positions ----
+
+
+def head_case(seed=0, B=3, T=5, H=6, V=13):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(B, T, H, generator=g, dtype=torch.float64, requires_grad=True)
+    head = torch.nn.Linear(H, V, dtype=torch.float64)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(V, H, generator=g, dtype=torch.float64))
+        head.bias.copy_(torch.randn(V, generator=g, dtype=torch.float64))
+    tokens = torch.randint(0, V, (B, T), generator=g)
+    return hidden, head, tokens
+
+
+def loop_reference(hidden, head, tokens, temperature):
+    """Log-probs and entropies position by position: each position's logits from the head, then the Python-float
+    references above."""
+    logprobs, entropies = (
+        torch.zeros(tokens.shape, dtype=torch.float64),
+        torch.zeros(tokens.shape, dtype=torch.float64),
+    )
+    for b in range(tokens.shape[0]):
+        for t in range(tokens.shape[1]):
+            row = head(hidden[b, t]).tolist()
+            logprobs[b, t] = reference_logprob(row, int(tokens[b, t]), temperature)
+            entropies[b, t] = reference_entropy(row, temperature)
+    return logprobs, entropies
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [1, 2, 1000], ids=["one position", "two positions", "one chunk"])
+def test_logprobs_from_hidden_match_the_loop_reference(monkeypatch, temperature, chunk):
+    from rlhfkit.ops import logprobs as module
+
+    monkeypatch.setattr(module, "HIDDEN_CHUNK_ELEMENTS", chunk * 13)
+    hidden, head, tokens = head_case()
+    logprobs, entropy = ops.logprobs_from_hidden(hidden, head, tokens, temperature, entropy=True, vocab_size=13)
+    expected_logprobs, expected_entropy = loop_reference(hidden.detach(), head, tokens, temperature)
+    assert_close(logprobs, expected_logprobs, rtol=0, atol=1e-12)
+    assert_close(entropy, expected_entropy, rtol=0, atol=1e-12)
+    assert not entropy.requires_grad  # detached unless entropy_grad
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_from_hidden_gradients_equal_the_full_logits_path(monkeypatch, temperature):
+    """Gradients of a loss of log-probs and entropies with respect to the hidden states and the head's weight and
+    bias, through the chunks' recomputation, equal those through the full (B, T, V) logits (float64)."""
+    from rlhfkit.ops import logprobs as module
+
+    monkeypatch.setattr(module, "HIDDEN_CHUNK_ELEMENTS", 2 * 13)  # 8 chunks for 15 positions
+    hidden, head, tokens = head_case(seed=1)
+    weights = torch.randn(tokens.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+
+    def grads(logprobs, entropy):
+        loss = (weights * logprobs).sum() - 0.3 * entropy.sum()
+        return torch.autograd.grad(loss, [hidden, head.weight, head.bias])
+
+    chunked = grads(*ops.logprobs_from_hidden(hidden, head, tokens, temperature, True, True, vocab_size=13))
+    logits = head(hidden)
+    full = grads(ops.logprobs_from_logits(logits, tokens, temperature), ops.entropy_from_logits(logits, temperature))
+    for a, b in zip(chunked, full):
+        assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_logprobs_from_hidden_gradient_matches_finite_differences():
+    hidden, head, tokens = head_case(seed=3, B=2, T=2, H=3, V=5)
+    torch.autograd.gradcheck(
+        lambda h: sum(ops.logprobs_from_hidden(h, head, tokens, 0.7, True, True, vocab_size=5)), (hidden,)
+    )
+
+
+def test_logprobs_from_hidden_keep_no_logits_for_the_backward(monkeypatch):
+    """Autograd saves the chunks' inputs, never their logits: nothing it keeps for the backward is as large as one
+    chunk's logits, let alone the batch's (which the full path keeps)."""
+    from rlhfkit.ops import logprobs as module
+
+    monkeypatch.setattr(module, "HIDDEN_CHUNK_ELEMENTS", 4 * 13)
+    hidden, head, tokens = head_case(seed=4, B=4, T=8, H=6, V=13)
+    saved = []
+
+    def keep(t):
+        saved.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        logprobs, entropy = ops.logprobs_from_hidden(hidden, head, tokens, 0.7, True, True, vocab_size=13)
+    assert max(saved) < 4 * 13  # the hidden states (4 x 8 x 6 = 192) are saved as chunk views of 4 x 6
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        ops.logprobs_from_logits(head(hidden), tokens, 0.7)
+    assert max(saved) >= 4 * 8 * 13  # the full path keeps the (B, T, V) logits
+
+
+def test_logprobs_from_hidden_without_grad_and_empty():
+    hidden, head, tokens = head_case(seed=5)
+    with torch.no_grad():
+        logprobs, entropy = ops.logprobs_from_hidden(hidden, head, tokens, 1.0, vocab_size=13)
+    assert entropy is None and not logprobs.requires_grad
+    assert_close(logprobs, ops.logprobs_from_logits(head(hidden), tokens).detach(), rtol=0, atol=1e-12)
+    empty, none = ops.logprobs_from_hidden(hidden[:, :0], head, tokens[:, :0], entropy=True, vocab_size=13)
+    assert empty.shape == none.shape == (3, 0)
