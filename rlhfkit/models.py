@@ -27,6 +27,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlhfkit import ops
 from rlhfkit.errors import ConfigError, ModelLoadError
 from rlhfkit.lora import lora_config
 
@@ -426,9 +427,65 @@ def response_logits(
     ).logits[:, :-1]
 
 
-def takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the forward of `model` (inside DDP, DeepSpeed, peft or torch.compile wrappers) lists transformers'
-    ``logits_to_keep``; remote code and older architectures may not."""
+class TokenStats(NamedTuple):
+    """What the losses read of a forward: the completion tokens' log-probs and, when asked, the entropies."""
+
+    logprobs: torch.Tensor  # (B, T) float32 (float64 for a float64 model), log softmax(logits / temperature)
+    entropy: torch.Tensor | None  # (B, T) the entropy of softmax(logits / temperature), or None
+
+
+def response_token_stats(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    query_width: int,
+    completion_ids: torch.Tensor,
+    temperature: float,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+) -> TokenStats:
+    """Log-probs (and entropies) of the response tokens `completion_ids` (B, T) of sequences `input_ids` (B, L) whose
+    first `query_width` positions are the query: what response_logits then ops.logprobs_from_logits and
+    ops.entropy_from_logits give, without the (B, T, V) logits.
+
+    The model's own forward runs with its LM head standing in for ops.logprobs_from_hidden: the head receives the
+    last hidden states and returns the (B, T, 1 or 2) statistics, computed in chunks of positions (recomputed in
+    the backward), so at a 152k vocabulary one chunk's logits exist instead of the batch's, in the forward and in
+    the gradient. Running inside the model's forward keeps what the forward does around its head: DeepSpeed ZeRO-3
+    and FSDP2 have the head's weight gathered, a LoRA adapter on the head and cast_lm_head_to_fp32 apply, and the
+    logits_to_keep cut still saves the query's positions.
+
+    A forward that changes the head's output before returning it (a logit scale or soft-capping: Cohere, Granite,
+    Gemma 2) or a torch.compile'd model is computed the plain way instead, said once per model class (the plain
+    way is what rlhfkit did before: the numbers are the same, the memory is not).
+    entropy_grad: the entropy keeps its gradient (GRPO's entropy bonus), else it is detached.
+    """
+    reason = _chunked_head_refused(model)
+    if reason is None:
+        request = (input_ids, attention_mask, query_width, completion_ids, temperature, entropy, entropy_grad)
+        chunked = _forward_with_stats_head(model, *request)
+        if chunked is not None:
+            return chunked
+        inner = _unwrapped(model)
+        reason = (
+            f"{type(inner).__name__}'s forward changes the LM head's output before returning it (a logit scale or "
+            "soft-capping)"
+        )
+        _CHUNKED_HEAD_REFUSED[type(inner)] = reason
+    _say_plain_head_once(reason)
+    logits = response_logits(model, input_ids, attention_mask, query_width)
+    logprobs = ops.logprobs_from_logits(logits, completion_ids, temperature)
+    if not entropy:
+        return TokenStats(logprobs, None)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        return TokenStats(logprobs, ops.entropy_from_logits(logits if entropy_grad else logits.detach(), temperature))
+
+
+_CHUNKED_HEAD_REFUSED: dict[type, str] = {}  # model class -> why its forward cannot take the chunked head
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    """The transformers model inside DDP, DeepSpeed, peft and torch.compile wrappers."""
     inner = model
     while True:
         if is_peft_model(inner):
@@ -436,9 +493,88 @@ def takes_logits_to_keep(model: nn.Module) -> bool:
             continue
         wrapped = getattr(inner, "module", None) or getattr(inner, "_orig_mod", None)
         if not isinstance(wrapped, nn.Module):
-            break
+            return inner
         inner = wrapped
-    return _forward_lists_logits_to_keep(type(inner))
+
+
+def _chunked_head_refused(model: nn.Module) -> str | None:
+    """Why the model's forward cannot compute with the chunked head, or None."""
+    probe = model
+    while isinstance(probe, nn.Module):
+        if getattr(probe, "_orig_mod", None) is not None:
+            return "the model is torch.compile'd (its graph has the plain LM head in it)"
+        probe = getattr(probe, "module", None)
+    inner = _unwrapped(model)
+    if type(inner) in _CHUNKED_HEAD_REFUSED:
+        return _CHUNKED_HEAD_REFUSED[type(inner)]
+    getter = getattr(inner, "get_output_embeddings", None)
+    if getter is None or not isinstance(getter(), nn.Module):
+        return f"{type(inner).__name__} has no output embedding module (get_output_embeddings() is None)"
+    return None
+
+
+_SAID_PLAIN_HEAD: set[str] = set()
+
+
+def _say_plain_head_once(reason: str) -> None:
+    if reason not in _SAID_PLAIN_HEAD:
+        _SAID_PLAIN_HEAD.add(reason)
+        warnings.warn(
+            f"Log-probs are computed from the full [batch x length x vocabulary] logits, not in chunks of positions: "
+            f"{reason}. The numbers are the same; the memory is that of the logits.",
+            stacklevel=3,
+        )
+
+
+def _forward_with_stats_head(
+    model, input_ids, attention_mask, query_width, completion_ids, temperature, entropy, entropy_grad
+) -> TokenStats | None:
+    """One forward of `model` whose LM head `head` returns the token statistics (response_token_stats): they, or
+    None where the forward changed the head's output (what it returns as logits is not what the head returned)."""
+    inner = _unwrapped(model)
+    head, width = inner.get_output_embeddings(), completion_ids.shape[1]
+    vocab = getattr(head, "out_features", 0) or getattr(getattr(inner, "config", None), "vocab_size", 0) or 1
+    original = head.forward
+    own = head.__dict__.get("forward")  # cast_lm_head_to_fp32 sets an instance forward; restore it as it was
+    returned = []
+
+    def stats_head(hidden: torch.Tensor) -> torch.Tensor:
+        # The forward cuts to logits_to_keep positions (or runs the head on all of them); the last predicts nothing.
+        hidden = hidden[:, hidden.shape[1] - width - 1 : hidden.shape[1] - 1]
+        logprobs, ent = ops.logprobs_from_hidden(
+            hidden, original, completion_ids, temperature, entropy, entropy_grad, vocab
+        )
+        returned.append(torch.stack([logprobs] if ent is None else [logprobs, ent], -1))
+        return returned[-1]
+
+    head.forward = stats_head
+    try:
+        kwargs = {"logits_to_keep": input_ids.shape[1] - query_width + 1} if takes_logits_to_keep(model) else {}
+        out = model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            use_cache=False,
+            **kwargs,
+        ).logits
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+    if len(returned) != 1 or out is not returned[0]:
+        return None
+    # Copies, not views of `out`: a wrapper's output (FSDP2's) must not be a view an in-place op could change.
+    logprobs = out[..., 0].clone()
+    if not entropy:
+        return TokenStats(logprobs, None)
+    return TokenStats(logprobs, out[..., 1].clone() if entropy_grad else out[..., 1].detach().clone())
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the forward of `model` (inside DDP, DeepSpeed, peft or torch.compile wrappers) lists transformers'
+    ``logits_to_keep``; remote code and older architectures may not."""
+    return _forward_lists_logits_to_keep(type(_unwrapped(model)))
 
 
 @functools.cache

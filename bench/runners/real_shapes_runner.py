@@ -148,6 +148,13 @@ def _generation_wrapped(memory: PhaseMemory) -> None:
     memory.patch(GenerationMixin, "generate", lambda *a, **k: None if inner in memory.current() else "sampling")
 
 
+def patch_forward(memory: PhaseMemory, module, label: str) -> None:
+    """The policy's forward as `module` calls it: response_token_stats (log-probs with the LM head in chunks, from
+    issue 39 on), or response_logits (the (B, T, V) logits, rlhfkit before it)."""
+    name = "response_token_stats" if hasattr(module, "response_token_stats") else "response_logits"
+    memory.patch(module, name, label)
+
+
 def phases_rlhfkit(memory: PhaseMemory, trainer, kind: str) -> None:
     import torch
 
@@ -173,8 +180,8 @@ def phases_rlhfkit(memory: PhaseMemory, trainer, kind: str) -> None:
         memory.patch(
             g, "logprobs", lambda *a, **k: None if "reference log-probs" in memory.current() else "old log-probs"
         )
-        memory.patch(gen, "response_logits", "model forward (logits)")
-        memory.patch(grpo, "response_logits", "training forward (logits)")
+        patch_forward(memory, gen, "model forward (logits)")
+        patch_forward(memory, grpo, "training forward (logits)")
         memory.patch(ops, "grpo_per_token_loss", "loss")
         original = type(trainer).micro_step
 
@@ -189,7 +196,7 @@ def phases_rlhfkit(memory: PhaseMemory, trainer, kind: str) -> None:
     t = type(trainer)
     memory.patch(t, "generate_and_score", "rollout")
     memory.patch(t, "reference_logprobs", "reference log-probs")
-    memory.patch(ppo, "response_logits", "model forward (logits)")
+    patch_forward(memory, ppo, "model forward (logits)")
     memory.patch(ppo, "token_values", "value forward")
     memory.patch(
         ppo.PolicyAndValue,

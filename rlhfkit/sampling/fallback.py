@@ -21,7 +21,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from rlhfkit import ops
-from rlhfkit.models import response_logits
+from rlhfkit.models import response_token_stats
 from rlhfkit.sampling.decoders import CACHE_ARGS, LEAN_LOOP_ARGS, Generated
 from rlhfkit.sampling.settings import generation_config_fields, stop_ids, temperature_of
 
@@ -176,8 +176,9 @@ def hf_generate(
     # attention: the tokens after a stop token change nothing before it.
     input_ids = torch.cat([prompt_ids, raw], dim=1)
     attention_mask = torch.cat([prompt_mask.bool(), torch.ones_like(raw, dtype=torch.bool)], dim=1)
-    logits = response_logits(model, input_ids, attention_mask, prompt_ids.shape[1])
-    return Generated(tokens, ops.logprobs_from_logits(logits.float(), raw, temperature))
+    return Generated(
+        tokens, response_token_stats(model, input_ids, attention_mask, prompt_ids.shape[1], raw, temperature).logprobs
+    )
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ from torch import nn
 from rlhfkit import ops
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
-from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, response_logits
+from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, response_token_stats
 from rlhfkit.rewards import RewardOutput
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
 from rlhfkit.trainers.shared import count_task_success, take_reward_logs
@@ -388,8 +388,10 @@ class GRPOGeneration:
         step = args.per_device_train_batch_size
         parts = []
         for i in range(0, len(ids), step):
-            logits = response_logits(model, ids[i : i + step], mask[i : i + step], width)
-            parts.append(ops.logprobs_from_logits(logits, completion_ids[i : i + step], args.temperature))
+            part = response_token_stats(
+                model, ids[i : i + step], mask[i : i + step], width, completion_ids[i : i + step], args.temperature
+            )
+            parts.append(part.logprobs)
         return torch.cat(parts)
 
     def reference_logprobs(self, model: nn.Module, ids, mask, width: int, completion_ids) -> torch.Tensor | None:

@@ -81,7 +81,7 @@ from rlhfkit.models import (
     frozen_copy,
     load_tokenizer,
     load_trained_policy,
-    response_logits,
+    response_token_stats,
     weight_dtype,
     with_lora,
 )
@@ -395,16 +395,14 @@ class GRPOTrainer(TRLTrainerAPI):
         forward."""
         args = self.args
         mask = batch.loss_mask[idx]
-        logits = response_logits(self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width)
-        logprobs = ops.logprobs_from_logits(logits, batch.completion_ids[idx], args.temperature)
+        # The entropy term backpropagates through the entropy; without one the entropy is only measured.
+        logprobs, entropy_with_grad = response_token_stats(
+            self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width,
+            batch.completion_ids[idx], args.temperature, entropy=True, entropy_grad=entropy_coef is not None,
+        )  # fmt: skip
+        entropy = entropy_with_grad.detach()
         old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
         ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
-        if entropy_coef is not None:  # the entropy term backpropagates through the entropy
-            entropy_with_grad = ops.entropy_from_logits(logits, args.temperature)
-            entropy = entropy_with_grad.detach()
-        else:
-            with torch.no_grad():
-                entropy = ops.entropy_from_logits(logits.detach(), args.temperature)
         token_mask = None
         if args.top_entropy_quantile < 1.0:  # the policy loss only on the micro-batch's highest-entropy tokens
             token_mask = self.get_high_entropy_mask(entropy, mask, 1.0 - args.top_entropy_quantile)

@@ -48,11 +48,12 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
     Hub,
+    TokenStats,
     adapter_disabled,
     disable_dropout,
     frozen_copy,
     no_split_modules,
-    response_logits,
+    response_token_stats,
     token_values,
     value_model_from_policy,
     weight_dtype,
@@ -107,11 +108,20 @@ class PolicyAndValue(nn.Module):
         self.config = policy.config  # what DeepSpeed's "auto" bucket sizes read (hidden_size)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, T, V) logits predicting the completion tokens and (B, L) values at every position."""
-        logits = response_logits(self.policy, input_ids, attention_mask, prompt_width)
-        return logits, token_values(self.value_model, input_ids, attention_mask)
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        prompt_width: int,
+        completion_ids: torch.Tensor,
+        temperature: float,
+        entropy: bool = False,
+    ) -> tuple[TokenStats, torch.Tensor]:
+        """The completion tokens' (B, T) log-probs (and detached entropies, when asked) at `temperature`, and (B, L)
+        values at every position."""
+        stats = response_token_stats(
+            self.policy, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy
+        )
+        return stats, token_values(self.value_model, input_ids, attention_mask)
 
 
 @dataclass
@@ -296,12 +306,11 @@ class PPOTrainer(TRLTrainerAPI):
     ) -> torch.Tensor:
         """(B, T) log-probs of the completion tokens under the reference: the frozen copy, or with LoRA the policy
         (of `model`, the unwrapped policy and value model) with its adapter disabled."""
+        args = (input_ids, attention_mask, prompt_width, completion_ids, self.args.temperature)
         if self.ref_model is not None:
-            logits = response_logits(self.ref_model, input_ids, attention_mask, prompt_width)
-        else:
-            with adapter_disabled(model.policy) as base:
-                logits = response_logits(base, input_ids, attention_mask, prompt_width)
-        return ops.logprobs_from_logits(logits, completion_ids, self.args.temperature)
+            return response_token_stats(self.ref_model, *args).logprobs
+        with adapter_disabled(model.policy) as base:
+            return response_token_stats(base, *args).logprobs
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
@@ -399,8 +408,8 @@ class PPOTrainer(TRLTrainerAPI):
                     old_logprobs = chunk.sampling_logprobs
                     values = token_values(model.value_model, ids, mask)
                 else:
-                    logits, values = model(ids, mask, width)
-                    old_logprobs = ops.logprobs_from_logits(logits, chunk.completion_ids, args.temperature)
+                    stats, values = model(ids, mask, width, chunk.completion_ids, args.temperature)
+                    old_logprobs = stats.logprobs
                 parts["old_logprobs"].append(old_logprobs)
                 parts["ref_logprobs"].append(self.reference_logprobs(model, ids, mask, width, chunk.completion_ids))
                 parts["values"].append(values[:, width - 1 : -1])
@@ -537,8 +546,11 @@ class PPOTrainer(TRLTrainerAPI):
         args, m = self.args, self.run.metrics
         width = batch.prompt_ids.shape[1]
         mask, old_logprobs = batch.completion_mask[idx], batch.old_logprobs[idx]
-        logits, values = self.model(batch.input_ids[idx], batch.attention_mask[idx], width)
-        new_logprobs = ops.logprobs_from_logits(logits, batch.completion_ids[idx], args.temperature)
+        stats, values = self.model(
+            batch.input_ids[idx], batch.attention_mask[idx], width, batch.completion_ids[idx], args.temperature, True
+        )
+        new_logprobs, entropy = stats
+
         vpred = values[:, width - 1 : -1]
         pg = ops.clipped_policy_loss(new_logprobs, old_logprobs, gae.advantages[idx], mask, args.cliprange)
         vf = ops.clipped_value_loss(vpred, batch.values[idx], gae.returns[idx], mask, args.cliprange_value)
@@ -551,7 +563,6 @@ class PPOTrainer(TRLTrainerAPI):
         loss = (pg_loss + args.vf_coef * vf.loss) / self.sizes.micro_batches_per_mini_batch
         self.accelerator.backward(loss)
         with torch.no_grad():
-            entropy = ops.entropy_from_logits(logits.detach(), args.temperature)
             tokens = mask.sum()
             ratio = pg.ratio.detach()
             m.add(M.POLICY_APPROXKL_AVG, (pg.approx_kl * mask).sum(), tokens)

@@ -168,17 +168,16 @@ def test_normalize_then_sum_with_dynamic_sampling_normalises_the_kept_groups(tin
 
 
 def test_cast_lm_head_to_fp32_trains_a_bf16_policy_with_float32_logits(tiny_assets, tmp_path, monkeypatch):
-    import rlhfkit.trainers.grpo as grpo_module
+    import rlhfkit.ops.logprobs as logprobs_module
 
-    dtypes = []
-    response_logits = grpo_module.response_logits
+    dtypes = []  # of the logits the log-probs are taken from (a chunk of positions at a time)
+    logprobs_from_logits = logprobs_module.logprobs_from_logits
 
-    def recorded(model, *args):
-        logits = response_logits(model, *args)
+    def recorded(logits, *args):
         dtypes.append(logits.dtype)
-        return logits
+        return logprobs_from_logits(logits, *args)
 
-    monkeypatch.setattr(grpo_module, "response_logits", recorded)
+    monkeypatch.setattr(logprobs_module, "logprobs_from_logits", recorded)
     trainer = trainer_of(
         tiny_assets, tmp_path, dtype="bfloat16", cast_lm_head_to_fp32=True, beta=0.04, learning_rate=5e-2
     )
