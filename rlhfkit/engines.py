@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
@@ -172,9 +173,21 @@ def make_accelerator(args: TrainConfig, precision: str, trackers) -> tuple[Accel
     accelerator = Accelerator(log_with=trackers or None, cpu=cpu, mixed_precision=precision, **kwargs)
     if engine.kind == "fsdp" and accelerator.distributed_type != DistributedType.FSDP:
         _shard_on_cpu(accelerator, kwargs["fsdp_plugin"])
+    if engine.kind == "fsdp":
+        _keep_output_dtypes(kwargs["fsdp_plugin"])
     if engine.kind == "deepspeed":
         _configure_deepspeed(accelerator, args)
     return accelerator, engine
+
+
+def _keep_output_dtypes(plugin) -> None:
+    """FSDP2's sharded modules return their outputs in the dtype they computed them in. accelerate's mixed-precision
+    policy casts every output to bf16 (output_dtype), which would round the float32 log-probs and values the
+    trainers' forwards return (a log-prob of -20 by up to 0.06, a ratio off by 6%) and make the policy's log-probs
+    differ from the frozen reference's."""
+    policy = plugin.mixed_precision_policy
+    if dataclasses.is_dataclass(policy) and getattr(policy, "output_dtype", None) is not None:
+        plugin.mixed_precision_policy = dataclasses.replace(policy, output_dtype=None)
 
 
 def _shard_on_cpu(accelerator: Accelerator, plugin) -> None:
