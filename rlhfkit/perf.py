@@ -1,0 +1,138 @@
+"""Model FLOPs utilisation (MFU): the FLOPs a model's forward costs per token, the device's peak, and their ratio.
+
+MFU is the share of the device's peak FLOP/s that the model's own arithmetic uses (PaLM, Chowdhery et al. 2022,
+appendix B): the FLOPs a forward and backward need by the model's shapes, divided by the seconds they took and the
+peak. Work the implementation adds on top (activation recomputation under gradient checkpointing, the chunked LM
+head's second pass in backward) is not counted, so MFU compares implementations on the same model honestly; a
+hardware-FLOPs utilisation would count it.
+
+Per token of a dense decoder (N = weights of the matrix multiplies, L layers, H heads of width d, c keys attended):
+
+    forward  = 2 N + 4 L H d c        (one multiply-add per weight; QK^T and AV each 2 H d c per layer)
+    backward = 2 x forward            (gradients of the inputs and of the weights)
+
+Pure functions; torch only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import torch
+from torch import nn
+
+PEAK_TFLOPS_ENV = "RLHFKIT_PEAK_TFLOPS"
+
+# Dense (no 2:4 sparsity) bf16/fp16 tensor-core peak, FLOP/s, from NVIDIA's datasheets (the datasheets print the
+# sparse figure with a footnote; these are half of it): H100/H200 "Tensor Core GPU" datasheets (SXM 1,979 / PCIe
+# 1,513 / NVL 1,671 TFLOPS sparse), A100 datasheet (312 dense), L40S datasheet (733 sparse), L4 datasheet (242
+# sparse), DGX/HGX B200 datasheet (4.5 PFLOPS sparse per GPU). First match wins, so the more specific names come first;
+# word boundaries keep "L4" from matching an L40 and "H200" from matching a GH200.
+PEAK_FLOPS: tuple[tuple[str, float], ...] = (
+    (r"\bH200\b", 989e12),
+    (r"\bH100\b.*\bNVL\b", 835e12),
+    (r"\bH100\b.*\bPCIe\b", 756e12),
+    (r"\bH100\b", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    (r"\bA100\b", 312e12),  # SXM and PCIe alike
+    (r"\bL40S\b", 362e12),
+    (r"\bL4\b", 121e12),
+    (r"\bB200\b", 2.25e15),
+)
+HALF_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def forward_flops_per_token(model: nn.Module, context: float) -> float:
+    """FLOPs of one token's forward through `model` when it attends to `context` keys.
+
+    = 2 x (weights of every matrix multiply: each nn.Linear and transformers' Conv1D, the LM head included even when
+    its weight is the input embedding's; an embedding lookup is not a multiply; LoRA's A and B are Linears and count)
+    + 4 x layers x heads x head_dim x context (QK^T and AV). For a causal sequence of T tokens, the mean context is
+    (T + 1) / 2. Layers, heads and head_dim come from ``model.config`` (its text config; head_dim defaults to
+    hidden_size // num_attention_heads); a model without one gets no attention term. Sliding windows and mixtures of
+    experts (expert weights kept as batched parameters, of which a token uses top-k) are not modelled.
+
+    Looks through peft, DDP, DeepSpeed and torch.compile wrappers (the modules are walked, the config is found on
+    the innermost model). A weight is counted by its module's declared shape (in_features x out_features; Conv1D's
+    nx x nf), which DeepSpeed ZeRO-3 and FSDP2 sharding and bitsandbytes packing leave intact, so the count is the
+    full model's on every process.
+    """
+    conv1d = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+    weights = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            weights += module.in_features * module.out_features
+        elif conv1d is not None and isinstance(module, conv1d):
+            weights += module.nx * module.nf
+    return 2.0 * weights + 4.0 * _attention_width(model) * context
+
+
+def _attention_width(model: nn.Module) -> int:
+    """layers x heads x head_dim of the model's config (0 without one)."""
+    config = _config(model)
+    if config is None:
+        return 0
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    layers = getattr(config, "num_hidden_layers", None)
+    heads = getattr(config, "num_attention_heads", None)
+    if not layers or not heads:
+        return 0
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return layers * heads * head_dim
+
+
+def _config(model: nn.Module):
+    """The transformers config of the model inside DDP / DeepSpeed (.module), torch.compile (._orig_mod) and peft
+    (.get_base_model()) wrappers, or None."""
+    inner = model
+    for _ in range(16):  # wrappers nest a few deep at most
+        config = inner.__dict__.get("config")  # not getattr: peft and DeepSpeed forward unknown attributes
+        if config is not None and hasattr(config, "num_attention_heads"):
+            return config
+        if hasattr(inner, "get_base_model"):
+            nxt = inner.get_base_model()
+        else:
+            nxt = inner._modules.get("module") or inner._modules.get("_orig_mod") or inner._modules.get("model")
+        if not isinstance(nxt, nn.Module) or nxt is inner:
+            break
+        inner = nxt
+    return getattr(inner, "config", None)
+
+
+def device_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+    """The device's dense peak FLOP/s for matrix multiplies in `dtype`, or None when unknown.
+
+    Known: NVIDIA GPUs of PEAK_FLOPS (by torch.cuda.get_device_name) computing in bfloat16 or float16. None on CPUs,
+    on other cards and for a float32 compute dtype: float32 runs on TF32 tensor cores or plain CUDA cores depending
+    on torch's matmul precision setting, each with another peak, and dividing by the half-precision tensor-core peak
+    would understate the utilisation by a factor of 2 to 30. The environment variable RLHFKIT_PEAK_TFLOPS (TFLOP/s,
+    e.g. 989) overrides all of it, for any device and dtype: set it for another card or your own convention.
+    """
+    override = os.environ.get(PEAK_TFLOPS_ENV, "").strip()
+    if override:
+        try:
+            tflops = float(override)
+        except ValueError:
+            tflops = float("nan")
+        if not tflops > 0 or tflops == float("inf"):
+            raise ValueError(f"{PEAK_TFLOPS_ENV}={override!r}: give the device's peak as a positive number of TFLOP/s")
+        return tflops * 1e12
+    device = torch.device(device)
+    if device.type != "cuda" or dtype not in HALF_DTYPES or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(device)
+    for pattern, peak in PEAK_FLOPS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return peak
+    return None
+
+
+def mfu(flops: float, seconds: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation: flops / (seconds x peak), or None when the peak is unknown or no time passed.
+
+    peak: the FLOP/s of all the devices that did the work (one device's peak x their number)."""
+    if peak is None or seconds <= 0:
+        return None
+    return flops / (seconds * peak)
