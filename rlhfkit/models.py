@@ -16,6 +16,7 @@ import os
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -443,6 +444,7 @@ def response_token_stats(
     temperature: float,
     entropy: bool = False,
     entropy_grad: bool = False,
+    padding_free: bool = False,
 ) -> TokenStats:
     """Log-probs (and entropies) of the response tokens `completion_ids` (B, T) of sequences `input_ids` (B, L) whose
     first `query_width` positions are the query: what response_logits then ops.logprobs_from_logits and
@@ -458,12 +460,18 @@ def response_token_stats(
     A forward that changes the head's output before returning it (a logit scale or soft-capping: Cohere, Granite,
     Gemma 2) or a torch.compile'd model is computed the plain way instead, said once per model class (the plain
     way is what rlhfkit did before: the numbers are the same, the memory is not).
-    entropy_grad: the entropy keeps its gradient (GRPO's entropy bonus), else it is detached.
+    entropy_grad: the entropy keeps its gradient (GRPO's entropy bonus), else it is detached. padding_free: the
+    forward runs on the batch's real tokens packed into one row (_packed_forward; padding_free_refused says where it
+    cannot); the statistics are the same.
     """
     reason = _chunked_head_refused(model)
     if reason is None:
         request = (input_ids, attention_mask, query_width, completion_ids, temperature, entropy, entropy_grad)
-        chunked = _forward_with_stats_head(model, *request)
+        if padding_free and (why := padding_free_refused(model)) is not None:
+            raise ConfigError(
+                f"padding_free: {type(_unwrapped(model)).__name__} cannot take a padding-free batch: {why}."
+            )
+        chunked = _forward_with_stats_head(model, *request, padding_free)
         if chunked is not None:
             return chunked
         inner = _unwrapped(model)
@@ -526,37 +534,96 @@ def _say_plain_head_once(reason: str) -> None:
         )
 
 
-def _forward_with_stats_head(
-    model, input_ids, attention_mask, query_width, completion_ids, temperature, entropy, entropy_grad
-) -> TokenStats | None:
-    """One forward of `model` whose LM head `head` returns the token statistics (response_token_stats): they, or
-    None where the forward changed the head's output (what it returns as logits is not what the head returned)."""
+class _Forward(NamedTuple):
+    """One forward response_token_stats asks of a model: its inputs, the tokens to score, and how the LM head's
+    input lines up with them and the result with the caller's (B, T)."""
+
+    inputs: dict  # the model's keyword arguments
+    tokens: torch.Tensor  # (B', T') the tokens scored
+    select: Callable[[torch.Tensor], torch.Tensor]  # the head's input (B', X, H) -> (B', T', H), aligned with tokens
+    unpack: Callable[[torch.Tensor], torch.Tensor]  # the statistics (B', T', k) -> (B, T, k)
+
+
+def _padded_forward(model, input_ids, attention_mask, query_width, completion_ids) -> _Forward:
+    """The batch as it is: (B, L) rows, left-padded queries, right-padded responses, an attention mask."""
+    width = completion_ids.shape[1]
+    inputs = dict(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    )
+    if takes_logits_to_keep(model):
+        inputs["logits_to_keep"] = input_ids.shape[1] - query_width + 1
+    # The head gets the kept positions (or all of them); the last predicts nothing.
+    return _Forward(inputs, completion_ids, lambda h: h[:, h.shape[1] - width - 1 : h.shape[1] - 1], lambda s: s)
+
+
+def _packed_forward(model, input_ids, attention_mask, query_width, completion_ids) -> _Forward:
+    """The batch padding-free (TRL's padding_free): every row's real tokens one after another in a single row,
+    position ids restarting at 0 for each sequence and no attention mask, which transformers' attention reads as
+    separate sequences (flash attention's variable-length kernels; a block-diagonal mask for sdpa, eager and flex).
+    The head runs on the positions that predict a real response token only; the others score 0."""
+    real = attention_mask.bool()
+    packed_index = (real.flatten().cumsum(0) - 1).view(real.shape)  # (b, column) -> its index in the packed row
+    scored = real[:, query_width:]  # the real response tokens
+    predicting = packed_index[:, query_width - 1 : -1][scored]  # the packed positions whose next token they are
+    inputs = dict(input_ids=input_ids[real][None], position_ids=position_ids_from_mask(attention_mask)[real][None])
+    keeps = takes_logits_to_keep(model)
+    if keeps:
+        inputs["logits_to_keep"] = predicting
+
+    def unpack(stats: torch.Tensor) -> torch.Tensor:
+        out = stats.new_zeros(*scored.shape, stats.shape[-1])
+        out[scored] = stats[0]
+        return out
+
+    return _Forward(
+        inputs, completion_ids[scored][None], (lambda h: h) if keeps else (lambda h: h[:, predicting]), unpack
+    )
+
+
+ATTENTION_THAT_PACKS = ("flash_attention_2", "flash_attention_3", "sdpa", "eager", "flex_attention")
+
+
+def padding_free_refused(model: nn.Module) -> str | None:
+    """Why `model`'s forward cannot take a padding-free batch, or None. It can where its attention reads separate
+    sequences from position ids alone: transformers' attention implementations above, in a model whose modeling
+    code builds its masks with transformers' masking_utils (create_causal_mask), which detects packed rows."""
     inner = _unwrapped(model)
-    head, width = inner.get_output_embeddings(), completion_ids.shape[1]
+    implementation = getattr(getattr(inner, "config", None), "_attn_implementation", None)
+    if implementation not in ATTENTION_THAT_PACKS:
+        return (
+            f"its attention implementation is {implementation!r}; padding-free batches need one of "
+            f"{', '.join(ATTENTION_THAT_PACKS)} (--attn_implementation)"
+        )
+    if not hasattr(sys.modules.get(type(inner).__module__), "create_causal_mask"):
+        return f"{type(inner).__name__}'s modeling code does not build its attention masks with transformers' masking_utils"
+    return None
+
+
+def _forward_with_stats_head(
+    model, input_ids, attention_mask, query_width, completion_ids, temperature, entropy, entropy_grad, padding_free
+) -> TokenStats | None:
+    """One forward of `model` whose LM head returns the token statistics (response_token_stats): they, or None where
+    the forward changed the head's output (what it returns as logits is not what the head returned)."""
+    plan = (_packed_forward if padding_free else _padded_forward)(
+        model, input_ids, attention_mask, query_width, completion_ids
+    )
+    inner = _unwrapped(model)
+    head = inner.get_output_embeddings()
     vocab = getattr(head, "out_features", 0) or getattr(getattr(inner, "config", None), "vocab_size", 0) or 1
     original = head.forward
     own = head.__dict__.get("forward")  # cast_lm_head_to_fp32 sets an instance forward; restore it as it was
     returned = []
 
     def stats_head(hidden: torch.Tensor) -> torch.Tensor:
-        # The forward cuts to logits_to_keep positions (or runs the head on all of them); the last predicts nothing.
-        hidden = hidden[:, hidden.shape[1] - width - 1 : hidden.shape[1] - 1]
         logprobs, ent = ops.logprobs_from_hidden(
-            hidden, original, completion_ids, temperature, entropy, entropy_grad, vocab
+            plan.select(hidden), original, plan.tokens, temperature, entropy, entropy_grad, vocab
         )
         returned.append(torch.stack([logprobs] if ent is None else [logprobs, ent], -1))
         return returned[-1]
 
     head.forward = stats_head
     try:
-        kwargs = {"logits_to_keep": input_ids.shape[1] - query_width + 1} if takes_logits_to_keep(model) else {}
-        out = model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            use_cache=False,
-            **kwargs,
-        ).logits
+        out = model(**plan.inputs, use_cache=False).logits
     finally:
         if own is None:
             del head.forward
@@ -564,6 +631,7 @@ def _forward_with_stats_head(
             head.forward = own
     if len(returned) != 1 or out is not returned[0]:
         return None
+    out = plan.unpack(out)
     # Copies, not views of `out`: a wrapper's output (FSDP2's) must not be a view an in-place op could change.
     logprobs = out[..., 0].clone()
     if not entropy:

@@ -1,6 +1,7 @@
 """The forwards in rlhfkit.models that the losses read: logits of the response positions only, and the float32 LM
 head of cast_lm_head_to_fp32."""
 
+import functools
 import json
 import warnings
 
@@ -409,3 +410,57 @@ def test_token_stats_keep_no_batch_by_vocabulary_tensor_for_the_backward():
         full_logits_stats(model, ids, attention, width, tokens, 0.7)
     assert max(saved) >= batch_logits
     assert chunked_max < batch_logits / 16
+
+
+# ---- padding-free forwards ----
+
+
+def ragged_batch(tiny_assets):
+    """Queries of different lengths (left-padded) and responses of different lengths (right-padded)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_assets / "sft")
+    prompts = ("sort 4312=", "sort 12=", "sort 987654=")
+    queries, mask = left_pad([tokenizer(p)["input_ids"] for p in prompts], tokenizer.pad_token_id)
+    response = torch.tensor([[5, 6, 7, 1, 0], [8, 1, 0, 0, 0], [9, 9, 8, 7, 6]])
+    response_mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    return torch.cat([queries, response], 1), torch.cat([mask, response_mask], 1), queries.shape[1]
+
+
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["plain", "gradient checkpointing"])
+def test_a_padding_free_forward_gives_the_padded_numbers(tiny_assets, two_position_chunks, checkpointing):
+    """Log-probs, entropies and every gradient (float64) of the packed forward equal the padded one's over the real
+    response tokens; the packed forward runs on the real tokens only, in one row."""
+    ids, attention, width = ragged_batch(tiny_assets)
+    model = float64_model(tiny_assets)
+    if checkpointing:
+        enable_gradient_checkpointing(model)
+        model.train()
+    tokens, mask = ids[:, width:], attention[:, width:]
+    rows = []
+    handle = model.model.register_forward_pre_hook(lambda m, a, k: rows.append(k["input_ids"].shape), with_kwargs=True)
+    results = []
+    for packed in (False, True):
+        stats = functools.partial(
+            response_token_stats, model, ids, attention, width, tokens, 0.7, True, True, padding_free=packed
+        )
+        results.append(values_and_gradients(model, stats, mask))
+    handle.remove()
+    assert rows == [ids.shape, (1, int(attention.sum()))]
+    padded, packed = results
+    torch.testing.assert_close(packed[0] * mask, padded[0] * mask, atol=1e-10, rtol=0)
+    torch.testing.assert_close(packed[1] * mask, padded[1] * mask, atol=1e-10, rtol=0)
+    for name in padded[2]:
+        torch.testing.assert_close(packed[2][name], padded[2][name], atol=1e-10, rtol=0, msg=name)
+    assert (packed[0][~mask] == 0).all()  # padding scores nothing
+
+
+def test_padding_free_is_refused_where_the_attention_cannot_tell_sequences_apart(tiny_assets):
+    from rlhfkit.errors import ConfigError
+    from rlhfkit.models import padding_free_refused
+
+    model = float64_model(tiny_assets)
+    assert padding_free_refused(model) is None and padding_free_refused(Wrapper(model)) is None
+    model.config._attn_implementation = "paged_attention"
+    assert "attention implementation is 'paged_attention'" in padding_free_refused(model)
+    ids, attention, width = ragged_batch(tiny_assets)
+    with pytest.raises(ConfigError, match="padding_free.*paged_attention"):
+        response_token_stats(model, ids, attention, width, ids[:, width:], 1.0, padding_free=True)

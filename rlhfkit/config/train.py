@@ -556,6 +556,17 @@ class TrainConfig(CheckedConfig):
             FLAG,
         ),
     )
+    padding_free: bool = field(
+        default=False,
+        metadata=meta(
+            "Run the policy's and the reference's forwards on the batch's real tokens packed into one row (TRL's "
+            "SFT/DPO name): no compute or memory spent on padding, the same log-probs and gradients. Needs an "
+            "attention implementation that reads separate sequences from position ids (flash_attention_2/3, sdpa, "
+            "eager, flex_attention) in a transformers model; value and reward models keep the padded batch. Off by "
+            "default until a GPU measurement says it pays (bench/gpu).",
+            FLAG,
+        ),
+    )
     gradient_checkpointing_kwargs: dict | str | None = field(
         default=None,
         metadata=meta(

@@ -388,9 +388,11 @@ class GRPOGeneration:
         step = args.per_device_train_batch_size
         parts = []
         for i in range(0, len(ids), step):
+            rows = slice(i, i + step)
             part = response_token_stats(
-                model, ids[i : i + step], mask[i : i + step], width, completion_ids[i : i + step], args.temperature
-            )
+                model, ids[rows], mask[rows], width, completion_ids[rows], args.temperature,
+                padding_free=args.padding_free,
+            )  # fmt: skip
             parts.append(part.logprobs)
         return torch.cat(parts)
 

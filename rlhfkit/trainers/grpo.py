@@ -198,7 +198,7 @@ class GRPOTrainer(TRLTrainerAPI):
         self.ref_model = None
         if args.beta != 0.0 and not args.use_peft:
             self.ref_model = run.prepare_frozen(frozen_copy(model))
-        self.model, self.optimizer = prepare_trained(run, model, (model,))
+        self.model, self.optimizer = prepare_trained(run, model, model, (model,))
         self.generation = GRPOGeneration(self)  # steps 1-4: prompts to the batch the loss trains on
         # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
         # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
@@ -290,12 +290,12 @@ class GRPOTrainer(TRLTrainerAPI):
             # 1-4. This step's micro-batches; a new generation whenever the last one has served its
             #      steps_per_generation x num_iterations micro-batches: G completions per prompt (async_generation: the
             #      worker's next generation), rewards, advantages, old and reference log-probs (generation.py).
-            with run.timed(M.TIME_ROLLOUT):
+            with run.phase("rollout"):
                 micro_batches = self.generation.micro_batches(step, prompts)
 
             # 5-6. Loss and optimizer step over the gradient_accumulation_steps micro-batches (then the adaptive
             #      entropy controller's step and, with sync_ref_model, the reference's).
-            with run.timed(M.TIME_OPTIMIZATION):
+            with run.phase("optimization"):
                 self.optimize(step, micro_batches)
 
             # 7. The completions table on evaluation steps (and logging steps with log_completions).
@@ -395,10 +395,12 @@ class GRPOTrainer(TRLTrainerAPI):
         forward."""
         args = self.args
         mask = batch.loss_mask[idx]
+        self.run.count_training_tokens(batch.attention_mask[idx])  # perf/mfu
         # The entropy term backpropagates through the entropy; without one the entropy is only measured.
         logprobs, entropy_with_grad = response_token_stats(
             self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width,
             batch.completion_ids[idx], args.temperature, entropy=True, entropy_grad=entropy_coef is not None,
+            padding_free=args.padding_free,
         )  # fmt: skip
         entropy = entropy_with_grad.detach()
         old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()

@@ -100,8 +100,9 @@ class PolicyAndValue(nn.Module):
     """Policy and value model behind one forward, so one DDP wrapper synchronises both gradients (and one DeepSpeed
     or FSDP engine shards both: its layers are the two models' transformer layers)."""
 
-    def __init__(self, policy: nn.Module, value_model: nn.Module):
+    def __init__(self, policy: nn.Module, value_model: nn.Module, padding_free: bool = False):
         super().__init__()
+        self.padding_free = padding_free  # the policy's forward packs the batch (the value model's stays padded)
         self.policy = policy
         self.value_model = value_model
         self._no_split_modules = no_split_modules(policy) + no_split_modules(value_model)
@@ -119,8 +120,9 @@ class PolicyAndValue(nn.Module):
         """The completion tokens' (B, T) log-probs (and detached entropies, when asked) at `temperature`, and (B, L)
         values at every position."""
         stats = response_token_stats(
-            self.policy, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy
-        )
+            self.policy, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy,
+            padding_free=self.padding_free,
+        )  # fmt: skip
         return stats, token_values(self.value_model, input_ids, attention_mask)
 
 
@@ -221,7 +223,9 @@ class PPOTrainer(TRLTrainerAPI):
         self.rewards = self.reward_sources(reward_funcs, reward_processing_classes, reward_model)
         self.rewards.prepare_models(run.prepare_frozen)
         model.generation_config.pad_token_id = processing_class.pad_token_id
-        self.model, self.optimizer = prepare_trained(run, PolicyAndValue(model, value_model), (model, value_model))
+        self.model, self.optimizer = prepare_trained(
+            run, PolicyAndValue(model, value_model, args.padding_free), model, (model, value_model)
+        )
         # Where exact (run.sampling_logprobs_exact), generation skips the policy forward; PPO's first ratio is then 1
         # up to fp32 rounding. Elsewhere a full forward recomputes them, as the update will see them.
         self.reuse_sampling_logprobs = run.sampling_logprobs_exact(model)
@@ -307,10 +311,11 @@ class PPOTrainer(TRLTrainerAPI):
         """(B, T) log-probs of the completion tokens under the reference: the frozen copy, or with LoRA the policy
         (of `model`, the unwrapped policy and value model) with its adapter disabled."""
         args = (input_ids, attention_mask, prompt_width, completion_ids, self.args.temperature)
+        packed = self.args.padding_free
         if self.ref_model is not None:
-            return response_token_stats(self.ref_model, *args).logprobs
+            return response_token_stats(self.ref_model, *args, padding_free=packed).logprobs
         with adapter_disabled(model.policy) as base:
-            return response_token_stats(base, *args).logprobs
+            return response_token_stats(base, *args, padding_free=packed).logprobs
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
@@ -341,7 +346,7 @@ class PPOTrainer(TRLTrainerAPI):
         for update in run.steps():
             # 1. Generate: complete a batch of prompts with the current policy (async_generation: take the worker's
             #    next batch, sampled by a policy at most max_staleness updates older), then score the completions.
-            with run.timed(M.TIME_ROLLOUT):
+            with run.phase("rollout"):
                 batch = self.generate(prompts)
 
             # 2. Rewards: per-token KL penalty to the reference, score on the last real completion token.
@@ -352,7 +357,7 @@ class PPOTrainer(TRLTrainerAPI):
             gae = self.advantages(batch, rewards)
 
             # 4. Optimise: num_ppo_epochs passes of shuffled mini-batches, one optimizer step per mini-batch.
-            with run.timed(M.TIME_OPTIMIZATION):
+            with run.phase("optimization"):
                 self.optimize(batch, gae)
 
             # 5. Adapt the KL coefficient towards kl_target with this update's KL (Ziegler et al. 2019), if enabled.
@@ -546,6 +551,7 @@ class PPOTrainer(TRLTrainerAPI):
         args, m = self.args, self.run.metrics
         width = batch.prompt_ids.shape[1]
         mask, old_logprobs = batch.completion_mask[idx], batch.old_logprobs[idx]
+        self.run.count_training_tokens(batch.attention_mask[idx])  # perf/mfu: the policy's and the value model's
         stats, values = self.model(
             batch.input_ids[idx], batch.attention_mask[idx], width, batch.completion_ids[idx], args.temperature, True
         )

@@ -17,7 +17,7 @@ from rlhfkit.data import tokenize_prompts
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.models import enable_gradient_checkpointing
+from rlhfkit.models import enable_gradient_checkpointing, padding_free_refused
 from rlhfkit.optim import make_optimizer
 from rlhfkit.rewards import RewardSources
 from rlhfkit.sampling import Chunk, complete
@@ -94,11 +94,17 @@ def _tokenized(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, flag_
 
 
 def prepare_trained(
-    run: TrainingRun, module: nn.Module, checkpointed: Iterable[nn.Module]
+    run: TrainingRun, module: nn.Module, policy: nn.Module, checkpointed: Iterable[nn.Module]
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """The trained `module` and its optimizer (--optim, over its trainable parameters), prepared by accelerate for the
-    launch's engine; with --gradient_checkpointing, the `checkpointed` models recompute their activations."""
+    launch's engine; with --gradient_checkpointing, the `checkpointed` models recompute their activations. With
+    --padding_free, a `policy` whose forward cannot take a packed batch is refused first."""
     args = run.args
+    if args.padding_free and (why := padding_free_refused(policy)) is not None:
+        raise ConfigError(
+            f"--padding_free true: {why}. Load the model with an attention implementation that packs "
+            "(--attn_implementation sdpa, or flash_attention_2 on a GPU), or leave --padding_free off."
+        )
     if args.gradient_checkpointing:
         for model in checkpointed:
             enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
