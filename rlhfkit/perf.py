@@ -11,7 +11,10 @@ Per token of a dense decoder (N = weights of the matrix multiplies, L layers, H 
     forward  = 2 N + 4 L H d c        (one multiply-add per weight; QK^T and AV each 2 H d c per layer)
     backward = 2 x forward            (gradients of the inputs and of the weights)
 
-Pure functions; torch only.
+Peak memory per phase (the last functions): torch's CUDA allocator peak, or on Linux CPUs the process's peak resident
+set size, each reset at a phase's start.
+
+Torch only.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 from torch import nn
 
 PEAK_TFLOPS_ENV = "RLHFKIT_PEAK_TFLOPS"
+PHASE_MEMORY_ENV = "RLHFKIT_PHASE_MEMORY"
 
 # Dense (no 2:4 sparsity) bf16/fp16 tensor-core peak, FLOP/s, from NVIDIA's datasheets (the datasheets print the
 # sparse figure with a footnote; these are half of it): H100/H200 "Tensor Core GPU" datasheets (SXM 1,979 / PCIe
@@ -49,14 +53,15 @@ def forward_flops_per_token(model: nn.Module, context: float) -> float:
     = 2 x (weights of every matrix multiply: each nn.Linear and transformers' Conv1D, the LM head included even when
     its weight is the input embedding's; an embedding lookup is not a multiply; LoRA's A and B are Linears and count)
     + 4 x layers x heads x head_dim x context (QK^T and AV). For a causal sequence of T tokens, the mean context is
-    (T + 1) / 2. Layers, heads and head_dim come from ``model.config`` (its text config; head_dim defaults to
-    hidden_size // num_attention_heads); a model without one gets no attention term. Sliding windows and mixtures of
-    experts (expert weights kept as batched parameters, of which a token uses top-k) are not modelled.
+    (T + 1) / 2. Layers, heads and head_dim come from the ``config`` of each transformers model inside `model` (its
+    text config; head_dim defaults to hidden_size // num_attention_heads), so a module holding two models (PPO's
+    policy and value model) counts both; a model without one gets no attention term. Sliding windows and mixtures
+    of experts (expert weights kept as batched parameters, of which a token uses top-k) are not modelled.
 
-    Looks through peft, DDP, DeepSpeed and torch.compile wrappers (the modules are walked, the config is found on
-    the innermost model). A weight is counted by its module's declared shape (in_features x out_features; Conv1D's
-    nx x nf), which DeepSpeed ZeRO-3 and FSDP2 sharding and bitsandbytes packing leave intact, so the count is the
-    full model's on every process.
+    Looks through peft, DDP, DeepSpeed, FSDP and torch.compile wrappers (they hold the model as a submodule). A
+    weight is counted by its module's declared shape (in_features x out_features; Conv1D's nx x nf), which DeepSpeed
+    ZeRO-3 and FSDP2 sharding and bitsandbytes packing leave intact, so the count is the full model's on every
+    process, before or after sharding.
     """
     conv1d = getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
     weights = 0
@@ -65,14 +70,12 @@ def forward_flops_per_token(model: nn.Module, context: float) -> float:
             weights += module.in_features * module.out_features
         elif conv1d is not None and isinstance(module, conv1d):
             weights += module.nx * module.nf
-    return 2.0 * weights + 4.0 * _attention_width(model) * context
+    attention = sum(_attention_width(config) for config in _configs(model))
+    return 2.0 * weights + 4.0 * attention * context
 
 
-def _attention_width(model: nn.Module) -> int:
-    """layers x heads x head_dim of the model's config (0 without one)."""
-    config = _config(model)
-    if config is None:
-        return 0
+def _attention_width(config) -> int:
+    """layers x heads x head_dim of a transformers config (0 when it names no attention)."""
     if hasattr(config, "get_text_config"):
         config = config.get_text_config()
     layers = getattr(config, "num_hidden_layers", None)
@@ -83,22 +86,23 @@ def _attention_width(model: nn.Module) -> int:
     return layers * heads * head_dim
 
 
-def _config(model: nn.Module):
-    """The transformers config of the model inside DDP / DeepSpeed (.module), torch.compile (._orig_mod) and peft
-    (.get_base_model()) wrappers, or None."""
-    inner = model
-    for _ in range(16):  # wrappers nest a few deep at most
-        config = inner.__dict__.get("config")  # not getattr: peft and DeepSpeed forward unknown attributes
-        if config is not None and hasattr(config, "num_attention_heads"):
-            return config
-        if hasattr(inner, "get_base_model"):
-            nxt = inner.get_base_model()
-        else:
-            nxt = inner._modules.get("module") or inner._modules.get("_orig_mod") or inner._modules.get("model")
-        if not isinstance(nxt, nn.Module) or nxt is inner:
-            break
-        inner = nxt
-    return getattr(inner, "config", None)
+def _configs(module: nn.Module) -> list:
+    """The configs of the outermost transformers models in `module` (each model once: a CausalLM's inner base
+    model shares its config), or `module`'s own config when it holds none (a custom module)."""
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
+    found: list = []
+
+    def visit(m: nn.Module) -> None:
+        if pretrained is not None and isinstance(m, pretrained):
+            found.append(m.config)
+            return
+        for child in m.children():
+            visit(child)
+
+    visit(module)
+    if not found and getattr(module, "config", None) is not None:
+        found.append(module.config)
+    return found
 
 
 def device_peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
@@ -136,3 +140,69 @@ def mfu(flops: float, seconds: float, peak: float | None) -> float | None:
     if peak is None or seconds <= 0:
         return None
     return flops / (seconds * peak)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Peak memory per phase
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def phase_memory_enabled(device: torch.device) -> bool:
+    """Whether each phase's peak memory is measured on `device` (RLHFKIT_PHASE_MEMORY: unset, 0 or 1).
+
+    Measuring resets a peak counter at every phase's start, so afterwards that counter holds only the last phase's
+    peak. On CUDA that is torch's allocator counter, read by torch.cuda.max_memory_allocated: measured unless
+    RLHFKIT_PHASE_MEMORY=0 (a run's overall peak is then the largest logged phase peak). On a CPU it is the kernel's
+    peak resident set size of the process, which is also what ``/usr/bin/time``, ``getrusage`` and a parent's
+    ``wait4`` report as the process's maximum RSS: resetting it would make every such external measurement show the
+    last phase's peak only, so on CPUs it is measured only with RLHFKIT_PHASE_MEMORY=1 (and only on Linux, where
+    /proc/self/clear_refs resets it). Other devices: never.
+    """
+    setting = os.environ.get(PHASE_MEMORY_ENV, "").strip()
+    if setting not in ("", "0", "1"):
+        raise ValueError(
+            f"{PHASE_MEMORY_ENV}={setting!r}: 1 (measure each phase's peak memory, CPUs too) or 0 (never)"
+        )
+    device = torch.device(device)
+    if setting == "0":
+        return False
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and setting == "1" and os.path.exists(_CLEAR_REFS)
+
+
+_CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start a new peak on `device` (CUDA: torch.cuda.reset_peak_memory_stats; CPU: writes 5 to
+    /proc/self/clear_refs, which sets the process's VmHWM to its current RSS). False when it cannot be reset
+    (no permission, not Linux): then peak_memory_bytes would not be this phase's."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open(_CLEAR_REFS, "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_memory_bytes(device: torch.device) -> int | None:
+    """The peak since the last reset_peak_memory, in bytes: on CUDA the tensors torch allocated
+    (torch.cuda.max_memory_allocated; the allocator's cache and the CUDA context are not in it), on a CPU the
+    process's peak resident set size (VmHWM of /proc/self/status: every allocation, Python's and the libraries'
+    too). None when it cannot be read."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        with open(_STATUS) as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -10,6 +10,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The perf/ metrics a run logs depend on these; the tests that want them set them (monkeypatch).
+os.environ.pop("RLHFKIT_PEAK_TFLOPS", None)
+os.environ.pop("RLHFKIT_PHASE_MEMORY", None)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,9 @@ import os
 import subprocess
 import sys
 
-from rlhfkit import ops
+import torch
+
+from rlhfkit import ops, perf
 from rlhfkit.metrics import registry
 from rlhfkit.models import policy_logits
 
@@ -45,10 +47,25 @@ def expand_templates(
     metrics: list[registry.Metric], reward_func_names: list[str], async_generation: bool = False
 ) -> list[registry.Metric]:
     """`metrics` with every template replaced by its expansion for each reward function, order kept: what a run
-    with those reward functions logs (without async_generation, none of the metrics only it logs)."""
+    with those reward functions logs (without async_generation, none of the metrics only it logs; nor those the
+    machine's device does not give, not_logged_on_this_machine)."""
     out: list[registry.Metric] = []
     for m in metrics:
         if m.when.startswith("async_generation") and not async_generation:
             continue
+        if m.name in not_logged_on_this_machine():
+            continue
         out += [registry.expand(m, name) for name in reward_func_names] if registry.is_template(m) else [m]
     return out
+
+
+def not_logged_on_this_machine() -> set[str]:
+    """The perf/ metrics a float32 test run does not log here: perf/mfu without RLHFKIT_PEAK_TFLOPS (no float32 peak),
+    and the per-phase peak memory where perf.phase_memory_enabled says no (CPUs, without RLHFKIT_PHASE_MEMORY=1)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    names = set()
+    if perf.device_peak_flops(device, torch.float32) is None:
+        names.add(registry.PERF_MFU.name)
+    if not perf.phase_memory_enabled(device):
+        names |= {registry.PERF_PEAK_MEMORY_ROLLOUT.name, registry.PERF_PEAK_MEMORY_OPTIMIZATION.name}
+    return names

@@ -614,6 +614,85 @@ TIME_OPTIMIZATION = Metric(
     trainers=BOTH,
 )
 
+# Speed and memory of the hardware (rlhfkit/perf.py). n_b: real (non-padding) prompt and completion tokens of sequence
+# b in a training forward; F(c) = perf.forward_flops_per_token(trained model, c) = 2 x matmul weights + 4 x layers x
+# heads x head_dim x c.
+_PERFORMANCE = "Performance"
+_TRAINED = (
+    "summed over every training forward of the window (each micro-batch of every PPO epoch or GRPO iteration), "
+    "PPO's policy and value model both"
+)
+PERF_MFU = Metric(
+    name="perf/mfu",
+    meaning="Model FLOPs utilisation of the optimisation phase: the share of the devices' peak FLOP/s that the "
+    "training forwards and backwards used (TRL's async trainer: perf/mfu_fwd_bwd).",
+    formula=f"sum_p FLOPs_p / (sum_p seconds_p x peak); FLOPs = 3 x sum_b n_b x F((n_b + 1) / 2) {_TRAINED}, "
+    "backward = 2 x forward; seconds as time/optimization, p the processes (so FLOPs / (seconds x peak x processes)); "
+    "peak = perf.device_peak_flops: the dense bf16/fp16 peak of the card (H100 SXM 989e12, ...) or "
+    "RLHFKIT_PEAK_TFLOPS x 1e12",
+    unit="fraction",
+    reduction="mean",
+    trainers=BOTH,
+    section=_PERFORMANCE,
+    when="the peak is known: an NVIDIA card of perf.PEAK_FLOPS computing in bf16 or fp16 (--bf16, --fp16 or half "
+    "weights), or RLHFKIT_PEAK_TFLOPS set; not on CPUs without it",
+    watch="Model FLOPs, as PaLM counts them: recomputation (gradient checkpointing, the chunked LM head's backward) "
+    "is not counted, and the LM head counts at every token though it runs only on completion tokens; with LoRA the "
+    "frozen weights take no weight gradient, so the backward needs less than counted. 0.3-0.5 is good for dense "
+    "pre-training; RL's small micro-batches and padding give less. Low: the phase waits on something other than "
+    "matrix multiplies (small micro-batches, optimizer steps, communication, the CPU); raise "
+    "per_device_train_batch_size.",
+)
+PERF_TRAINING_TOKENS_PER_S = Metric(
+    name="perf/training_tokens_per_s",
+    meaning="Tokens per second of the optimisation phase on each device: the real prompt and completion tokens the "
+    "training forwards ran.",
+    formula=f"sum_p sum_b n_b / sum_p seconds_p, n_b {_TRAINED}; seconds as time/optimization (so a per-process "
+    "rate: times the number of processes for the run's)",
+    unit="tokens/s",
+    reduction="mean",
+    trainers=BOTH,
+    section=_PERFORMANCE,
+    watch="perf/mfu's numerator in tokens; it counts a token once per forward (num_ppo_epochs or num_iterations "
+    "times).",
+)
+_PHASE_MEMORY_WHEN = (
+    "on CUDA unless RLHFKIT_PHASE_MEMORY=0; on CPUs (Linux) only with RLHFKIT_PHASE_MEMORY=1, because resetting the "
+    "process's peak RSS also resets what /usr/bin/time and getrusage report as its maximum"
+)
+_PHASE_MEMORY_FORMULA = (
+    "max over the window's steps and processes of the peak since the phase's start, / 1e9: CUDA "
+    "torch.cuda.max_memory_allocated after torch.cuda.reset_peak_memory_stats; CPU VmHWM of /proc/self/status after "
+    "writing 5 to /proc/self/clear_refs"
+)
+PERF_PEAK_MEMORY_ROLLOUT = Metric(
+    name="perf/peak_memory_gb/rollout",
+    meaning="Peak memory of the rollout phase (time/rollout's: generation, scoring, reference and old log-prob "
+    "forwards): tensors allocated on the GPU, or the process's resident memory on a CPU.",
+    formula=_PHASE_MEMORY_FORMULA,
+    unit="GB",
+    reduction="max",
+    trainers=BOTH,
+    section=_PERFORMANCE,
+    when=_PHASE_MEMORY_WHEN,
+    watch="Near the card's memory: the KV cache of a generation grows with the completions sampled at once and "
+    "their length: lower GRPO's generation_batch_size (steps_per_generation) or PPO's "
+    "local_rollout_forward_batch_size, or the completion length.",
+)
+PERF_PEAK_MEMORY_OPTIMIZATION = Metric(
+    name="perf/peak_memory_gb/optimization",
+    meaning="Peak memory of the optimisation phase (time/optimization's: training forwards, backwards and optimizer "
+    "steps): tensors allocated on the GPU, or the process's resident memory on a CPU.",
+    formula=_PHASE_MEMORY_FORMULA,
+    unit="GB",
+    reduction="max",
+    trainers=BOTH,
+    section=_PERFORMANCE,
+    when=_PHASE_MEMORY_WHEN,
+    watch="Near the card's memory: lower per_device_train_batch_size (raise gradient_accumulation_steps to keep the "
+    "batch) or turn on --gradient_checkpointing.",
+)
+
 # ----------------------------------------------------------------------------------------------
 # PPO histograms, once per update (raw values from all processes)
 # ----------------------------------------------------------------------------------------------

@@ -4,11 +4,14 @@ A trainer builds a :class:`TrainingRun` first: it resolves output_dir, reads the
 creates the accelerator with the trackers, and writes nothing. The trainer then prepares its models and hands itself
 to :meth:`TrainingRun.start`. The run begins when train() calls :meth:`TrainingRun.begin` (or an evaluate() or log()
 before it): it restores the checkpoint (train()'s resume_from_checkpoint may name another, as in transformers) and
-opens the run directory, the trackers and the health watch. ``train()`` then loops over :meth:`TrainingRun.steps` with its own numbered phases, adds raw metric sums to
-``run.metrics`` and ends each step with :meth:`TrainingRun.end_step`, where the logging window, health checks,
-progress, evaluation, checkpoints and early stops happen the same way for PPO and GRPO. After the last step the run
-logs transformers' summary row of the train() call (train_runtime, ..., train_loss: the mean of the losses the trainer
-gave :meth:`TrainingRun.add_loss`) and keeps train()'s TrainOutput in ``train_output``.
+opens the run directory, the trackers and the health watch. ``train()`` then loops over :meth:`TrainingRun.steps`
+with its own numbered phases, adds raw metric sums to ``run.metrics`` (its rollout and optimization inside
+:meth:`TrainingRun.phase`, which logs their seconds, peak memory and, from the training forwards counted with
+:meth:`TrainingRun.count_training_tokens`, MFU) and ends each step with :meth:`TrainingRun.end_step`, where the
+logging window, health checks, progress, evaluation, checkpoints and early stops happen the same way for PPO and
+GRPO. After the last step the run logs transformers' summary row of the train() call (train_runtime, ..., train_loss:
+the mean of the losses the trainer gave :meth:`TrainingRun.add_loss`) and keeps train()'s TrainOutput in
+``train_output``.
 
 The logging window: a row logged on the ``logging_strategy`` schedule (by default every ``logging_steps`` steps and
 after the last) pools every sum and count added since the previous row, as the registry declares per metric
@@ -43,6 +46,7 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import broadcast_object_list, set_seed
 from transformers.trainer_utils import TrainOutput
 
+from rlhfkit import perf
 from rlhfkit.checkpoint import (
     ENGINE_DIR,
     checkpoint_path,
@@ -164,6 +168,40 @@ class StepLosses:
         losses = [total / count for total, count in accelerator.reduce(pairs, "sum").tolist() if count > 0]
         finite = [loss for loss in losses if math.isfinite(loss)]
         return sum(finite) / len(finite) if finite else 0.0
+
+
+# A step's two phases: the metric of their seconds and the one of their peak memory.
+PHASES = {
+    "rollout": (M.TIME_ROLLOUT, M.PERF_PEAK_MEMORY_ROLLOUT),
+    "optimization": (M.TIME_OPTIMIZATION, M.PERF_PEAK_MEMORY_OPTIMIZATION),
+}
+
+
+class TrainingFlops:
+    """The model FLOPs of the training forwards and backwards of an optimization phase (perf/mfu), from the tokens
+    the trainer counts in it.
+
+    A sequence of n real tokens costs n x F((n + 1) / 2) in its forward, F(c) = perf.forward_flops_per_token(model,
+    c) = F0 + F1 x c (linear in the context c), so a phase's forwards cost F0 x sum n + F1 x sum n (n + 1) / 2, and
+    the backward twice that. Recomputation is not counted (model FLOPs, as PaLM's MFU)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.at_no_context = perf.forward_flops_per_token(model, 0.0)
+        self.per_context = perf.forward_flops_per_token(model, 1.0) - self.at_no_context
+        self.tokens: torch.Tensor | float = 0.0  # sum n, on the device until the phase ends (no sync per micro-batch)
+        self.pairs: torch.Tensor | float = 0.0  # sum n (n + 1) / 2: the attention's query-key pairs
+
+    def count(self, attention_mask: torch.Tensor) -> None:
+        """Add one training forward over (B, L) `attention_mask` (True on real prompt and completion tokens)."""
+        n = attention_mask.sum(-1, dtype=torch.float64)
+        self.tokens = self.tokens + n.sum()
+        self.pairs = self.pairs + (n * (n + 1) / 2).sum()
+
+    def take(self) -> tuple[float, float]:
+        """The tokens and the FLOPs (forward and backward) counted since the last take."""
+        tokens, pairs = float(self.tokens), float(self.pairs)
+        self.tokens = self.pairs = 0.0
+        return tokens, 3.0 * (self.at_no_context * tokens + self.per_context * pairs)
 
 
 class TrainingRun:
@@ -296,9 +334,17 @@ class TrainingRun:
             )
         self.trainer, self.num_steps, self.unit, self.loss_metric = trainer, num_steps, unit, loss
         self.metrics = MetricAccumulator(extra_metrics)
+        # perf/: the trained model's FLOPs (counted by its modules' shapes, so sharding does not matter), the peak of
+        # the device in the dtype it computes in, and whether each phase's peak memory is measured.
+        acc = self.accelerator
+        self.training_flops = TrainingFlops(trainer.model)
+        try:
+            self.peak_flops = perf.device_peak_flops(acc.device, self._compute_dtype(trainer.model))
+            self.phase_memory = perf.phase_memory_enabled(acc.device)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.schedule = Schedule(args, num_steps, epoch_ends)
         self.lr_at = lr_schedule(args, num_steps)
-        acc = self.accelerator
         self.callbacks = Callbacks(
             args,
             callbacks,
@@ -520,11 +566,43 @@ class TrainingRun:
         return self._lr
 
     @contextmanager
-    def timed(self, metric: M.Metric) -> Iterator[None]:
-        """Add the seconds the block takes to `metric` (a per-step mean over the window and processes)."""
+    def phase(self, name: str) -> Iterator[None]:
+        """One of a step's PHASES ("rollout", "optimization"): its seconds (time/<name>) and, where measured, its peak
+        memory (perf/peak_memory_gb/<name>). The optimization phase also gives perf/training_tokens_per_s and
+        perf/mfu from the training forwards the trainer counted in it (count_training_tokens)."""
+        seconds_metric, memory_metric = PHASES[name]
+        device = self.accelerator.device
+        measure_memory = self.phase_memory and perf.reset_peak_memory(device)
         start = time.perf_counter()
         yield
-        self.metrics.add(metric, time.perf_counter() - start, 1)
+        seconds = time.perf_counter() - start
+        self.metrics.add(seconds_metric, seconds, 1)
+        if measure_memory and (peak := perf.peak_memory_bytes(device)) is not None:
+            self.metrics.add_extreme(memory_metric, peak / 1e9)
+        if name == "optimization":
+            # Pooled as sums over the window's phases and the processes: sum FLOPs / sum seconds, so FLOPs / (seconds
+            # x processes) of the run's devices working side by side.
+            tokens, flops = self.training_flops.take()
+            self.metrics.add(M.PERF_TRAINING_TOKENS_PER_S, tokens, seconds)
+            if self.peak_flops is not None:
+                self.metrics.add(M.PERF_MFU, flops / self.peak_flops, seconds)
+
+    def count_training_tokens(self, attention_mask: torch.Tensor) -> None:
+        """Count a training forward (one with a backward) over (B, L) `attention_mask`, True on real prompt and
+        completion tokens, towards the optimization phase's perf/ metrics."""
+        self.training_flops.count(attention_mask)
+
+    def _compute_dtype(self, model: torch.nn.Module) -> torch.dtype:
+        """The dtype the trained model's matrix multiplies run in: the autocast dtype of --bf16 / --fp16, else the
+        dtype holding most of its floating-point weights (a model loaded in bf16 computes in bf16)."""
+        precision = self.accelerator.mixed_precision
+        if precision in ("bf16", "fp16"):
+            return torch.bfloat16 if precision == "bf16" else torch.float16
+        sizes: dict[torch.dtype, int] = {}
+        for p in model.parameters():
+            if p.is_floating_point():  # ZeRO-3 keeps an empty placeholder and the full size in ds_numel
+                sizes[p.dtype] = sizes.get(p.dtype, 0) + getattr(p, "ds_numel", p.numel())
+        return max(sizes, key=sizes.get) if sizes else torch.float32
 
     def optimizer_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Clip the gradients to max_grad_norm and apply them, unless they are NaN/inf (then the step is skipped
