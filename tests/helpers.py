@@ -59,6 +59,15 @@ def expand_templates(
     return out
 
 
+# The perf/ metrics that measure the machine (speed, memory): like wall-clock seconds, they differ between equal runs.
+MACHINE_METRICS = {
+    registry.PERF_MFU.name,
+    registry.PERF_TRAINING_TOKENS_PER_S.name,
+    registry.PERF_PEAK_MEMORY_ROLLOUT.name,
+    registry.PERF_PEAK_MEMORY_OPTIMIZATION.name,
+}
+
+
 def not_logged_on_this_machine() -> set[str]:
     """The perf/ metrics a float32 test run does not log here: perf/mfu without RLHFKIT_PEAK_TFLOPS (no float32 peak),
     and the per-phase peak memory where perf.phase_memory_enabled says no (CPUs, without RLHFKIT_PHASE_MEMORY=1)."""

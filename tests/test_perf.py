@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -159,3 +161,46 @@ def test_mfu():
     assert perf.mfu(6e12, 2.0, None) is None
     assert perf.mfu(6e12, 0.0, 1e13) is None
     assert perf.mfu(6e12, -1.0, 1e13) is None
+
+
+def test_a_module_holding_two_models_counts_both():
+    """PPO's policy and value model behind one forward: both models' matmuls and attention (each config once, though
+    a CausalLM's inner model shares it)."""
+    policy = tiny(LlamaConfig, LlamaForCausalLM, layers=2)
+    value = tiny(LlamaConfig, LlamaForCausalLM, layers=1)
+    both = torch.nn.ModuleDict({"policy": policy, "value_model": value})
+    both.config = policy.config  # as PolicyAndValue borrows the policy's (DeepSpeed reads it)
+    for context in (0.0, 6.0):
+        expected = perf.forward_flops_per_token(policy, context) + perf.forward_flops_per_token(value, context)
+        assert perf.forward_flops_per_token(both, context) == expected
+    assert perf.forward_flops_per_token(both, 1.0) - perf.forward_flops_per_token(both, 0.0) == 4 * 3 * HEADS * D
+
+
+def test_phase_memory_settings(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    monkeypatch.delenv(perf.PHASE_MEMORY_ENV, raising=False)
+    assert perf.phase_memory_enabled(cuda) and not perf.phase_memory_enabled(cpu)  # a CPU's peak RSS is left alone
+    monkeypatch.setenv(perf.PHASE_MEMORY_ENV, "0")
+    assert not perf.phase_memory_enabled(cuda) and not perf.phase_memory_enabled(cpu)
+    monkeypatch.setenv(perf.PHASE_MEMORY_ENV, "1")
+    assert perf.phase_memory_enabled(cuda)
+    assert perf.phase_memory_enabled(cpu) == os.path.exists("/proc/self/clear_refs")
+    assert not perf.phase_memory_enabled(torch.device("meta"))
+    monkeypatch.setenv(perf.PHASE_MEMORY_ENV, "yes")
+    with pytest.raises(ValueError, match=perf.PHASE_MEMORY_ENV):
+        perf.phase_memory_enabled(cpu)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux's per-process peak RSS")
+def test_cpu_peak_memory_is_the_phase_peak():
+    """After a reset the peak is about the current RSS; a 200 MB tensor allocated and freed in the phase raises it by
+    about 200 MB, and the next reset forgets it."""
+    cpu = torch.device("cpu")
+    assert perf.reset_peak_memory(cpu)
+    before = perf.peak_memory_bytes(cpu)
+    x = torch.ones(50_000_000)  # 200 MB, written so that its pages are resident
+    del x
+    during = perf.peak_memory_bytes(cpu)
+    assert during - before > 150e6
+    assert perf.reset_peak_memory(cpu)
+    assert perf.peak_memory_bytes(cpu) < during - 150e6

@@ -15,7 +15,7 @@ from rlhfkit.errors import ConfigError, GenerationWorkerStopped
 from rlhfkit.metrics import registry as M
 from rlhfkit.trainers.async_generation import flatten_weights, load_flat_weights
 from rlhfkit.trainers.build import build_grpo_trainer
-from tests.helpers import run_two_processes
+from tests.helpers import MACHINE_METRICS, run_two_processes
 from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows, two_process_grpo_command
 from tests.trainers.test_resume import rows_of, weights
 
@@ -23,6 +23,7 @@ ASYNC_METRICS = {m.name for m in M.metrics_for("grpo") if m.when.startswith("asy
 # Wall-clock and scheduling numbers: the only ones allowed to differ between equal runs.
 TIMING = {"eps", "time/rollout", "time/optimization", "step_time", "sample/rollout_queue_size", "perf/rollout_wait_s",
           "rollout/backpressure_s", "rollout/generated_tokens_per_s", "perf/weight_sync_s"}  # fmt: skip
+TIMING |= MACHINE_METRICS
 
 
 def config(assets, out, **overrides) -> GRPOConfig:

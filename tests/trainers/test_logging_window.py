@@ -17,11 +17,12 @@ from safetensors.torch import load_file
 
 from rlhfkit.metrics.registry import REGISTRY, expand, is_template
 from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
+from tests.helpers import MACHINE_METRICS
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
 from tests.trainers.test_strategies import small_prompts
 
-WALL_CLOCK = {"eps", "time/rollout", "time/optimization", "step_time"}
+WALL_CLOCK = {"eps", "time/rollout", "time/optimization", "step_time"} | MACHINE_METRICS
 
 
 def reduction(name):

@@ -15,11 +15,12 @@ from safetensors.torch import load_file
 
 from rlhfkit.errors import ConfigError
 from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
-from tests.helpers import asset_flags
+from tests.helpers import MACHINE_METRICS, asset_flags
 from tests.trainers.test_grpo import grpo_config
 from tests.trainers.test_ppo import small_config
 
-WALL_CLOCK = {"eps", "time/rollout", "time/optimization", "step_time"}  # the only numbers allowed to differ
+# the only numbers allowed to differ
+WALL_CLOCK = {"eps", "time/rollout", "time/optimization", "step_time"} | MACHINE_METRICS
 # ...besides those of the summary row that ends a train() call: they describe the call, and a resumed one is shorter
 # (train_loss is the mean over its own steps, as transformers' Trainer counts them).
 PER_CALL = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
