@@ -170,9 +170,11 @@ def tokenize_prompts(
     log=print,
     num_proc: int | None = None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list | None = None,
 ) -> Dataset:
     """Adds ``input_ids`` (prompt tokens, no padding). num_proc: processes for the map/filter (--dataset_num_proc).
-    chat_template_kwargs: passed to the chat template of conversations (prompt_text).
+    chat_template_kwargs: passed to the chat template of conversations (prompt_text); tools: the tools it shows them
+    (GRPOTrainer(tools=[...])).
 
     A dataset already tokenized (an ``input_ids`` column, as TRL's examples/scripts/ppo/ppo.py prepares it, which
     keeps that column alone) keeps its ids as given; when it has no `text_field` column, the prompt text that reward
@@ -195,7 +197,7 @@ def tokenize_prompts(
         prompts = dataset[text_field]
         _check_prompts(prompts, text_field, flag_prefix, tokenizer)
         # As TRL: a chat template already writes the special tokens it wants, and text prompts are used as given.
-        texts = [prompt_text(prompt, tokenizer, chat_template_kwargs) for prompt in prompts]
+        texts = [prompt_text(prompt, tokenizer, chat_template_kwargs, tools) for prompt in prompts]
         dataset = dataset.add_column("input_ids", _token_ids(tokenizer, texts))
     elif text_field not in dataset.column_names:
         dataset = dataset.add_column(text_field, _decoded(tokenizer, dataset["input_ids"], flag_prefix))
@@ -267,22 +269,33 @@ def is_conversational(prompt: object) -> bool:
 
 
 def prompt_text(
-    prompt: str | list[dict], tokenizer: PreTrainedTokenizerBase, chat_template_kwargs: Mapping[str, Any] | None = None
+    prompt: str | list[dict],
+    tokenizer: PreTrainedTokenizerBase,
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    tools: list | None = None,
 ) -> str:
     """What the model reads: a text prompt as it is; a conversation through the tokenizer's chat template, ending
     with the assistant's turn (add_generation_prompt=True). chat_template_kwargs: the template's own variables, as
-    TRL's --chat_template_kwargs passes them (e.g. {"enable_thinking": False} for Qwen3's)."""
+    TRL's --chat_template_kwargs passes them (e.g. {"enable_thinking": False} for Qwen3's). tools: the functions the
+    template shows the model (None, not [], without: some templates render tool boilerplate for an empty list)."""
     if isinstance(prompt, str):
         return prompt
     kwargs = dict(chat_template_kwargs or {})
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **kwargs)
+    return tokenizer.apply_chat_template(
+        prompt, tokenize=False, add_generation_prompt=True, tools=tools or None, **kwargs
+    )
 
 
-def as_completions(completions: list[str], prompts: list) -> list:
+def as_completions(completions: list, prompts: list) -> list:
     """Completions in the prompts' format, as TRL hands them to reward functions: text for text prompts, one
-    assistant message ([{"role": "assistant", "content": text}]) for conversations."""
+    assistant message ([{"role": "assistant", "content": text}]) for conversations. A completion already given as
+    messages (a multi-turn episode with tools: assistant turns and tool results) is passed as it is."""
     return [
-        [{"role": "assistant", "content": completion}] if is_conversational(prompt) else completion
+        completion
+        if isinstance(completion, list)
+        else [{"role": "assistant", "content": completion}]
+        if is_conversational(prompt)
+        else completion
         for completion, prompt in zip(completions, prompts, strict=True)
     ]
 

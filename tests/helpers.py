@@ -44,18 +44,25 @@ def full_forward_logprobs(model, chunk, temperature: float):
 
 
 def expand_templates(
-    metrics: list[registry.Metric], reward_func_names: list[str], async_generation: bool = False
+    metrics: list[registry.Metric],
+    reward_func_names: list[str],
+    async_generation: bool = False,
+    tool_names: list[str] | None = None,
 ) -> list[registry.Metric]:
-    """`metrics` with every template replaced by its expansion for each reward function, order kept: what a run
-    with those reward functions logs (without async_generation, none of the metrics only it logs; nor those the
-    machine's device does not give, not_logged_on_this_machine)."""
+    """`metrics` with every template replaced by its expansion for each reward function (tools/ templates: for each
+    tool), order kept: what a run with those reward functions logs (without async_generation, none of the metrics
+    only it logs; without tool_names, none of the tools/ ones; nor those the machine's device does not give,
+    not_logged_on_this_machine)."""
     out: list[registry.Metric] = []
     for m in metrics:
         if m.when.startswith("async_generation") and not async_generation:
             continue
+        if m.name.startswith("tools/") and tool_names is None:
+            continue
         if m.name in not_logged_on_this_machine():
             continue
-        out += [registry.expand(m, name) for name in reward_func_names] if registry.is_template(m) else [m]
+        names = tool_names if m.name.startswith("tools/") else reward_func_names
+        out += [registry.expand(m, name) for name in names] if registry.is_template(m) else [m]
     return out
 
 

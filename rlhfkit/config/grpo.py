@@ -29,15 +29,6 @@ from rlhfkit.ops.advantages import GROUP_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 
 
-def _no_agents(value) -> str | None:
-    if value is None:
-        return None
-    return (
-        "must be unset: rlhfkit does not train agents yet (multi-turn tool use, TRL 1.16's tools= and "
-        "environment_factory=, is planned), so there are no tool-calling turns to limit. Leave it out"
-    )
-
-
 def _pad_multiple_complaint(value) -> str | None:
     """pad_to_multiple_of: TRL's "auto" (resolved to unset before the rules run: see GRPOConfig._apply_aliases), a
     positive integer, or unset."""
@@ -355,9 +346,9 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
     max_tool_calling_iterations: int | None = field(
         default=None,
         metadata=meta(
-            "TRL 1.16's limit on tool-calling turns when training an agent. rlhfkit does not train agents yet: "
-            "accepted unset (TRL's default) only.",
-            Checked("unset: rlhfkit does not train agents yet", _no_agents),
+            "With GRPOTrainer(tools=[...]): rounds of tool results an episode gets at most; unset: no cap (an episode "
+            "ends when a turn calls no tool or the completion reaches max_completion_length). docs/agents.md.",
+            OrNone(integer(ge=0)),
         ),
     )
     sapo_temperature_pos: float = field(

@@ -782,7 +782,8 @@ TOKENS_RESPONSES_DIST = Metric(
 # ----------------------------------------------------------------------------------------------
 # GRPO scalars, once per logging window of `logging_steps` optimizer steps (step = optimizer step)
 # Notation: i indexes completions, k reward functions; r_ik raw reward, w_k its weight, R_i = sum_k w_k r_ik;
-# groups of G = num_generations completions share a prompt; l_i completion length in tokens (EOS included).
+# groups of G = num_generations completions share a prompt; l_i completion length in tokens (EOS included); with
+# tools, the policy's own tokens of the episode only (tool results left out, as TRL counts them).
 # ----------------------------------------------------------------------------------------------
 
 NUM_TOKENS = Metric(
@@ -974,6 +975,92 @@ DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED = Metric(
     importance="stability",
     watch="Above 0: even max_num_gen_batches rounds could not fill the batch with learning signal; the filled "
     "groups add no gradient. Raise max_num_gen_batches (0: no cap) or change the prompts.",
+)
+_TOOLS = "tools (GRPOTrainer(tools=[...]))"
+_TOOLS_WINDOW = "over the window's episodes, all processes"
+TOOLS_CALL_FREQUENCY = Metric(
+    name="tools/call_frequency",
+    meaning="Tool calls per episode (completion): how often the policy uses its tools.",
+    formula=f"(tool calls made) / (episodes), {_TOOLS_WINDOW}; every parsed call counts, failed or unknown ones "
+    "included, and calls whose results were rolled back at the length limit",
+    unit="calls/episode",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when=_TOOLS,
+    importance="crucial",
+    watch="0 for long while the task needs a tool: the policy never learned the call format (check the chat "
+    "template and response_template, or warm-start with SFT on calls).",
+    vs_trl="TRL averages each generation's ratio over the window; we pool calls and episodes before dividing.",
+)
+TOOLS_FAILURE_FREQUENCY = Metric(
+    name="tools/failure_frequency",
+    meaning="Share of tool calls that failed: the tool raised, timed out, was unknown or got wrong arguments.",
+    formula=f"(failed calls) / (tool calls), {_TOOLS_WINDOW}; 0 when no call was made",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when=_TOOLS,
+    importance="stability",
+    watch="High: the tools' errors go into the conversations; look at tools/{tool_name}/failure_frequency for which "
+    "tool, and at the completions table for the calls.",
+    vs_trl="TRL averages each generation's ratio over the window; we pool failures and calls before dividing.",
+)
+TOOLS_MEAN_TURNS = Metric(
+    name="tools/mean_turns",
+    meaning="The policy's turns per episode: 1 + the turns it took after tool results.",
+    formula=f"mean of the assistant turns of each episode, {_TOOLS_WINDOW}",
+    unit="turns",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when=_TOOLS,
+    watch="Near max_tool_calling_iterations + 1: most episodes run to the turn cap.",
+)
+TOOLS_MAX_TURNS = Metric(
+    name="tools/max_turns",
+    meaning="Most turns of an episode.",
+    formula=f"max of the assistant turns of each episode, {_TOOLS_WINDOW}",
+    unit="turns",
+    reduction="max",
+    trainers=GRPO,
+    section="Tools",
+    when=_TOOLS,
+)
+TOOLS_TOOL_CALLS = Metric(
+    name="tools/{tool_name}/calls",
+    meaning="Calls of one tool per episode.",
+    formula=f"(calls naming this tool) / (episodes), {_TOOLS_WINDOW}",
+    unit="calls/episode",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when="once per tool, named after its function; tools",
+)
+TOOLS_TOOL_FAILURE_FREQUENCY = Metric(
+    name="tools/{tool_name}/failure_frequency",
+    meaning="Share of one tool's calls that failed (it raised, timed out or got wrong arguments).",
+    formula=f"(failed calls of this tool) / (calls of this tool), {_TOOLS_WINDOW}; 0 when it was not called",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when="once per tool, named after its function; tools",
+    importance="stability",
+    watch="Near 1: this tool fails most calls; the completions table shows the calls and the errors.",
+)
+TOOLS_TOOL_LATENCY = Metric(
+    name="tools/{tool_name}/latency_s",
+    meaning="Mean wall-clock seconds of one tool's calls.",
+    formula=f"(seconds spent in this tool's calls) / (calls of this tool), {_TOOLS_WINDOW}; 0 when it was not "
+    "called; a timed-out call counts the timeout",
+    unit="s",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when="once per tool, named after its function; tools",
+    watch="Async tools of a turn run together; sync ones one after another, in the generation's time.",
 )
 _ASYNC = "async_generation"
 _PER_ROUND = "over the window's generations"
@@ -1371,18 +1458,20 @@ ALIASES: dict[str, str] = {alias: m.name for m in REGISTRY.values() for alias in
 
 
 def is_template(metric: Metric) -> bool:
-    """True for a per-reward-function template such as ``rewards/{reward_func_name}/mean``."""
+    """True for a template such as ``rewards/{reward_func_name}/mean`` (one metric per reward function) or
+    ``tools/{tool_name}/calls`` (one per tool)."""
     return "{" in metric.name
 
 
-def expand(metric: Metric, reward_func_name: str) -> Metric:
-    """The concrete metric of a template for one reward function: ``rewards/{reward_func_name}/mean`` and
+def expand(metric: Metric, name: str) -> Metric:
+    """The concrete metric of a template for one reward function or tool: ``rewards/{reward_func_name}/mean`` and
     "correctness" give ``rewards/correctness/mean``, with the template's reduction and documentation."""
     if not is_template(metric):
         raise ValueError(f"{metric.name} is not a template")
-    if not reward_func_name or any(c in reward_func_name for c in "{}"):
-        raise ValueError(f"invalid reward function name {reward_func_name!r} for metric {metric.name}")
-    return replace(metric, name=metric.name.format(reward_func_name=reward_func_name), aliases=())
+    if not name or any(c in name for c in "{}"):
+        raise ValueError(f"invalid reward function or tool name {name!r} for metric {metric.name}")
+    start, end = metric.name.index("{"), metric.name.index("}")
+    return replace(metric, name=metric.name[:start] + name + metric.name[end + 1 :], aliases=())
 
 
 def metrics_for(trainer: str, kind: str | None = "scalar") -> list[Metric]:

@@ -131,6 +131,14 @@ class Chunk(NamedTuple):
     terminated: torch.Tensor  # (B,) bool, True if the completion ends with a terminator (EOS or the stop token)
     # (B, T) the sampler's log-probs of the completion tokens, 0 outside the mask; None when greedy
     sampling_logprobs: torch.Tensor | None
+    # (B, T) bool, multi-turn episodes only (trainers/episodes.py): True on the tokens the policy sampled, False on
+    # the tool results the chat template put between its turns (TRL's tool_mask); None: every token is the policy's
+    tool_mask: torch.Tensor | None = None
+
+    @property
+    def model_mask(self) -> torch.Tensor:
+        """(B, T) bool: the completion tokens the policy sampled (completion_mask without the tool results)."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask & self.tool_mask
 
     @property
     def input_ids(self) -> torch.Tensor:
@@ -162,6 +170,7 @@ class Chunk(NamedTuple):
             completion_mask=widen(self.completion_mask, False),
             terminated=self.terminated,
             sampling_logprobs=widen(self.sampling_logprobs, 0.0),
+            tool_mask=widen(self.tool_mask, True),
         )
 
 

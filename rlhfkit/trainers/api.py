@@ -11,7 +11,7 @@ loss each update minimised (policy plus vf_coef x value loss, pooled over its to
 
 Also what both constructors do with TRL's arguments that rlhfkit takes in another form (``peft_config``,
 ``quantization_config``, ``optimizers``): :func:`trl_constructor_arguments`; and those it does not take yet
-(GRPO's agents): :func:`refuse_agent_arguments`.
+(GRPO's environment_factory and rollout_func): :func:`refuse_agent_arguments`.
 """
 
 from __future__ import annotations
@@ -124,7 +124,10 @@ class TRLTrainerAPI:
                 "evaluate() needs an evaluation dataset: pass eval_dataset= to the trainer (or --dataset_test_split) "
                 "or to evaluate()."
             )
-        dataset = None if eval_dataset is None else tokenize_eval_dataset(self.args, self.tokenizer, eval_dataset)
+        tools = getattr(self, "tools", None) or None  # GRPO's: the prompts show the model its tools
+        dataset = (
+            None if eval_dataset is None else tokenize_eval_dataset(self.args, self.tokenizer, eval_dataset, tools)
+        )
         self.run.begin()
         return self.run.evaluate(dataset, metric_key_prefix)
 
@@ -217,13 +220,13 @@ def refuse_arguments(owner: str, why: str, **arguments: Any) -> None:
 
 
 def refuse_agent_arguments(**arguments: Any) -> None:
-    """TRL 1.16's GRPOTrainer agent arguments (tools, rollout_func, environment_factory): None is accepted; anything
-    else exits 2, since rlhfkit does not train agents yet."""
+    """TRL 1.16's GRPOTrainer agent arguments rlhfkit does not take yet (rollout_func, environment_factory): None is
+    accepted; anything else exits 2. tools= is taken (GRPOTrainer, docs/agents.md)."""
     refuse_arguments(
         "GRPOTrainer",
-        "rlhfkit does not train agents yet. TRL 1.16's tools, environment_factory and rollout_func (multi-turn tool "
-        "use and environments) are planned; until then train on single-turn completions scored by reward functions "
-        "(pass None), or train agents with TRL's GRPOTrainer.",
+        "rlhfkit does not train agents with environments or custom rollouts yet: TRL 1.16's environment_factory and "
+        "rollout_func are planned. Tools are supported (tools=[...], docs/agents.md); for an environment, pass its "
+        "methods as tools, or train with TRL's GRPOTrainer.",
         **arguments,
     )
 

@@ -18,7 +18,11 @@ With --async_generation the generation is off-policy: the worker samples with a 
 max_staleness optimizer steps older than the weights the batch trains (the batch's `staleness`); the loss keeps
 GRPO's ratio to logp_old (the trainer's log-probs of the batch) and, for a stale batch, multiplies each token's loss
 by TRL 1.16's truncated or masked importance weight pi_old / pi_behaviour (async_generation.off_policy_weights, in
-GRPOTrainer.micro_step). Multi-turn episodes will be assembled here too.
+GRPOTrainer.micro_step).
+
+With tools (GRPOTrainer(tools=[...])) a round's completions are multi-turn episodes (episodes.ToolEpisodes: the
+policy's turns and the tools' results between them); the chunk's tool_mask keeps the tool results out of the loss mask
+and the completion lengths, and the reward functions get each episode's messages, as in TRL.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, response_token_stats
 from rlhfkit.rewards import RewardOutput
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
+from rlhfkit.trainers.episodes import ToolStats
 from rlhfkit.trainers.shared import count_task_success, take_reward_logs
 
 
@@ -193,9 +198,30 @@ class GRPOGeneration:
         rows = self.round_rows(prompt_indices)
         model.eval()
         config = t.sampling_config(t.args.max_completion_length)
-        (chunk,) = complete(model, [r["input_ids"] for r in rows], config, len(rows), t.accelerator.device)
+        prompt_ids = [r["input_ids"] for r in rows]
+        messages = None
+        if t.episodes is not None:  # multi-turn, with tools
+            episodes = t.episodes.sample(model, prompt_ids, config, t.accelerator.device)
+            chunk, messages = episodes.chunk, episodes.messages
+            self.log_tools(episodes.stats)
+        else:
+            (chunk,) = complete(model, prompt_ids, config, len(rows), t.accelerator.device)
         model.train()
-        return self.score_round(rows, chunk)
+        return self.score_round(rows, chunk, messages)
+
+    def log_tools(self, stats: ToolStats) -> None:
+        """A round's tool calls: TRL's tools/call_frequency and tools/failure_frequency, each tool's calls, failures
+        and seconds, the turns per episode (pooled when reduced)."""
+        m, episodes = self.trainer.run.metrics, len(stats.turns)
+        m.add(M.TOOLS_CALL_FREQUENCY, stats.calls, episodes)
+        m.add(M.TOOLS_FAILURE_FREQUENCY, stats.failures, stats.calls)
+        turns = torch.tensor(stats.turns, dtype=torch.float64)
+        m.add_tensor(M.TOOLS_MEAN_TURNS, turns)
+        m.add_tensor(M.TOOLS_MAX_TURNS, turns)
+        for name, (calls, failures, seconds) in stats.per_tool.items():
+            m.add(M.expand(M.TOOLS_TOOL_CALLS, name), calls, episodes)
+            m.add(M.expand(M.TOOLS_TOOL_FAILURE_FREQUENCY, name), failures, calls)
+            m.add(M.expand(M.TOOLS_TOOL_LATENCY, name), seconds, calls)
 
     def round_rows(self, prompt_indices: list[int]) -> list[dict]:
         """This process's dataset rows of a round: each prompt of `prompt_indices` (all processes') G times, sliced."""
@@ -211,9 +237,10 @@ class GRPOGeneration:
         n = t.sizes.local_completions
         return slice(t.accelerator.process_index * n, (t.accelerator.process_index + 1) * n)
 
-    def score_round(self, rows: list[dict], chunk: Chunk) -> ScoredRound:
+    def score_round(self, rows: list[dict], chunk: Chunk, messages: list[list[dict]] | None = None) -> ScoredRound:
         """The round of the completions `chunk` (one chunk, all of this process's rows): scored, gathered and logged
-        (completions/*, rewards/*, frac_reward_zero_std describe every round's completions)."""
+        (completions/*, rewards/*, frac_reward_zero_std describe every round's completions). messages: multi-turn
+        episodes' messages after the prompt, which the reward functions get as the completions (TRL's form)."""
         t = self.trainer
         args, acc = t.args, t.accelerator
         G, device = args.num_generations, acc.device
@@ -222,7 +249,8 @@ class GRPOGeneration:
 
         # Rewards: each source's raw values, then the weighted total per completion.
         sequence, completion = (chunk.input_ids, chunk.attention_mask), (chunk.completion_ids, chunk.completion_mask)
-        outputs = t.rewards.score(rows, prompts, texts, sequence, completion, trainer_state=t.state)
+        scored = texts if messages is None else messages
+        outputs = t.rewards.score(rows, prompts, scored, sequence, completion, trainer_state=t.state)
         total = t.rewards.total(outputs, prompts)
         logged_columns, logged_metrics = take_reward_logs(t.rewards, acc)  # log_extra, log_metric (collective)
         t.run.reward_metrics.add(logged_metrics)
@@ -234,9 +262,7 @@ class GRPOGeneration:
         if args.multi_objective_aggregation == "normalize_then_sum":  # each source is normalised in its group
             gathered_rewards = acc.gather(rewards.t().contiguous().to(device)).t().double().cpu()
         zero_std = ops.zero_std_groups(gathered, G).repeat_interleave(G)[self.own_slice()]
-        counts = torch.tensor(
-            [chunk.prompt_mask.sum(), chunk.completion_mask.sum()], dtype=torch.float64, device=device
-        )
+        counts = torch.tensor([chunk.prompt_mask.sum(), chunk.model_mask.sum()], dtype=torch.float64, device=device)
         prompt_tokens, completion_tokens = acc.reduce(counts, "sum").tolist()
         self.log_round(outputs, total, zero_std, chunk, prompts, texts)
         return ScoredRound(
@@ -255,7 +281,7 @@ class GRPOGeneration:
         completion's group (which may span processes) had identical rewards."""
         t = self.trainer
         m = t.run.metrics
-        lengths = chunk.completion_mask.sum(1).double()
+        lengths = chunk.model_mask.sum(1).double()  # the policy's tokens: tool results left out, as TRL
         m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
         m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
         m.add_tensor(M.COMPLETIONS_MAX_LENGTH, lengths)
@@ -306,6 +332,9 @@ class GRPOGeneration:
             completion_mask=cat_padded([c.completion_mask[rows] for c, rows in chunks], False),
             terminated=torch.cat([c.terminated[rows] for c, rows in chunks]),
             sampling_logprobs=sampling_logprobs,
+            tool_mask=None
+            if chunks[0][0].tool_mask is None
+            else cat_padded([c.tool_mask[rows] for c, rows in chunks], True),
         )
         merged = ScoredRound(
             chunk=chunk,
@@ -343,7 +372,7 @@ class GRPOGeneration:
             advantages = ops.group_advantages(gathered, args.num_generations, args.scale_rewards)
         advantages = advantages[self.own_slice()]
 
-        loss_mask = chunk.completion_mask
+        loss_mask = chunk.model_mask  # with tools, their results are read but not trained on (TRL's tool_mask)
         if args.mask_truncated_completions:
             loss_mask = loss_mask & chunk.terminated[:, None]
         loss_tokens = acc.reduce(loss_mask.sum().to(torch.float64).reshape(1), "sum").item()

@@ -69,9 +69,10 @@ from transformers import PreTrainedTokenizerBase
 from transformers.trainer_utils import TrainOutput
 
 from rlhfkit import ops
+from rlhfkit.agents import ToolBox
 from rlhfkit.checkpoint import REF_MODEL_DIR, load_weights
 from rlhfkit.config import GRPOConfig, grpo_batch_sizes
-from rlhfkit.data import endless_batches, prompt_text
+from rlhfkit.data import endless_batches, is_conversational, prompt_text
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
@@ -95,6 +96,7 @@ from rlhfkit.trainers.async_generation import (
     off_policy_weights,
     start_generation_worker,
 )
+from rlhfkit.trainers.episodes import ToolEpisodes
 from rlhfkit.trainers.generation import GRPOBatch, GRPOGeneration, MicroBatch
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
@@ -119,8 +121,10 @@ class GRPOTrainer(TRLTrainerAPI):
     task: a built-in ``Task`` whose checker measures true success (rollout/ and eval/task_success). The other
     arguments and the methods are TRL 1.16's (api.py: callbacks, state, save_model, evaluate, log, ...; peft_config
     is a LoRA config, which sets --use_peft and the lora_* fields; quantization_config a BitsAndBytesConfig).
-    tools, rollout_func, environment_factory: TRL 1.16's agent training, which rlhfkit does not do yet; anything but
-    None exits 2 with that reason.
+    tools: TRL 1.16's tools, typed functions with Google-style docstrings (sync or async) the policy may call in
+    multi-turn episodes, up to max_tool_calling_iterations rounds of results (episodes.py, docs/agents.md); kept as
+    ``trainer.tools``. rollout_func, environment_factory: TRL 1.16's other agent arguments, which rlhfkit does not
+    take yet; anything but None exits 2 with that reason.
     """
 
     def __init__(
@@ -141,8 +145,15 @@ class GRPOTrainer(TRLTrainerAPI):
         environment_factory=None,
         task=None,
     ):
-        refuse_agent_arguments(tools=tools, rollout_func=rollout_func, environment_factory=environment_factory)
+        refuse_agent_arguments(rollout_func=rollout_func, environment_factory=environment_factory)
         args = trl_constructor_arguments(args or GRPOConfig(), peft_config, quantization_config, optimizers)
+        toolbox = ToolBox(tools) if tools else None  # tool schemas checked before anything loads
+        if toolbox is not None and args.async_generation:
+            raise ConfigError(
+                "GRPOTrainer(tools=...) with async_generation: the generation worker does not run tools yet, so "
+                "multi-turn episodes are sampled synchronously only. Leave async_generation off (--async_generation "
+                "false) to train with tools."
+            )
         self.args = args  # a GRPOArguments: a TRL script's GRPOConfig gets the script and model groups' defaults
         if args.model_init_kwargs:  # TRL's script sets them after building the config
             args.apply_model_init_kwargs()
@@ -190,7 +201,22 @@ class GRPOTrainer(TRLTrainerAPI):
                 args.max_steps * args.gradient_accumulation_steps / sizes.micro_steps_per_generation
             )
             train_dataset = take_streamed(train_dataset, generations * sizes.prompts)
-        self.train_dataset, self.eval_dataset = tokenize_datasets(args, tok, train_dataset, eval_dataset)
+        # TRL 1.16's attribute: the tool functions (empty without tools). Conversations show the model its tools.
+        self.tools = [] if toolbox is None else toolbox.functions
+        self.train_dataset, self.eval_dataset = tokenize_datasets(
+            args, tok, train_dataset, eval_dataset, self.tools or None
+        )
+        self.episodes = None  # multi-turn sampling, with tools
+        if toolbox is not None:
+            if not is_conversational(self.train_dataset[0][args.dataset_text_field]):
+                raise ConfigError(
+                    "GRPOTrainer(tools=...) needs conversational prompts (lists of {'role', 'content'} messages), "
+                    "which the chat template renders with the tools and whose episodes the tokenizer parses; "
+                    f"the {args.dataset_text_field!r} column holds text."
+                )
+            self.episodes = ToolEpisodes(
+                tok, toolbox, args.max_tool_calling_iterations, args.max_completion_length, args.chat_template_kwargs
+            )
         self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
         if args.disable_dropout:  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)
@@ -206,6 +232,8 @@ class GRPOTrainer(TRLTrainerAPI):
         self.entropy_coef = args.entropy_coef
         self.last_window_entropy = float("inf")
         extra_metrics = [m for pair in self.rewards.metrics for m in pair]
+        tool_templates = (M.TOOLS_TOOL_CALLS, M.TOOLS_TOOL_FAILURE_FREQUENCY, M.TOOLS_TOOL_LATENCY)
+        extra_metrics += [M.expand(m, name) for name in (toolbox.names if toolbox else []) for m in tool_templates]
         sizes = self.sizes
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
@@ -508,7 +536,7 @@ class GRPOTrainer(TRLTrainerAPI):
         columns = ["prompt", "completion", *self.rewards.names, "advantage"]
         rewards = batch.rewards.t().tolist()
         # a conversation as the model read it
-        prompts = [prompt_text(p, self.tokenizer, self.args.chat_template_kwargs) for p in batch.prompts]
+        prompts = [prompt_text(p, self.tokenizer, self.args.chat_template_kwargs, self.tools) for p in batch.prompts]
         rows = [
             [p, c, *[None if r != r else r for r in rs], a]
             for p, c, rs, a in zip(prompts, batch.completions, rewards, batch.advantages.tolist())

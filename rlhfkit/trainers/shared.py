@@ -28,18 +28,22 @@ EvalDatasets: TypeAlias = "Dataset | Mapping[str, Dataset]"  # one evaluation se
 
 
 def tokenize_datasets(
-    args, tokenizer: PreTrainedTokenizerBase, train_dataset: Dataset, eval_dataset: EvalDatasets | None
+    args,
+    tokenizer: PreTrainedTokenizerBase,
+    train_dataset: Dataset,
+    eval_dataset: EvalDatasets | None,
+    tools: list | None = None,
 ) -> tuple[Dataset, EvalDatasets | None]:
     """The train and eval prompts with their token ids (data.tokenize_prompts: --dataset_text_field,
-    --max_prompt_length, --prompt_overflow, --dataset_num_proc)."""
+    --max_prompt_length, --prompt_overflow, --dataset_num_proc); conversations rendered with `tools` (GRPO's)."""
     if isinstance(train_dataset, IterableDataset):
         raise ConfigError(
             "train_dataset is a streamed IterableDataset: GRPOTrainer takes one with max_steps (TRL 1.16's GRPO), "
             "PPOTrainer does not (neither did TRL's PPO). Load it as a Dataset, or take the rows you need: "
             "Dataset.from_list(list(stream.take(n)))."
         )
-    train = _tokenized(args, tokenizer, train_dataset, "")
-    return train, (None if eval_dataset is None else tokenize_eval_dataset(args, tokenizer, eval_dataset))
+    train = _tokenized(args, tokenizer, train_dataset, "", tools)
+    return train, (None if eval_dataset is None else tokenize_eval_dataset(args, tokenizer, eval_dataset, tools))
 
 
 def take_streamed(dataset: IterableDataset, rows: int) -> Dataset:
@@ -53,7 +57,9 @@ def take_streamed(dataset: IterableDataset, rows: int) -> Dataset:
     return Dataset.from_list(taken)
 
 
-def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: EvalDatasets) -> EvalDatasets:
+def tokenize_eval_dataset(
+    args, tokenizer: PreTrainedTokenizerBase, dataset: EvalDatasets, tools: list | None = None
+) -> EvalDatasets:
     """Evaluation prompts with their token ids, as the trainer's eval_dataset is tokenized (trainer.evaluate()'s
     eval_dataset too). Several named sets (a dict or DatasetDict, as transformers' Trainer takes them: each is
     evaluated and logged under eval_<name>) give a dict of the same names."""
@@ -67,7 +73,7 @@ def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: Eva
             "to evaluate on: Dataset.from_list(list(stream.take(n)))."
         )
     if not isinstance(dataset, Mapping):
-        return _tokenized(args, tokenizer, dataset, "eval ")
+        return _tokenized(args, tokenizer, dataset, "eval ", tools)
     if not dataset:
         raise ConfigError("eval_dataset={}: no evaluation set. Pass a dataset, a dict of named datasets, or None.")
     for name in dataset:
@@ -76,10 +82,12 @@ def tokenize_eval_dataset(args, tokenizer: PreTrainedTokenizerBase, dataset: Eva
                 f"eval_dataset: the set name {name!r} must be a non-empty string without '/': its metrics are "
                 "logged as eval_<name>/... (e.g. {'easy': ..., 'hard': ...})."
             )
-    return {name: _tokenized(args, tokenizer, part, f"eval {name!r} ") for name, part in dataset.items()}
+    return {name: _tokenized(args, tokenizer, part, f"eval {name!r} ", tools) for name, part in dataset.items()}
 
 
-def _tokenized(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, flag_prefix: str) -> Dataset:
+def _tokenized(
+    args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, flag_prefix: str, tools: list | None = None
+) -> Dataset:
     text, limit, overflow = args.dataset_text_field, args.max_prompt_length, args.prompt_overflow
     return tokenize_prompts(
         dataset,
@@ -90,6 +98,7 @@ def _tokenized(args, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, flag_
         overflow,
         num_proc=args.dataset_num_proc,
         chat_template_kwargs=getattr(args, "chat_template_kwargs", None),  # GRPO's (TRL 1.12's PPO has none)
+        tools=tools,
     )
 
 

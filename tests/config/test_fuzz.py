@@ -40,7 +40,7 @@ def numeric_fields(cls) -> list[str]:
 # A count of steps or a share of the run's steps (rules other than Number): tests/test_config_steps.py.
 STEP_FIELDS = ("logging_steps", "save_steps", "eval_steps")
 # TRL fields taken at their default only, whose other values exit 2 with the reason: tests/trainers/test_trainer_contract.py.
-DEFAULT_ONLY = ("max_tool_calling_iterations",)
+DEFAULT_ONLY = ()
 CASES = [(cls, name) for cls in PROGS for name in numeric_fields(cls) if name not in STEP_FIELDS + DEFAULT_ONLY]
 IDS = [f"{cls.__name__}.{name}" for cls, name in CASES]
 

@@ -223,18 +223,33 @@ def test_ppo_train_returns_the_mean_loss_it_logged(tiny_assets, tmp_path):
     assert trainer.processing_class is tokenizer
 
 
-@pytest.mark.parametrize("argument", ["tools", "environment_factory", "rollout_func"])
-def test_agent_arguments_exit_with_the_reason(tiny_assets, tmp_path, argument):
+@pytest.mark.parametrize("argument", ["environment_factory", "rollout_func"])
+def test_agent_arguments_not_taken_yet_exit_with_the_reason(tiny_assets, tmp_path, argument):
     dataset = load_from_disk(str(tiny_assets / "prompts"))["train"]
-    value = [len] if argument == "tools" else len
-    with pytest.raises(ConfigError, match=rf"GRPOTrainer\({argument}=\.\.\.\): rlhfkit does not train agents yet"):
-        GRPOTrainer(str(tiny_assets / "sft"), len, grpo_config(tiny_assets, tmp_path), dataset, **{argument: value})
+    with pytest.raises(ConfigError, match=rf"GRPOTrainer\({argument}=\.\.\.\): rlhfkit does not train agents with"):
+        GRPOTrainer(str(tiny_assets / "sft"), len, grpo_config(tiny_assets, tmp_path), dataset, **{argument: len})
     assert not (tmp_path / "run").exists()  # refused before the run directory
 
 
-def test_max_tool_calling_iterations_is_taken_at_its_default_only():
+def test_tools_need_documented_functions_and_conversational_prompts(tiny_assets, tmp_path):
+    dataset = load_from_disk(str(tiny_assets / "prompts"))["train"]
+    with pytest.raises(ConfigError, match="tool 'len'.*Google-style docstring"):  # a builtin has no typed docstring
+        GRPOTrainer(str(tiny_assets / "sft"), len, grpo_config(tiny_assets, tmp_path), dataset, tools=[len])
+
+    def double(x: int) -> int:
+        """Doubles a number.
+
+        Args:
+            x: The number.
+        """
+        return 2 * x
+
+    with pytest.raises(ConfigError, match="tools=...\\) needs conversational prompts"):  # the tiny task's are text
+        GRPOTrainer(str(tiny_assets / "sft"), len, grpo_config(tiny_assets, tmp_path), dataset, tools=[double])
+
+
+def test_max_tool_calling_iterations_is_a_count_or_unset():
     assert GRPOConfig(max_tool_calling_iterations=None, report_to=["none"]).max_tool_calling_iterations is None
-    with pytest.raises(
-        ConfigError, match="max_tool_calling_iterations=3: must be unset: rlhfkit does not train agents"
-    ):
-        GRPOConfig(max_tool_calling_iterations=3, report_to=["none"])
+    assert GRPOConfig(max_tool_calling_iterations=3, report_to=["none"]).max_tool_calling_iterations == 3
+    with pytest.raises(ConfigError, match="max_tool_calling_iterations=-1"):
+        GRPOConfig(max_tool_calling_iterations=-1, report_to=["none"])

@@ -1,0 +1,222 @@
+"""Multi-turn episodes with tools (TRL 1.16's ``GRPOTrainer(tools=[...])``, ``max_tool_calling_iterations``): the
+policy samples a turn, the turns that call tools get the tools' results, and the policy continues from there, until no
+turn calls a tool, the turn cap or the length budget is reached. docs/agents.md describes it for users.
+
+One episode, as the loss and the reward functions see it (TRL's layout), for prompt p (its chat template rendered with
+the tools, ending with the assistant's header):
+
+    completion = turn_1  suffix_1  turn_2  suffix_2 ...  turn_k
+
+turn_j: tokens the policy sampled (a tool call or the answer, up to its end-of-turn token); suffix_j: the chat
+template's rendering of the tool messages after turn_j and of the next assistant header, the tokens after the
+end-of-turn of a rendered assistant tool call (suffix_ids). Every token is in the sequence the policy reads; only the
+turns are in ``tool_mask`` (True = the policy's token): the suffixes are out of the loss, the KL, the entropy and every
+per-token metric, and the completion lengths count the turns only. The sampler's log-probs of a suffix are 0 and never
+used (the mask). The next turn is sampled from the token ids p + completion so far, never re-tokenized text, so the
+episode scored in one forward is exactly what was sampled.
+
+As TRL: tool calls are parsed with the tokenizer's own response parsing (``tokenizer.parse_response`` with its
+``response_template``; a turn that does not parse is plain text, without calls); at most max_tool_calling_iterations
+rounds of tool results (None: no cap); an episode whose tool results would push its completion past
+max_completion_length (or the sequence to the model's max_position_embeddings) ends as it is, the results dropped
+(rolled back); a continuation is cut at the completion budget. The tools are called through agents.ToolBox (what a
+failure is, timeouts).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from rlhfkit.agents import ToolBox
+from rlhfkit.errors import ConfigError
+from rlhfkit.sampling import Chunk, complete, left_pad, model_pad_id, right_pad
+from rlhfkit.sampling.settings import stop_ids
+
+
+@dataclass
+class ToolStats:
+    """Tool calls of a round of episodes on this process. per_tool: registered tool name -> [calls, failures, seconds];
+    turns: the policy's turns of each episode."""
+
+    calls: int = 0
+    failures: int = 0
+    per_tool: dict[str, list[float]] = field(default_factory=dict)
+    turns: list[int] = field(default_factory=list)
+
+
+class Episodes(NamedTuple):
+    """A round of episodes: the chunk the trainer scores and trains (completion = every turn and tool result, with
+    tool_mask), each episode's messages after the prompt (TRL's completions: assistant turns with their parsed
+    tool_calls, and tool messages) and the tool statistics."""
+
+    chunk: Chunk
+    messages: list[list[dict]]
+    stats: ToolStats
+
+
+class ToolEpisodes:
+    """Samples multi-turn episodes with `toolbox`'s tools. tokenizer: the policy's, whose response_template parses a
+    turn's tool calls and whose chat template renders tool results. max_iterations: rounds of tool results at most
+    (None: no cap). chat_template_kwargs: the template's variables (--chat_template_kwargs)."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        toolbox: ToolBox,
+        max_iterations: int | None,
+        max_completion_length: int,
+        chat_template_kwargs: dict | None = None,
+    ):
+        if getattr(tokenizer, "response_template", None) is None:
+            raise ConfigError(
+                "tools= needs the tokenizer to parse tool calls out of the model's turns, and it has no "
+                "response_template (transformers' response parsing, tokenizer.parse_response). Set "
+                "tokenizer.response_template to the template's parsing spec (transformers' chat docs, 'Response "
+                "parsing'; trl.chat_template_utils.add_response_schema sets it for the chat templates TRL knows) and "
+                "pass the tokenizer as processing_class."
+            )
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("tools= needs a tokenizer with a chat template that renders tools and tool calls.")
+        self.tokenizer, self.toolbox = tokenizer, toolbox
+        self.max_iterations = max_iterations
+        self.max_completion_length = max_completion_length
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.tool_schemas = list(toolbox.schemas.values())
+        self.suffix_ids([{"role": "tool", "name": toolbox.names[0], "content": "0"}])  # the template must allow it
+
+    def sample(self, model: nn.Module, prompt_ids: list[list[int]], config: GenerationConfig, device) -> Episodes:
+        """One episode per prompt (token ids, the chat template rendered with the tools), sampled by `model` with
+        `config` (its max_new_tokens is replaced by each turn's budget)."""
+        budget, n = self.max_completion_length, len(prompt_ids)
+        max_positions = getattr(model.config, "max_position_embeddings", None) or float("inf")
+        stats = ToolStats(per_tool={name: [0, 0, 0.0] for name in self.toolbox.names}, turns=[1] * n)
+        ids, logprobs = self.turns(model, prompt_ids, [budget] * n, config, device)
+        model_token = [[True] * len(t) for t in ids]
+        messages = [[self.parse(t, p)] for t, p in zip(ids, prompt_ids)]
+        pending = [i for i in range(n) if messages[i][-1].get("tool_calls")]
+        iteration = 0
+        while pending and (self.max_iterations is None or iteration < self.max_iterations):
+            continuing, contexts, suffixes = [], [], []
+            for i in pending:
+                results = self.toolbox.run(messages[i][-1]["tool_calls"])
+                stats.calls += len(results)
+                for r in results:
+                    stats.failures += r.failed
+                    if r.registered:
+                        entry = stats.per_tool[r.name]
+                        entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + r.failed, entry[2] + r.latency_s
+                tool_messages = [{"role": "tool", "name": r.name, "content": r.content} for r in results]
+                suffix = self.suffix_ids(tool_messages)
+                context = prompt_ids[i] + ids[i] + suffix
+                if len(ids[i]) + len(suffix) > budget or len(context) >= max_positions:
+                    continue  # rolled back: the episode ends with its pending call, the results dropped
+                messages[i] += tool_messages
+                continuing.append(i), contexts.append(context), suffixes.append(suffix)
+            if not continuing:
+                break
+            left = [budget - (len(ids[i]) + len(s)) for i, s in zip(continuing, suffixes)]
+            post, post_logprobs = self.turns(model, contexts, left, config, device)
+            pending = []
+            for k, i in enumerate(continuing):
+                suffix = suffixes[k]
+                ids[i] = ids[i] + suffix + post[k]
+                model_token[i] += [False] * len(suffix) + [True] * len(post[k])
+                if logprobs is not None:
+                    logprobs[i] += [0.0] * len(suffix) + post_logprobs[k]
+                if post[k]:  # nothing when the budget was spent by the tool results
+                    messages[i].append(self.parse(post[k], contexts[k]))
+                    stats.turns[i] += 1
+                    if messages[i][-1].get("tool_calls"):
+                        pending.append(i)
+            iteration += 1
+        return Episodes(self.chunk(model, prompt_ids, ids, logprobs, model_token, config, device), messages, stats)
+
+    def turns(self, model, contexts: list[list[int]], budgets: list[int], config: GenerationConfig, device):
+        """One turn per context (token ids), at most budgets[i] tokens each: (token ids, the sampler's log-probs or
+        None when greedy). Sampled with the longest budget and cut, which draws the same tokens as stopping early."""
+        longest = max(budgets)
+        if longest <= 0:
+            return [[] for _ in contexts], [[] for _ in contexts]
+        turn_config = copy.copy(config)
+        turn_config.max_new_tokens = longest
+        (chunk,) = complete(model, contexts, turn_config, len(contexts), device)
+        ids, logprobs = [], None if chunk.sampling_logprobs is None else []
+        for r, limit in enumerate(budgets):
+            real = chunk.completion_mask[r]
+            ids.append(chunk.completion_ids[r][real][:limit].tolist())
+            if logprobs is not None:
+                logprobs.append(chunk.sampling_logprobs[r][real][:limit].tolist())
+        return ids, logprobs
+
+    def parse(self, ids: list[int], prefix: list[int]) -> dict:
+        """A turn's assistant message, with tool_calls when the template's response parsing finds well-formed ones;
+        a turn that does not parse is its decoded text (as TRL's parse_response falls back)."""
+        tok = self.tokenizer
+        try:
+            parsed = tok.parse_response(ids, prefix=prefix, tools=self.tool_schemas)
+        except Exception:  # noqa: BLE001 - the model's output is data: a malformed turn is text, never a crash
+            parsed = None
+        calls = parsed.get("tool_calls") if isinstance(parsed, dict) else None
+        if not isinstance(parsed, dict) or calls is not None and not _well_formed(calls):
+            return {"role": "assistant", "content": tok.decode(ids, skip_special_tokens=True)}
+        content = parsed.get("content")
+        if isinstance(content, str) and tok.eos_token:
+            content = content.removesuffix(tok.eos_token)
+        message = {**parsed, "role": "assistant", "content": content or ""}
+        if not calls:
+            message.pop("tool_calls", None)
+        return message
+
+    def suffix_ids(self, tool_messages: list[dict]) -> list[int]:
+        """The token ids the chat template puts after an assistant tool-call turn's end-of-turn token: the tool
+        messages and the next assistant header. Rendered after a stand-in conversation whose tool call names the
+        first tool (some templates derive the tool header from it), as the difference of the conversation with and
+        without the tool messages; the template must render the earlier messages alike either way."""
+        call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
+        head = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
+        render = dict(tokenize=True, return_dict=False, **self.chat_template_kwargs)
+        tok = self.tokenizer
+        before = list(tok.apply_chat_template(head, add_generation_prompt=False, **render))
+        after = list(tok.apply_chat_template(head + tool_messages, add_generation_prompt=True, **render))
+        ends = [k for k, t in enumerate(before) if t == tok.eos_token_id]
+        if ends:  # the turn the model samples ends at its end-of-turn token; what the template adds after belongs here
+            before = before[: ends[-1] + 1]
+        if after[: len(before)] != before:
+            raise ConfigError(
+                "tools= needs a chat template that renders a conversation's earlier messages the same whatever follows "
+                "(prefix-preserving): this one renders the assistant's tool-call turn differently once tool results "
+                "follow it. Use a training template that does not (TRL's get_training_chat_template makes one)."
+            )
+        return after[len(before) :]
+
+    def chunk(self, model, prompt_ids, ids, logprobs, model_token, config: GenerationConfig, device) -> Chunk:
+        """The episodes as one Chunk: prompts left-padded, completions (turns and tool results) right-padded, the
+        sampler's log-probs 0 on tool results and padding, terminated where the last token ends a turn."""
+        pad = model_pad_id(model, config.pad_token_id)
+        stops = set(stop_ids(config))
+        prompt, prompt_mask = left_pad(prompt_ids, pad)
+        completion, completion_mask = right_pad(ids, pad)
+        tool_mask, _ = right_pad([[int(t) for t in row] for row in model_token], 1)
+        sampling = None
+        if logprobs is not None:
+            sampling = torch.zeros(completion.shape, dtype=torch.float32)
+            for r, row in enumerate(logprobs):
+                sampling[r, : len(row)] = torch.tensor(row, dtype=torch.float32)
+        terminated = torch.tensor([bool(row) and row[-1] in stops for row in ids])
+        parts = (prompt, prompt_mask, completion, completion_mask, terminated, sampling, tool_mask.bool())
+        return Chunk(*(None if t is None else t.to(device) for t in parts))
+
+
+def _well_formed(calls) -> bool:
+    """Tool calls a conversation can hold: a list of dicts, each a function call with a string name (what the chat
+    template reads when the turn is rendered again; the ToolBox checks the rest)."""
+    return isinstance(calls, list) and all(
+        isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
+        for c in calls
+    )

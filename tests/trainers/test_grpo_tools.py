@@ -1,0 +1,388 @@
+"""GRPOTrainer(tools=[...]) (trainers/episodes.py, agents/tools.py): TRL 1.16's tool-calling example runs with
+rlhfkit's import and logs the tool metrics; scripted tool calls go through execution, every failure kind and the turn
+cap with the run going on; tool results are out of the loss (no gradient reaches the positions that predict them) and
+an episode's log-probs are those of its text scored in one forward."""
+
+import asyncio
+import itertools
+import json
+import os
+import threading
+
+import pytest
+import torch
+from datasets import Dataset
+
+from rlhfkit import GRPOConfig, GRPOTrainer
+from rlhfkit.errors import ConfigError
+from rlhfkit.metrics import registry
+from rlhfkit.sampling import completions as sampling_completions
+from tests.helpers import expand_templates
+from tests.tool_chat import END, call_text, scripted_generate, tool_chat_model, tool_chat_tokenizer
+
+
+def multiply(a: int, b: int) -> int:
+    """
+    Multiplies two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The product of the two integers.
+    """
+    return a * b
+
+
+async def async_add(a: int, b: int) -> int:
+    """
+    Asynchronously adds two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The sum of the two integers.
+    """
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def config(tmp_path, **overrides) -> GRPOConfig:
+    values = dict(
+        output_dir=str(tmp_path / "run"),
+        report_to=["none"],
+        learning_rate=1e-3,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        max_steps=2,
+        max_completion_length=32,
+        logging_steps=1,
+        num_sample_generations=0,
+        save_steps=0,
+        seed=3,
+    )
+    values.update(overrides)
+    return GRPOConfig(**values)
+
+
+def conversations(*contents: str) -> Dataset:
+    return Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": c}], "answer": str(i)} for i, c in enumerate(contents)]
+    )
+
+
+def test_trl_s_tool_example_runs_with_rlhfkit_s_import_and_logs_the_tool_metrics(tmp_path):
+    # TRL 1.16's documented agent example (tools=[multiply, async_add], an accuracy reward on the last message), on a
+    # tiny random model whose chat template renders tools: the real sampler, whatever it samples.
+    def accuracy(completions, answer, **kwargs):
+        return [float(str(a) in c[-1]["content"]) for c, a in zip(completions, answer)]
+
+    tok = tool_chat_tokenizer()
+    args = config(tmp_path)
+    trainer = GRPOTrainer(
+        tool_chat_model(tok),
+        accuracy,
+        args,
+        train_dataset=conversations("What is 3 times 4?", "Add 1 and 2."),
+        processing_class=tok,
+        tools=[multiply, async_add],
+    )
+    assert trainer.tools == [multiply, async_add]
+    assert "Tools: multiply(a,b) async_add(a,b)" in tok.decode(trainer.train_dataset[0]["input_ids"])
+    assert trainer.train().global_step == 2
+    rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
+    steps = [r for r in rows if "loss" in r]
+    assert len(steps) == 2
+    assert all(r["tools/call_frequency"] >= 0 and 0 <= r["tools/failure_frequency"] <= 1 for r in steps)
+    logged = set().union(*(r.keys() for r in rows)) - {"step"}
+    expected = expand_templates(registry.metrics_for("grpo"), ["accuracy"], tool_names=["multiply", "async_add"])
+    not_this_run = {"cispo_clip_ratio", "vespo/phi_seq_mean", "entropy_coef", "policy_loss", "kl"}
+    not_this_run |= {m.name for m in expected if m.name.startswith(("dynamic_sampling/", "eval", "rollout/"))}
+    assert logged == {m.name for m in expected} - not_this_run
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Scripted episodes: each prompt names what its first turn calls; after a tool result the model answers.
+release = threading.Event()  # lets the hung tool's thread end when the test is over
+
+
+def boom(x: int) -> str:
+    """Raises.
+
+    Args:
+        x: Anything.
+    """
+    raise RuntimeError("boom " * 400)  # a long error, cut in the conversation
+
+
+def hang(x: int) -> str:
+    """Never answers in time.
+
+    Args:
+        x: Anything.
+    """
+    release.wait(30)
+    return "late"
+
+
+class Unprintable:
+    def __str__(self):
+        raise ValueError("no text")
+
+
+def unprintable(x: int) -> str:
+    """Returns something that has no text.
+
+    Args:
+        x: Anything.
+    """
+    return Unprintable()
+
+
+def big(x: int) -> str:
+    """Answers at length.
+
+    Args:
+        x: Anything.
+    """
+    return "x" * 1000  # more than the completion budget left: the result is rolled back
+
+
+TOOLS = [multiply, async_add, boom, hang, unprintable, big]
+FIRST_TURNS = {
+    "ok": call_text("multiply", {"a": 3, "b": 4}),
+    "async": "Adding." + call_text("async_add", {"a": 1, "b": 2}),
+    "raise": call_text("boom", {"x": 1}),
+    "hang": call_text("hang", {"x": 1}),
+    "unprintable": call_text("unprintable", {"x": 1}),
+    "wrong": call_text("multiply", {"a": "three", "b": 4}),
+    "unknown": call_text("__import__", {"name": "os"}),
+    "loop": call_text("multiply", {"a": 2, "b": 2}),
+    "big": call_text("big", {"x": 1}),
+}
+
+
+def script(text: str) -> str:
+    """The scripted model: its first turn is FIRST_TURNS[prompt]; after a tool result it answers, except in "loop"
+    episodes, which call multiply again every turn."""
+    prompt = text.split("<|im_start|>user\n", 1)[1].split(END, 1)[0]
+    if "<tool_response>" not in text or prompt == "loop":
+        return FIRST_TURNS[prompt]
+    return f"Done.{END}"
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    tok = tool_chat_tokenizer()
+    monkeypatch.setattr(sampling_completions, "generate", scripted_generate(tok, script))
+    return tok
+
+
+def scripted_trainer(tok, tmp_path, reward, dtype=torch.float32, **overrides):
+    prompts = list(FIRST_TURNS)
+    args = config(
+        tmp_path,
+        per_device_train_batch_size=2 * len(prompts),
+        max_steps=1,
+        max_completion_length=800,
+        max_tool_calling_iterations=2,
+        **overrides,
+    )
+    trainer = GRPOTrainer(
+        tool_chat_model(tok, dtype=dtype), reward, args, conversations(*prompts), processing_class=tok, tools=TOOLS
+    )
+    trainer.episodes.toolbox.timeout_s = 0.2
+    return trainer
+
+
+def test_tool_calls_run_and_every_failure_goes_into_the_conversation(scripted, tmp_path):
+    seen = {}
+
+    def recorded(prompts, completions, **kwargs):
+        for p, c in zip(prompts, completions):
+            seen[p[0]["content"]] = c
+        return [0.0] * len(completions)
+
+    trainer = scripted_trainer(scripted, tmp_path, recorded)
+    try:
+        trainer.train()
+    finally:
+        release.set()
+    tool = {k: [m for m in v if m["role"] == "tool"] for k, v in seen.items()}
+    assert tool["ok"] == [{"role": "tool", "name": "multiply", "content": "12"}]
+    assert seen["ok"][0]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 3, "b": 4}}
+    assert seen["ok"][-1] == {"role": "assistant", "content": "Done."}
+    assert tool["async"][0]["content"] == "3" and seen["async"][0]["content"] == "Adding."
+    errors = {k: tool[k][0]["content"] for k in ("raise", "hang", "unprintable", "wrong", "unknown")}
+    assert all(e.startswith("{'error': ") for e in errors.values())
+    assert "RuntimeError: boom" in errors["raise"] and len(errors["raise"]) < 600  # cut, not 2000 characters
+    assert "timed out after 0.2 s" in errors["hang"]
+    assert "could not be turned into text" in errors["unprintable"]
+    assert "a must be integer" in errors["wrong"]
+    assert errors["unknown"] == "{'error': 'Tool __import__ not found.'}"
+    assert all(seen[k][-1]["content"] == "Done." for k in errors)  # the episodes went on after the error
+    # The turn cap: 2 rounds of tool results, so 3 turns, the last one's call left pending.
+    assert [m["role"] for m in seen["loop"]] == ["assistant", "tool"] * 2 + ["assistant"]
+    assert "tool_calls" in seen["loop"][-1]
+    # A result that would push the completion past max_completion_length is rolled back: the episode ends with its call.
+    assert [m["role"] for m in seen["big"]] == ["assistant"] and "tool_calls" in seen["big"][0]
+
+    (row,) = [r for r in read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl")) if "loss" in r]
+    episodes = 18  # 9 prompts x 2
+    calls = 2 * (8 + 2)  # each prompt's episodes: one call (big's rolled back too), loop's two executed
+    failures = 2 * 5
+    assert row["tools/call_frequency"] == pytest.approx(calls / episodes)
+    assert row["tools/failure_frequency"] == pytest.approx(failures / calls)
+    assert row["tools/multiply/calls"] == pytest.approx(2 * (1 + 1 + 2) / episodes)
+    assert row["tools/multiply/failure_frequency"] == pytest.approx(2 / 8)  # the wrong-argument calls
+    assert row["tools/boom/failure_frequency"] == 1.0 and row["tools/async_add/failure_frequency"] == 0.0
+    assert row["tools/hang/latency_s"] >= 0.2
+    assert row["tools/max_turns"] == 3
+    assert row["tools/mean_turns"] == pytest.approx(2 * (7 * 2 + 1 + 3) / episodes)
+    assert not any(k.startswith("tools/__import__") for k in row)  # an invented name makes no metric
+
+
+def test_completion_lengths_count_the_model_s_tokens_only(scripted, tmp_path):
+    trainer = scripted_trainer(scripted, tmp_path, lambda completions, **kw: [0.0] * len(completions))
+    batch = trainer.generation.generate_and_score(list(range(len(FIRST_TURNS))))
+    release.set()
+    real = batch.attention_mask[:, batch.prompt_width :]
+    tool_tokens = real & ~batch.loss_mask
+    big = batch.prompts.index([{"role": "user", "content": "big"}])
+    assert not tool_tokens[big].any() and tool_tokens.any(1).sum() == len(batch.prompts) - 2  # all but big's
+    ok = batch.prompts.index([{"role": "user", "content": "ok"}])
+    turns = len(scripted(FIRST_TURNS["ok"] + f"Done.{END}", add_special_tokens=False)["input_ids"])
+    assert batch.loss_mask[ok].sum() == turns  # both turns, nothing of the tool result
+    text = scripted.decode(batch.completion_ids[ok][tool_tokens[ok]])
+    assert text.startswith("<|im_start|>user\n<tool_response>12</tool_response>")
+
+
+def alternating_reward():
+    counter = itertools.count()
+
+    def reward(completions, **kwargs):  # spread within every group, so every advantage is non-zero
+        return [float(next(counter) % 2) for _ in completions]
+
+    return reward
+
+
+def episode_batch(tok, tmp_path, multiply_result: str):
+    """A batch of the scripted episodes whose multiply returns `multiply_result`, in float64."""
+
+    def multiply(a: int, b: int) -> str:  # noqa: F811 - the same name, another result text
+        """Multiplies two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+        """
+        return multiply_result
+
+    TOOLS[0] = multiply
+    try:
+        trainer = scripted_trainer(tok, tmp_path, alternating_reward(), dtype=torch.float64, beta=0.0)
+        return trainer, trainer.generation.generate_and_score(list(range(len(FIRST_TURNS))))
+    finally:
+        TOOLS[0] = globals()["multiply"]
+
+
+def final_hidden_grads(trainer, batch) -> torch.Tensor:
+    """d loss / d (final hidden state) at every position, from one real micro-step: at the last layer's output a
+    position feeds only the logits of the token after it."""
+    captured = []
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        captured.append(output)
+
+    handle = trainer.policy.model.norm.register_forward_hook(keep)
+    try:
+        trainer.micro_step(batch, slice(0, len(batch.input_ids)))
+    finally:
+        handle.remove()
+    (hidden,) = captured
+    return hidden.grad
+
+
+def test_tool_results_get_no_gradient_whatever_their_text(scripted, tmp_path):
+    grads, masks = [], []
+    for result in ("12", "99"):  # the same length, another text
+        trainer, batch = episode_batch(scripted, tmp_path / result, result)
+        release.set()
+        grad = final_hidden_grads(trainer, batch)
+        width = batch.prompt_width
+        # position width + t - 1 predicts completion token t
+        predicts = grad[:, width - 1 : -1].abs().sum(-1)
+        real = batch.attention_mask[:, width:]
+        tool_tokens = real & ~batch.loss_mask
+        assert tool_tokens.any() and (predicts[batch.loss_mask] > 0).any()  # not vacuous: the turns do train
+        assert torch.all(predicts[tool_tokens] == 0)  # exactly no gradient through the tool results
+        grads.append(grad)
+        masks.append(batch.loss_mask)
+    # Before the first tool result the episodes are the same and so are their gradients.
+    first_tool = int((masks[0] == 0).float().argmax(1).min())
+    width = batch.prompt_width
+    assert torch.equal(masks[0], masks[1])
+    torch.testing.assert_close(grads[0][:, : width + first_tool - 1], grads[1][:, : width + first_tool - 1])
+
+
+def test_an_episode_s_log_probs_are_its_text_s_scored_in_one_forward(scripted, tmp_path):
+    trainer, batch = episode_batch(scripted, tmp_path, "12")
+    release.set()
+    model, width = trainer.policy, batch.prompt_width
+    logprobs = trainer.generation.logprobs(
+        model, batch.input_ids, batch.attention_mask, width, batch.completion_ids
+    ).double()
+    for r in range(len(batch.input_ids)):
+        ids = batch.input_ids[r][batch.attention_mask[r]].tolist()
+        text = scripted.decode(ids, skip_special_tokens=False)
+        again = scripted(text, add_special_tokens=False)["input_ids"]
+        assert again == ids  # the episode is its text: nothing was re-tokenized differently
+        prompt_len = int(batch.attention_mask[r, :width].sum())
+        with torch.no_grad():
+            logits = model(torch.tensor([again])).logits[0].double()
+        reference = torch.log_softmax(logits, -1)[prompt_len - 1 : -1].gather(
+            -1, torch.tensor(again[prompt_len:])[:, None]
+        )[:, 0]
+        n = len(again) - prompt_len
+        mask = batch.loss_mask[r, :n]
+        torch.testing.assert_close(logprobs[r, :n][mask], reference[mask], rtol=0, atol=1e-10)
+
+
+def test_tools_are_refused_with_async_generation(tmp_path):
+    tok = tool_chat_tokenizer()
+    args = config(tmp_path, async_generation=True)
+    with pytest.raises(ConfigError, match=r"tools=\.\.\.\) with async_generation.*--async_generation false"):
+        GRPOTrainer(tool_chat_model(tok), len, args, conversations("x"), processing_class=tok, tools=[multiply])
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_tokenizer_without_response_parsing_is_refused(tmp_path):
+    tok = tool_chat_tokenizer()
+    tok.response_template = None
+    with pytest.raises(ConfigError, match="no response_template"):
+        GRPOTrainer(
+            tool_chat_model(tok), len, config(tmp_path), conversations("x"), processing_class=tok, tools=[multiply]
+        )
+
+
+def test_padding_to_a_multiple_keeps_the_tool_results_out_of_the_loss(scripted, tmp_path):
+    masks = []
+    for multiple in (None, 64):
+        trainer = scripted_trainer(
+            scripted, tmp_path / str(multiple), alternating_reward(), pad_to_multiple_of=multiple
+        )
+        batch = trainer.generation.generate_and_score(list(range(len(FIRST_TURNS))))
+        masks.append(batch.loss_mask)
+    release.set()
+    assert masks[1].shape[1] % 64 == 0 and masks[1].shape[1] > masks[0].shape[1]
+    assert torch.equal(masks[1][:, : masks[0].shape[1]], masks[0]) and not masks[1][:, masks[0].shape[1] :].any()
