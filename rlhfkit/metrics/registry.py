@@ -1028,6 +1028,43 @@ TOOLS_MAX_TURNS = Metric(
     section="Tools",
     when=_TOOLS,
 )
+TOOLS_TURN_CAP_RATIO = Metric(
+    name="tools/turn_cap_ratio",
+    meaning="Share of episodes ended by max_tool_calling_iterations with their last turn's tool calls unanswered.",
+    formula=f"mean of 1[the episode's last turn called a tool after max_tool_calling_iterations rounds of results], "
+    f"{_TOOLS_WINDOW}",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when=_TOOLS,
+    importance="stability",
+    watch="High: most episodes run to the turn cap; the policy loops on its tools, or the cap is too low for the task.",
+)
+TOOLS_ROLLED_BACK_RATIO = Metric(
+    name="tools/rolled_back_ratio",
+    meaning="Share of episodes ended with a tool call pending because its results did not fit max_completion_length.",
+    formula=f"mean of 1[the results of the episode's last calls would have pushed the completion past "
+    f"max_completion_length (or the sequence to max_position_embeddings) and were dropped], {_TOOLS_WINDOW}",
+    unit="fraction",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when=_TOOLS,
+    watch="High: the tools' results are too long for the completion budget; raise max_completion_length or shorten "
+    "the results.",
+)
+TOOLS_MEAN_TOOL_TOKENS = Metric(
+    name="tools/mean_tool_tokens",
+    meaning="Tokens per episode that came from tools (the chat template's rendering of their results), not the policy.",
+    formula=f"mean over episodes of the completion tokens outside the policy's turns, {_TOOLS_WINDOW}; the policy's "
+    "own tokens are completions/mean_length",
+    unit="tokens",
+    reduction="mean",
+    trainers=GRPO,
+    section="Tools",
+    when=_TOOLS,
+)
 TOOLS_TOOL_CALLS = Metric(
     name="tools/{tool_name}/calls",
     meaning="Calls of one tool per episode.",

@@ -42,12 +42,17 @@ from rlhfkit.sampling.settings import stop_ids
 @dataclass
 class ToolStats:
     """Tool calls of a round of episodes on this process. per_tool: registered tool name -> [calls, failures, seconds];
-    turns: the policy's turns of each episode."""
+    turns: the policy's turns of each episode; capped: episodes whose last turn's calls the turn cap left unanswered;
+    rolled_back: episodes ended with a call pending because its results did not fit the length budget; tool_tokens:
+    tokens of tool results (the template's, between turns) of each episode."""
 
     calls: int = 0
     failures: int = 0
     per_tool: dict[str, list[float]] = field(default_factory=dict)
     turns: list[int] = field(default_factory=list)
+    capped: int = 0
+    rolled_back: int = 0
+    tool_tokens: list[int] = field(default_factory=list)
 
 
 class Episodes(NamedTuple):
@@ -88,7 +93,23 @@ class ToolEpisodes:
         self.max_completion_length = max_completion_length
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.tool_schemas = list(toolbox.schemas.values())
-        self.suffix_ids([{"role": "tool", "name": toolbox.names[0], "content": "0"}])  # the template must allow it
+        self.check_template()
+
+    def check_template(self) -> None:
+        """The chat template must render a tool call and a tool result (some templates silently drop either: the model
+        would never see its calls or their results) and render earlier messages alike whatever follows."""
+        tok, name, content = self.tokenizer, self.toolbox.names[0], "tool_result_7d1c"
+        call = [{"type": "function", "function": {"name": name, "arguments": {"x_3b9f": 1}}}]
+        turn = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "", "tool_calls": call}]
+        rendered = tok.apply_chat_template(turn, tokenize=False, **self.chat_template_kwargs)
+        suffix = tok.decode(self.suffix_ids([{"role": "tool", "name": name, "content": content}]))
+        if name not in rendered or "x_3b9f" not in rendered or content not in suffix:
+            raise ConfigError(
+                "tools= needs a chat template that renders an assistant's tool calls and the tool messages after them; "
+                "this tokenizer's template drops "
+                + ("the tool calls" if content in suffix else "the tool messages")
+                + ". Use the model's tool-calling template."
+            )
 
     def sample(self, model: nn.Module, prompt_ids: list[list[int]], config: GenerationConfig, device) -> Episodes:
         """One episode per prompt (token ids, the chat template rendered with the tools), sampled by `model` with
@@ -115,7 +136,8 @@ class ToolEpisodes:
                 suffix = self.suffix_ids(tool_messages)
                 context = prompt_ids[i] + ids[i] + suffix
                 if len(ids[i]) + len(suffix) > budget or len(context) >= max_positions:
-                    continue  # rolled back: the episode ends with its pending call, the results dropped
+                    stats.rolled_back += 1  # the episode ends with its pending call, the results dropped
+                    continue
                 messages[i] += tool_messages
                 continuing.append(i), contexts.append(context), suffixes.append(suffix)
             if not continuing:
@@ -135,6 +157,9 @@ class ToolEpisodes:
                     if messages[i][-1].get("tool_calls"):
                         pending.append(i)
             iteration += 1
+        else:  # the loop ran out of iterations (or of pending calls): those still pending met the turn cap
+            stats.capped = len(pending)
+        stats.tool_tokens = [len(row) - sum(row) for row in model_token]
         return Episodes(self.chunk(model, prompt_ids, ids, logprobs, model_token, config, device), messages, stats)
 
     def turns(self, model, contexts: list[list[int]], budgets: list[int], config: GenerationConfig, device):

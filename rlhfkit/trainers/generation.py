@@ -211,13 +211,16 @@ class GRPOGeneration:
 
     def log_tools(self, stats: ToolStats) -> None:
         """A round's tool calls: TRL's tools/call_frequency and tools/failure_frequency, each tool's calls, failures
-        and seconds, the turns per episode (pooled when reduced)."""
+        and seconds, the turns per episode, how episodes ended and their tool tokens (pooled when reduced)."""
         m, episodes = self.trainer.run.metrics, len(stats.turns)
         m.add(M.TOOLS_CALL_FREQUENCY, stats.calls, episodes)
         m.add(M.TOOLS_FAILURE_FREQUENCY, stats.failures, stats.calls)
         turns = torch.tensor(stats.turns, dtype=torch.float64)
         m.add_tensor(M.TOOLS_MEAN_TURNS, turns)
         m.add_tensor(M.TOOLS_MAX_TURNS, turns)
+        m.add(M.TOOLS_TURN_CAP_RATIO, stats.capped, episodes)
+        m.add(M.TOOLS_ROLLED_BACK_RATIO, stats.rolled_back, episodes)
+        m.add(M.TOOLS_MEAN_TOOL_TOKENS, sum(stats.tool_tokens), episodes)
         for name, (calls, failures, seconds) in stats.per_tool.items():
             m.add(M.expand(M.TOOLS_TOOL_CALLS, name), calls, episodes)
             m.add(M.expand(M.TOOLS_TOOL_FAILURE_FREQUENCY, name), failures, calls)

@@ -247,6 +247,9 @@ def test_tool_calls_run_and_every_failure_goes_into_the_conversation(scripted, t
     assert row["tools/boom/failure_frequency"] == 1.0 and row["tools/async_add/failure_frequency"] == 0.0
     assert row["tools/hang/latency_s"] >= 0.2
     assert row["tools/max_turns"] == 3
+    assert row["tools/turn_cap_ratio"] == pytest.approx(2 / episodes)  # loop's
+    assert row["tools/rolled_back_ratio"] == pytest.approx(2 / episodes)  # big's
+    assert row["tools/mean_tool_tokens"] > 0
     assert row["tools/mean_turns"] == pytest.approx(2 * (7 * 2 + 1 + 3) / episodes)
     assert not any(k.startswith("tools/__import__") for k in row)  # an invented name makes no metric
 
@@ -264,6 +267,9 @@ def test_completion_lengths_count_the_model_s_tokens_only(scripted, tmp_path):
     assert batch.loss_mask[ok].sum() == turns  # both turns, nothing of the tool result
     text = scripted.decode(batch.completion_ids[ok][tool_tokens[ok]])
     assert text.startswith("<|im_start|>user\n<tool_response>12</tool_response>")
+    m = trainer.run.metrics.reduce().scalars
+    assert m["tools/mean_tool_tokens"] == pytest.approx(tool_tokens.sum().item() / len(batch.prompts))
+    assert m["completions/mean_length"] == pytest.approx(batch.loss_mask.sum().item() / len(batch.prompts))
 
 
 def alternating_reward():
@@ -364,6 +370,23 @@ def test_tools_are_refused_with_async_generation(tmp_path):
     with pytest.raises(ConfigError, match=r"tools=\.\.\.\) with async_generation.*--async_generation false"):
         GRPOTrainer(tool_chat_model(tok), len, args, conversations("x"), processing_class=tok, tools=[multiply])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "dropped, old, new",
+    [
+        ("tool calls", "{%- for c in m.tool_calls or [] %}", "{%- for c in [] %}"),
+        ("tool messages", "<tool_response>{{ m.content }}</tool_response>", ""),
+    ],
+)
+def test_a_chat_template_that_drops_tool_calls_or_results_is_refused(tmp_path, dropped, old, new):
+    tok = tool_chat_tokenizer()
+    assert old in tok.chat_template
+    tok.chat_template = tok.chat_template.replace(old, new)
+    with pytest.raises(ConfigError, match=f"this tokenizer's template drops the {dropped}"):
+        GRPOTrainer(
+            tool_chat_model(tok), len, config(tmp_path), conversations("x"), processing_class=tok, tools=[multiply]
+        )
 
 
 def test_a_tokenizer_without_response_parsing_is_refused(tmp_path):
