@@ -9,8 +9,6 @@ True = a real token.
 from __future__ import annotations
 
 import copy
-import ctypes
-import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
@@ -20,6 +18,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit import ops
 from rlhfkit.errors import LoopArgumentsRejected
+from rlhfkit.perf import return_freed_heap
 from rlhfkit.sampling.decoders import Generated, lean_generate
 from rlhfkit.sampling.fallback import (
     announce_options,
@@ -79,27 +78,6 @@ def generate(
     if not callable(getattr(model, "generate", None)):
         raise TypeError(f"{type(model).__name__} cannot use the lean decoding loop ({reason}) and has no generate().")
     return hf_generate(model, prompt_ids, prompt_mask, config)
-
-
-def return_freed_heap() -> None:
-    """Give the C heap's freed memory back to the system (glibc's malloc_trim; nothing elsewhere).
-
-    On a CPU the decoding loop allocates a logits row and a longer cache every step. glibc serves those from its heap
-    once they exceed its mmap threshold's dynamic bound, and keeps what they free for the process: at Qwen's 151,936
-    tokens, 8 completions of 512 tokens left ~0.9 GB resident that the training step's large tensors (served by mmap)
-    could not reuse, and which counted in its peak (bench/README.md, "Real shapes (CPU)")."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim from the symbols the process has loaded, or None (another C library)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
 
 
 class Completions(NamedTuple):

@@ -608,6 +608,8 @@ class TrainingRun:
         """Clip the gradients to max_grad_norm and apply them, unless they are NaN/inf (then the step is skipped
         and counted in nonfinite_steps); the norm before clipping goes into grad_norm. Under DeepSpeed the engine
         took the step at the end of the accumulation (accumulating); this records its norm and whether it skipped."""
+        if self.accelerator.device.type == "cpu":  # the backward's freed heap, before AdamW's moments need room
+            perf.return_freed_heap()
         if self.engine.kind == "deepspeed":
             norm = self.guard.record(*deepspeed_step(model))
         else:

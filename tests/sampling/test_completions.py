@@ -24,7 +24,9 @@ def test_sampling_on_a_cpu_returns_the_freed_heap(tiny_assets, monkeypatch):
     from rlhfkit.sampling import completions
 
     calls = []
-    monkeypatch.setattr(completions, "_malloc_trim", lambda: calls.append)
+    from rlhfkit import perf
+
+    monkeypatch.setattr(perf, "_malloc_trim", lambda: calls.append)
     model = AutoModelForCausalLM.from_pretrained(tiny_assets / "sft").eval()
     tokenizer = AutoTokenizer.from_pretrained(tiny_assets / "sft")
     config = completions.sampling_config(4, 1.0, tokenizer.pad_token_id, [tokenizer.eos_token_id])

@@ -108,3 +108,24 @@ def test_a_bad_setting_stops_the_run_before_it_begins(tiny_assets, tmp_path, mon
     args = grpo_config(tiny_assets, tmp_path, reward_funcs=["partial_credit"], max_steps=1)
     with pytest.raises(ConfigError, match=name):
         build_grpo_trainer(args, explicit={"reward_funcs"})
+
+
+def test_on_a_cpu_the_freed_heap_is_returned_after_sampling_and_before_each_optimizer_step(
+    tiny_assets, tmp_path, monkeypatch
+):
+    """perf.return_freed_heap (glibc's malloc_trim) runs once per sampling call and once per optimizer step."""
+    trims = []
+    monkeypatch.setattr(perf, "_malloc_trim", lambda: trims.append)
+    steps = []
+    trainer = build_grpo_trainer(grpo_config(tiny_assets, tmp_path, max_steps=2, reward_funcs=["partial_credit"]))
+    original = trainer.run.optimizer_step
+
+    def optimizer_step(*args, **kwargs):
+        before = len(trims)
+        original(*args, **kwargs)
+        steps.append((before, len(trims)))
+
+    monkeypatch.setattr(trainer.run, "optimizer_step", optimizer_step)
+    trainer.train()
+    assert [after - before for before, after in steps] == [1, 1]  # the optimizer step's own
+    assert steps[0][0] >= 1 and steps[1][0] - steps[0][1] >= 1  # and each step's sampling before it
