@@ -555,7 +555,8 @@ class GRPOTrainer(TRLTrainerAPI):
     @torch.inference_mode()
     def evaluation(self, step: int, dataset: Dataset) -> dict[str, float]:
         """Completions of the eval prompts of `dataset` (one greedy each, or num_generations_eval sampled as in
-        training): mean total reward and, with a task, true success."""
+        training; with tools, multi-turn episodes whose tools run, their tools/* metrics not logged): mean total reward
+        and, with a task, true success."""
         args, tok = self.args, self.tokenizer
         metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
         max_new, sampled = args.max_completion_length, args.num_generations_eval
@@ -565,7 +566,7 @@ class GRPOTrainer(TRLTrainerAPI):
             else sampling_config(max_new, None, tok.pad_token_id, self.stop_ids)
         )
         size, repeat = args.per_device_eval_batch_size, sampled or 1
-        for part in eval_chunks(self.run, self.model, dataset, config, size, repeat=repeat):
+        for part in eval_chunks(self.run, self.model, dataset, config, size, repeat=repeat, episodes=self.episodes):
             chunk = part.chunk
             prompts = [r[args.dataset_text_field] for r in part.rows]
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
@@ -573,7 +574,8 @@ class GRPOTrainer(TRLTrainerAPI):
                 (chunk.input_ids, chunk.attention_mask),
                 (chunk.completion_ids, chunk.completion_mask),
             )
-            outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion, trainer_state=self.state)
+            scored = texts if part.messages is None else part.messages  # with tools: each episode's messages
+            outputs = self.rewards.score(part.rows, prompts, scored, sequence, completion, trainer_state=self.state)
             total = self.rewards.total(outputs, prompts)
             metrics.add_tensor(M.EVAL_REWARD, total[: part.own])
             count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])

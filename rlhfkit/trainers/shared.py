@@ -127,6 +127,7 @@ class EvalChunk(NamedTuple):
     rows: list[dict]  # the chunk's dataset rows
     chunk: Chunk
     own: int  # how many of the first rows are this process's own; the rest pad the processes to one length
+    messages: list[list[dict]] | None = None  # multi-turn episodes (GRPO with tools): each one's messages
 
 
 def eval_chunks(
@@ -137,9 +138,11 @@ def eval_chunks(
     batch_size: int,
     policy_of: Callable[[nn.Module], nn.Module] = lambda model: model,
     repeat: int = 1,
+    episodes=None,
 ) -> list[EvalChunk]:
     """Completions of this process's share of the eval prompts (each `repeat` times), sampled with `config` by the
-    policy of the prepared `model` (`policy_of(unwrapped model)`) with its whole weights, in chunks of `batch_size`.
+    policy of the prepared `model` (`policy_of(unwrapped model)`) with its whole weights, in chunks of `batch_size`;
+    multi-turn episodes with their tools when `episodes` (a trainers.episodes.ToolEpisodes) is given.
 
     Where forwards run in lockstep (ZeRO-3, FSDP), the shares are padded to one length: score every row of a chunk
     (the reward models run in lockstep too), then report the first `own` only."""
@@ -149,17 +152,25 @@ def eval_chunks(
         unwrapped.eval()
         prompts = [row["input_ids"] for row in rows]
         device = run.accelerator.device
-        chunks = []
+        chunks: list[tuple[Chunk, list | None]] = []
         # Beneath training's bar, on the main process only (its share of the prompts).
         show = run.accelerator.is_main_process
         with progress_bar(len(prompts), "evaluation completions", run.logger.console, show) as advance:
-            for chunk in complete(policy_of(unwrapped), prompts, config, batch_size, device):
-                chunks.append(chunk)
-                advance(len(chunk.prompt_ids))
+            if episodes is None:
+                for chunk in complete(policy_of(unwrapped), prompts, config, batch_size, device):
+                    chunks.append((chunk, None))
+                    advance(len(chunk.prompt_ids))
+            else:
+                for start in range(0, len(prompts), batch_size):
+                    sampled = episodes.sample(
+                        policy_of(unwrapped), prompts[start : start + batch_size], config, device
+                    )
+                    chunks.append((sampled.chunk, sampled.messages))
+                    advance(len(sampled.messages))
         unwrapped.train()
     return [
-        EvalChunk(rows[start : start + batch_size], chunk, max(0, min(batch_size, own - start)))
-        for start, chunk in zip(range(0, len(rows), batch_size), chunks)
+        EvalChunk(rows[start : start + batch_size], chunk, max(0, min(batch_size, own - start)), messages)
+        for start, (chunk, messages) in zip(range(0, len(rows), batch_size), chunks)
     ]
 
 

@@ -254,6 +254,22 @@ def test_tool_calls_run_and_every_failure_goes_into_the_conversation(scripted, t
     assert not any(k.startswith("tools/__import__") for k in row)  # an invented name makes no metric
 
 
+def test_evaluation_runs_the_tools_too(scripted, tmp_path):
+    seen = []
+
+    def recorded(completions, **kwargs):
+        seen.extend(completions)
+        return [1.0] * len(completions)
+
+    trainer = scripted_trainer(scripted, tmp_path, recorded)
+    metrics = trainer.evaluate(conversations("ok", "unknown"))
+    release.set()
+    assert metrics["eval_reward"] == 1.0
+    ok, unknown = seen  # greedy: one episode per prompt
+    assert [m["role"] for m in ok] == ["assistant", "tool", "assistant"] and ok[1]["content"] == "12"
+    assert unknown[1]["content"] == "{'error': 'Tool __import__ not found.'}"
+
+
 def test_completion_lengths_count_the_model_s_tokens_only(scripted, tmp_path):
     trainer = scripted_trainer(scripted, tmp_path, lambda completions, **kw: [0.0] * len(completions))
     batch = trainer.generation.generate_and_score(list(range(len(FIRST_TURNS))))
