@@ -248,7 +248,9 @@ class GRPOGeneration:
         args, acc = t.args, t.accelerator
         G, device = args.num_generations, acc.device
         prompts = [r[args.dataset_text_field] for r in rows]
-        texts = decode(t.tokenizer, chunk.completion_ids, chunk.completion_mask)
+        # An episode with tools as the policy read it, special tokens kept: its turns, calls and the tools' results
+        # (the completions table); the reward functions get its messages.
+        texts = decode(t.tokenizer, chunk.completion_ids, chunk.completion_mask, skip_special_tokens=messages is None)
 
         # Rewards: each source's raw values, then the weighted total per completion.
         sequence, completion = (chunk.input_ids, chunk.attention_mask), (chunk.completion_ids, chunk.completion_mask)

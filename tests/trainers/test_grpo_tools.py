@@ -283,6 +283,8 @@ def test_completion_lengths_count_the_model_s_tokens_only(scripted, tmp_path):
     assert batch.loss_mask[ok].sum() == turns  # both turns, nothing of the tool result
     text = scripted.decode(batch.completion_ids[ok][tool_tokens[ok]])
     assert text.startswith("<|im_start|>user\n<tool_response>12</tool_response>")
+    # The completions table shows the episode as the policy read it: turns, call, result, special tokens kept.
+    assert batch.completions[ok] == FIRST_TURNS["ok"] + text + f"Done.{END}"
     m = trainer.run.metrics.reduce().scalars
     assert m["tools/mean_tool_tokens"] == pytest.approx(tool_tokens.sum().item() / len(batch.prompts))
     assert m["completions/mean_length"] == pytest.approx(batch.loss_mask.sum().item() / len(batch.prompts))
@@ -425,3 +427,24 @@ def test_padding_to_a_multiple_keeps_the_tool_results_out_of_the_loss(scripted, 
     release.set()
     assert masks[1].shape[1] % 64 == 0 and masks[1].shape[1] > masks[0].shape[1]
     assert torch.equal(masks[1][:, : masks[0].shape[1]], masks[0]) and not masks[1][:, masks[0].shape[1] :].any()
+
+
+def test_dynamic_sampling_merges_episodes_with_their_tool_masks(scripted, tmp_path):
+    calls = itertools.count()
+
+    def first_round_flat(completions, **kwargs):  # round 1: no spread anywhere, so a second round is drawn
+        first = next(calls) == 0
+        return [0.0 if first else float(i % 2) for i in range(len(completions))]
+
+    trainer = scripted_trainer(scripted, tmp_path, first_round_flat, dynamic_sampling=True)
+    prompts = list(range(len(FIRST_TURNS)))
+    batch = trainer.generation.generate_and_score(prompts, iter([prompts]))
+    release.set()
+    assert batch.rounds == 2
+    real = batch.attention_mask[:, batch.prompt_width :]
+    big = batch.prompts.index([{"role": "user", "content": "big"}])
+    tool_tokens = real & ~batch.loss_mask
+    assert tool_tokens.any(1).sum() == len(batch.prompts) - 2 and not tool_tokens[big].any()
+    for r in range(len(batch.prompts)):  # every tool result lies in the completion, between the policy's turns
+        text = scripted.decode(batch.completion_ids[r][tool_tokens[r]])
+        assert text == "" or text.startswith("<|im_start|>user\n<tool_response>")
