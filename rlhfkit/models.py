@@ -583,6 +583,14 @@ def _packed_forward(model, input_ids, attention_mask, query_width, completion_id
 ATTENTION_THAT_PACKS = ("flash_attention_2", "flash_attention_3", "sdpa", "eager", "flex_attention")
 
 
+def _plain_linear(head: nn.Module) -> bool:
+    """Whether `head` computes nothing but hidden @ weight.T + bias (nn.Linear's own forward, or
+    cast_lm_head_to_fp32's float32 one), so ops.logprobs_from_linear can take its weight and bias."""
+    if not isinstance(head, nn.Linear) or type(head).forward is not nn.Linear.forward:
+        return False
+    return "forward" not in head.__dict__ or getattr(head, "_rlhfkit_fp32_logits", False)
+
+
 def padding_free_refused(model: nn.Module) -> str | None:
     """Why `model`'s forward cannot take a padding-free batch, or None. It can where its attention reads separate
     sequences from position ids alone: transformers' attention implementations above, in a model whose modeling
@@ -614,10 +622,17 @@ def _forward_with_stats_head(
     own = head.__dict__.get("forward")  # cast_lm_head_to_fp32 sets an instance forward; restore it as it was
     returned = []
 
+    linear = _plain_linear(head)
+
     def stats_head(hidden: torch.Tensor) -> torch.Tensor:
-        logprobs, ent = ops.logprobs_from_hidden(
-            plan.select(hidden), original, plan.tokens, temperature, entropy, entropy_grad, vocab
-        )
+        if linear:  # the weight's gradient accumulated in one buffer
+            float32_head = getattr(head, "_rlhfkit_fp32_logits", False)
+            request = (plan.tokens, temperature, entropy, entropy_grad, float32_head)
+            logprobs, ent = ops.logprobs_from_linear(plan.select(hidden), head.weight, head.bias, *request)
+        else:  # any other head (a LoRA adapter on it): checkpointed chunks of its own forward
+            logprobs, ent = ops.logprobs_from_hidden(
+                plan.select(hidden), original, plan.tokens, temperature, entropy, entropy_grad, vocab
+            )
         returned.append(torch.stack([logprobs] if ent is None else [logprobs, ent], -1))
         return returned[-1]
 

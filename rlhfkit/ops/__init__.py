@@ -22,7 +22,7 @@ from rlhfkit.ops.importance import (
     off_policy_sequence_mask,
 )
 from rlhfkit.ops.kl import AdaptiveKLController, PenalizedRewards, kl_penalized_rewards, kl_per_token
-from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_hidden, logprobs_from_logits
+from rlhfkit.ops.logprobs import entropy_from_logits, logprobs_from_hidden, logprobs_from_linear, logprobs_from_logits
 from rlhfkit.ops.losses import (
     GRPOLossOutput,
     PolicyLossOutput,
@@ -68,6 +68,7 @@ __all__ = [
     "kl_per_token",
     "last_true_index",
     "logprobs_from_hidden",
+    "logprobs_from_linear",
     "logprobs_from_logits",
     "mask_from_lengths",
     "masked_mean",

@@ -146,3 +146,110 @@ def logprobs_from_hidden(
     if not entropy:
         return stats[..., 0], None
     return stats[..., 0], stats[..., 1] if entropy_grad else stats[..., 1].detach()
+
+
+def logprobs_from_linear(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    tokens: Tensor,
+    temperature: float = 1.0,
+    entropy: bool = False,
+    entropy_grad: bool = False,
+    float32_head: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """logprobs_from_hidden for a plain linear LM head, logits = hidden @ weight.T + bias, with the gradients
+    written by hand: the backward recomputes each chunk's logits and adds the chunk's weight gradient into ONE
+    buffer (addmm_), where autograd through checkpointed chunks would allocate each chunk's full [V, H] weight
+    gradient before adding it (two [V, H] buffers at once: 0.54 GB each for Qwen2.5-0.5B's tied embedding).
+
+    hidden: (B, T, H); weight: (V, H); bias: (V,) or None; tokens: (B, T). The logits are computed as the head
+    computes them: under the caller's autocast (the same in the backward's recomputation), or in float32 outside
+    it with float32_head (cast_lm_head_to_fp32). The weight gradient accumulates in float32 (float64 for a float64
+    weight) and is returned in the weight's dtype. Returns (logprobs, entropy or None) as logprobs_from_hidden.
+    """
+    _check_temperature(temperature)
+    batch, width = tokens.shape
+    flat_hidden, flat_tokens = hidden.reshape(batch * width, hidden.shape[-1]), tokens.reshape(batch * width)
+    logprobs, entropies = _LinearHeadStats.apply(
+        flat_hidden, weight, bias, flat_tokens, temperature, entropy, entropy_grad, float32_head
+    )
+    logprobs = logprobs.reshape(batch, width)
+    if not entropy:
+        return logprobs, None
+    entropies = entropies.reshape(batch, width)
+    return logprobs, entropies if entropy_grad else entropies.detach()
+
+
+def _head_logits(h: Tensor, weight: Tensor, bias: Tensor | None, float32_head: bool) -> Tensor:
+    if not float32_head:
+        return torch.nn.functional.linear(h, weight, bias)
+    with torch.autocast(h.device.type, enabled=False):
+        return torch.nn.functional.linear(h.float(), weight.float(), None if bias is None else bias.float())
+
+
+class _LinearHeadStats(torch.autograd.Function):
+    """The chunked linear head of logprobs_from_linear: forward and backward over chunks of positions."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, tokens, temperature, entropy, entropy_grad, float32_head):
+        device = hidden.device.type
+        ctx.autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+        ctx.options = (temperature, entropy_grad and entropy, float32_head)
+        ctx.save_for_backward(hidden, weight, bias, tokens)
+        step = positions_per_chunk(weight.shape[0])
+        logprobs, entropies = [], []
+        for i in range(0, hidden.shape[0], step):
+            logits = _head_logits(hidden[i : i + step], weight, bias, float32_head).unsqueeze(0)
+            logprobs.append(logprobs_from_logits(logits, tokens[i : i + step].unsqueeze(0), temperature)[0])
+            if entropy:
+                entropies.append(entropy_from_logits(logits, temperature)[0])
+        dtype = _compute_dtype(torch.promote_types(hidden.dtype, weight.dtype))
+        if float32_head:
+            dtype = torch.promote_types(dtype, torch.float32)
+        empty = hidden.new_zeros(0, dtype=dtype)
+        return (torch.cat(logprobs) if logprobs else empty), (torch.cat(entropies) if entropies else empty)
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy):
+        hidden, weight, bias, tokens = ctx.saved_tensors
+        temperature, entropy_grad, float32_head = ctx.options
+        enabled, autocast_dtype = ctx.autocast
+        accumulate = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        grad_weight = torch.zeros(weight.shape, dtype=accumulate, device=weight.device)
+        grad_bias = None if bias is None else torch.zeros(bias.shape, dtype=accumulate, device=bias.device)
+        grad_hidden = torch.empty_like(hidden)
+        weight_for_grad = None  # the weight in the dtype the logits were computed in, cast once
+        step = positions_per_chunk(weight.shape[0])
+        for i in range(0, hidden.shape[0], step):
+            rows = slice(i, i + step)
+            h = hidden[rows]
+            with torch.autocast(hidden.device.type, dtype=autocast_dtype, enabled=enabled):
+                logits = _head_logits(h, weight, bias, float32_head)
+            if weight_for_grad is None:
+                weight_for_grad = weight.to(logits.dtype)
+            z = logits.to(_compute_dtype(logits.dtype))
+            if temperature != 1.0:
+                z = z / temperature
+            p = torch.softmax(z, dim=-1)
+            # d logp[token] / dz = onehot(token) - p;  d entropy / dz = -p * (z - E_p[z])
+            grad_z = torch.zeros_like(z)
+            if grad_logprobs is not None:
+                g = grad_logprobs[rows].to(z.dtype)[:, None]
+                grad_z.scatter_add_(1, tokens[rows][:, None], g)
+                grad_z.sub_(p * g)
+            if entropy_grad and grad_entropy is not None:
+                mean_z = (p * z).sum(-1, keepdim=True)
+                grad_z.sub_(z.sub_(mean_z).mul_(p).mul_(grad_entropy[rows].to(z.dtype)[:, None]))
+            if temperature != 1.0:
+                grad_z.div_(temperature)
+            grad_hidden[rows] = (grad_z.to(logits.dtype) @ weight_for_grad).to(hidden.dtype)
+            grad_weight.addmm_(grad_z.T.to(accumulate), h.to(accumulate))
+            if grad_bias is not None:
+                grad_bias.add_(grad_z.sum(0).to(accumulate))
+        return (
+            grad_hidden,
+            grad_weight.to(weight.dtype),
+            None if grad_bias is None else grad_bias.to(bias.dtype),
+            None, None, None, None, None,
+        )  # fmt: skip

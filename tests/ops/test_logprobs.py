@@ -262,3 +262,107 @@ def test_logprobs_from_hidden_without_grad_and_empty():
     assert_close(logprobs, ops.logprobs_from_logits(head(hidden), tokens).detach(), rtol=0, atol=1e-12)
     empty, none = ops.logprobs_from_hidden(hidden[:, :0], head, tokens[:, :0], entropy=True, vocab_size=13)
     assert empty.shape == none.shape == (3, 0)
+
+
+# ---- logprobs_from_linear: a plain linear head, its gradients written by hand ----
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk", [1, 2, 1000], ids=["one position", "two positions", "one chunk"])
+def test_logprobs_from_linear_match_the_loop_reference_and_the_full_paths_gradients(monkeypatch, temperature, chunk):
+    from rlhfkit.ops import logprobs as module
+
+    monkeypatch.setattr(module, "HIDDEN_CHUNK_ELEMENTS", chunk * 13)
+    hidden, head, tokens = head_case(seed=6)
+    weights = torch.randn(tokens.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    got = ops.logprobs_from_linear(hidden, head.weight, head.bias, tokens, temperature, True, True)
+    expected = loop_reference(hidden.detach(), head, tokens, temperature)
+    assert_close(got[0], expected[0], rtol=0, atol=1e-12)
+    assert_close(got[1], expected[1], rtol=0, atol=1e-12)
+
+    def grads(logprobs, entropy):
+        loss = (weights * logprobs).sum() - 0.3 * entropy.sum()
+        return torch.autograd.grad(loss, [hidden, head.weight, head.bias])
+
+    logits = head(hidden)
+    full = grads(ops.logprobs_from_logits(logits, tokens, temperature), ops.entropy_from_logits(logits, temperature))
+    for a, b in zip(grads(*got), full):
+        assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_logprobs_from_linear_gradient_matches_finite_differences():
+    hidden, head, tokens = head_case(seed=8, B=2, T=2, H=3, V=5)
+    torch.autograd.gradcheck(
+        lambda h, w, b: sum(ops.logprobs_from_linear(h, w, b, tokens, 0.7, True, True)),
+        (hidden, head.weight, head.bias),
+    )
+
+
+def test_logprobs_from_linear_without_entropy_grad_and_without_bias():
+    hidden, head, tokens = head_case(seed=9)
+    logprobs, entropy = ops.logprobs_from_linear(hidden, head.weight, None, tokens, 1.0, entropy=True)
+    assert not entropy.requires_grad and logprobs.requires_grad
+    expected = ops.logprobs_from_logits(torch.nn.functional.linear(hidden, head.weight), tokens)
+    assert_close(logprobs, expected, rtol=0, atol=1e-12)
+    (g,) = torch.autograd.grad(logprobs.sum(), hidden)
+    (expected_g,) = torch.autograd.grad(expected.sum(), hidden)
+    assert_close(g, expected_g, rtol=0, atol=1e-12)
+
+
+def test_logprobs_from_linear_under_bf16_autocast_compute_as_the_head_does():
+    """Under autocast the logits are bf16 products, as the model's own head computes them (forward and backward's
+    recomputation); with float32_head (cast_lm_head_to_fp32) they are float32 products of the same inputs."""
+    g = torch.Generator().manual_seed(10)
+    hidden = torch.randn(2, 6, 16, generator=g, requires_grad=True)
+    weight = torch.randn(40, 16, generator=g, requires_grad=True)
+    tokens = torch.randint(0, 40, (2, 6), generator=g)
+    for float32_head in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, _ = ops.logprobs_from_linear(hidden, weight, None, tokens, 0.7, float32_head=float32_head)
+            with torch.autocast("cpu", enabled=not float32_head):
+                logits = hidden @ weight.T
+        assert logits.dtype == (torch.float32 if float32_head else torch.bfloat16)
+        expected = ops.logprobs_from_logits(logits, tokens, 0.7)
+        assert_close(got, expected, rtol=0, atol=1e-5)
+        grads = torch.autograd.grad(got.sum(), [hidden, weight])
+        expected_grads = torch.autograd.grad(expected.sum(), [hidden, weight])
+        for a, b in zip(grads, expected_grads):  # bf16 products on both sides; float32 accumulation here
+            assert_close(a, b, rtol=0.02, atol=0.02 if not float32_head else 1e-5)
+
+
+def test_logprobs_from_linear_allocate_one_weight_gradient_not_one_per_chunk(monkeypatch):
+    """The point of the function: over 8 chunks, the backward creates the [V, H] weight gradient once; autograd
+    through checkpointed chunks (logprobs_from_hidden) creates one per chunk."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from rlhfkit.ops import logprobs as module
+
+    monkeypatch.setattr(module, "HIDDEN_CHUNK_ELEMENTS", 4 * 13)
+    hidden, head, tokens = head_case(seed=11, B=4, T=8, H=6, V=13)
+    weight_size = head.weight.numel()
+
+    class CountWeightSized(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            inputs = {a.untyped_storage().data_ptr() for a in args if isinstance(a, torch.Tensor)}
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                new = isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs  # not a view
+                if new and t.numel() == weight_size:  # nor an in-place update: a new [V, H] buffer
+                    CountWeightSized.count += 1
+            return out
+
+    def weight_sized_in_backward(fn):
+        loss = fn().sum()
+        CountWeightSized.count = 0
+        with CountWeightSized():
+            loss.backward()
+        return CountWeightSized.count
+
+    linear = weight_sized_in_backward(lambda: ops.logprobs_from_linear(hidden, head.weight, head.bias, tokens, 0.7)[0])
+    checkpointed = weight_sized_in_backward(
+        lambda: ops.logprobs_from_hidden(hidden, head, tokens, 0.7, vocab_size=13)[0]
+    )
+    assert linear == 1  # the accumulator
+    assert checkpointed >= 8  # one weight gradient per chunk (8 chunks of 4 positions)
