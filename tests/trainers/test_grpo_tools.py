@@ -7,6 +7,8 @@ import asyncio
 import itertools
 import json
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -17,7 +19,7 @@ from rlhfkit import GRPOConfig, GRPOTrainer
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry
 from rlhfkit.sampling import completions as sampling_completions
-from tests.helpers import expand_templates
+from tests.helpers import REPO, expand_templates
 from tests.tool_chat import END, call_text, scripted_generate, tool_chat_model, tool_chat_tokenizer
 
 
@@ -80,6 +82,7 @@ def conversations(*contents: str) -> Dataset:
     )
 
 
+@pytest.mark.slow
 def test_trl_s_tool_example_runs_with_rlhfkit_s_import_and_logs_the_tool_metrics(tmp_path):
     # TRL 1.16's documented agent example (tools=[multiply, async_add], an accuracy reward on the last message), on a
     # tiny random model whose chat template renders tools: the real sampler, whatever it samples.
@@ -337,6 +340,7 @@ def final_hidden_grads(trainer, batch) -> torch.Tensor:
     return hidden.grad
 
 
+@pytest.mark.slow
 def test_tool_results_get_no_gradient_whatever_their_text(scripted, tmp_path):
     grads, masks = [], []
     for result in ("12", "99"):  # the same length, another text
@@ -448,3 +452,46 @@ def test_dynamic_sampling_merges_episodes_with_their_tool_masks(scripted, tmp_pa
     for r in range(len(batch.prompts)):  # every tool result lies in the completion, between the policy's turns
         text = scripted.decode(batch.completion_ids[r][tool_tokens[r]])
         assert text == "" or text.startswith("<|im_start|>user\n<tool_response>")
+
+
+TWO_PROCESS_SCRIPT = """
+import sys
+from pathlib import Path
+
+from rlhfkit import GRPOTrainer
+from rlhfkit.sampling import completions
+from tests.tool_chat import scripted_generate, tool_chat_model, tool_chat_tokenizer
+from tests.trainers import test_grpo_tools as t
+
+tok = tool_chat_tokenizer()
+completions.generate = scripted_generate(tok, t.script)
+prompts = list(t.FIRST_TURNS)
+args = t.config(
+    Path(sys.argv[1]), per_device_train_batch_size=len(prompts), max_steps=1, max_completion_length=800,
+    max_tool_calling_iterations=2,
+)
+trainer = GRPOTrainer(
+    tool_chat_model(tok), lambda completions, **kw: [0.0] * len(completions), args, t.conversations(*prompts),
+    processing_class=tok, tools=t.TOOLS,
+)
+trainer.episodes.toolbox.timeout_s = 0.2
+trainer.train()
+t.release.set()
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_pool_the_tool_metrics(tmp_path):
+    # 9 prompts x 2 completions, 9 on each process (a group may span them): the same numbers as one process's.
+    script = tmp_path / "train_with_tools.py"
+    script.write_text(TWO_PROCESS_SCRIPT)
+    config = os.path.join(REPO, "examples", "accelerate_configs", "cpu_2proc.yaml")
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, str(script), str(tmp_path)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=REPO)
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    (row,) = [r for r in read_jsonl(tmp_path / "run" / "metrics.jsonl") if "loss" in r]
+    assert row["tools/call_frequency"] == pytest.approx(20 / 18)
+    assert row["tools/failure_frequency"] == pytest.approx(10 / 20)
+    assert row["tools/multiply/failure_frequency"] == pytest.approx(2 / 8)
+    assert row["tools/max_turns"] == 3 and row["tools/turn_cap_ratio"] == pytest.approx(2 / 18)
