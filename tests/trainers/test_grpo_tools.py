@@ -118,6 +118,14 @@ def test_trl_s_tool_example_runs_with_rlhfkit_s_import_and_logs_the_tool_metrics
 release = threading.Event()  # lets the hung tool's thread end when the test is over
 
 
+@pytest.fixture(autouse=True)
+def hung_tools_end():
+    """Each test's hung tool calls time out (the event is clear while it runs) and their threads end after it."""
+    release.clear()
+    yield
+    release.set()
+
+
 def boom(x: int) -> str:
     """Raises.
 
@@ -216,10 +224,7 @@ def test_tool_calls_run_and_every_failure_goes_into_the_conversation(scripted, t
         return [0.0] * len(completions)
 
     trainer = scripted_trainer(scripted, tmp_path, recorded)
-    try:
-        trainer.train()
-    finally:
-        release.set()
+    trainer.train()
     tool = {k: [m for m in v if m["role"] == "tool"] for k, v in seen.items()}
     assert tool["ok"] == [{"role": "tool", "name": "multiply", "content": "12"}]
     assert seen["ok"][0]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 3, "b": 4}}
@@ -266,7 +271,6 @@ def test_evaluation_runs_the_tools_too(scripted, tmp_path):
 
     trainer = scripted_trainer(scripted, tmp_path, recorded)
     metrics = trainer.evaluate(conversations("ok", "unknown"))
-    release.set()
     assert metrics["eval_reward"] == 1.0
     ok, unknown = seen  # greedy: one episode per prompt
     assert [m["role"] for m in ok] == ["assistant", "tool", "assistant"] and ok[1]["content"] == "12"
@@ -276,7 +280,6 @@ def test_evaluation_runs_the_tools_too(scripted, tmp_path):
 def test_completion_lengths_count_the_model_s_tokens_only(scripted, tmp_path):
     trainer = scripted_trainer(scripted, tmp_path, lambda completions, **kw: [0.0] * len(completions))
     batch = trainer.generation.generate_and_score(list(range(len(FIRST_TURNS))))
-    release.set()
     real = batch.attention_mask[:, batch.prompt_width :]
     tool_tokens = real & ~batch.loss_mask
     big = batch.prompts.index([{"role": "user", "content": "big"}])
@@ -345,7 +348,6 @@ def test_tool_results_get_no_gradient_whatever_their_text(scripted, tmp_path):
     grads, masks = [], []
     for result in ("12", "99"):  # the same length, another text
         trainer, batch = episode_batch(scripted, tmp_path / result, result)
-        release.set()
         grad = final_hidden_grads(trainer, batch)
         width = batch.prompt_width
         # position width + t - 1 predicts completion token t
@@ -365,7 +367,6 @@ def test_tool_results_get_no_gradient_whatever_their_text(scripted, tmp_path):
 
 def test_an_episode_s_log_probs_are_its_text_s_scored_in_one_forward(scripted, tmp_path):
     trainer, batch = episode_batch(scripted, tmp_path, "12")
-    release.set()
     model, width = trainer.policy, batch.prompt_width
     logprobs = trainer.generation.logprobs(
         model, batch.input_ids, batch.attention_mask, width, batch.completion_ids
@@ -428,7 +429,6 @@ def test_padding_to_a_multiple_keeps_the_tool_results_out_of_the_loss(scripted, 
         )
         batch = trainer.generation.generate_and_score(list(range(len(FIRST_TURNS))))
         masks.append(batch.loss_mask)
-    release.set()
     assert masks[1].shape[1] % 64 == 0 and masks[1].shape[1] > masks[0].shape[1]
     assert torch.equal(masks[1][:, : masks[0].shape[1]], masks[0]) and not masks[1][:, masks[0].shape[1] :].any()
 
@@ -443,7 +443,6 @@ def test_dynamic_sampling_merges_episodes_with_their_tool_masks(scripted, tmp_pa
     trainer = scripted_trainer(scripted, tmp_path, first_round_flat, dynamic_sampling=True)
     prompts = list(range(len(FIRST_TURNS)))
     batch = trainer.generation.generate_and_score(prompts, iter([prompts]))
-    release.set()
     assert batch.rounds == 2
     real = batch.attention_mask[:, batch.prompt_width :]
     big = batch.prompts.index([{"role": "user", "content": "big"}])
