@@ -163,7 +163,7 @@ class GRPOTrainer(TRLTrainerAPI):
             raise ConfigError(
                 "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them. "
                 "TRL 1.16 goes without one only when an environment_factory scores the episodes (get_reward), and "
-                "rlhfkit does not train agents yet."
+                "rlhfkit does not take environment_factory yet."
             )
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
