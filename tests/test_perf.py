@@ -204,3 +204,25 @@ def test_cpu_peak_memory_is_the_phase_peak():
     assert during - before > 150e6
     assert perf.reset_peak_memory(cpu)
     assert perf.peak_memory_bytes(cpu) < during - 150e6
+
+
+def test_large_blocks_are_mapped_once_per_process_unless_the_user_set_the_threshold(monkeypatch):
+    """perf.map_large_blocks: mallopt(M_MMAP_THRESHOLD, 1 MB) under glibc, once; not over the user's own setting."""
+    import ctypes
+
+    calls = []
+
+    class Libc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: Libc())
+    perf.map_large_blocks.cache_clear()
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert perf.map_large_blocks() is False and calls == []
+    perf.map_large_blocks.cache_clear()
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    assert perf.map_large_blocks() is True and perf.map_large_blocks() is True
+    assert calls == [(-3, 1 << 20)]
+    perf.map_large_blocks.cache_clear()
