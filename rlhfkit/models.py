@@ -450,16 +450,17 @@ def response_token_stats(
     first `query_width` positions are the query: what response_logits then ops.logprobs_from_logits and
     ops.entropy_from_logits give, without the (B, T, V) logits.
 
-    The model's own forward runs with its LM head standing in for ops.logprobs_from_hidden: the head receives the
-    last hidden states and returns the (B, T, 1 or 2) statistics, computed in chunks of positions (recomputed in
-    the backward), so at a 152k vocabulary one chunk's logits exist instead of the batch's, in the forward and in
-    the gradient. Running inside the model's forward keeps what the forward does around its head: DeepSpeed ZeRO-3
+    The model's own forward runs with its LM head standing in for the statistics: the head receives the last hidden
+    states and returns the (B, T, 1 or 2) statistics, computed in chunks of positions (recomputed in the backward),
+    so at a 152k vocabulary one chunk's logits exist instead of the batch's, in the forward and in the gradient: a
+    plain linear head through ops.logprobs_from_linear (its weight gradient in one buffer), any other head through
+    ops.logprobs_from_hidden (checkpointed chunks of the head's own forward). Running inside the model's forward keeps what the forward does around its head: DeepSpeed ZeRO-3
     and FSDP2 have the head's weight gathered, a LoRA adapter on the head and cast_lm_head_to_fp32 apply, and the
     logits_to_keep cut still saves the query's positions.
 
     A forward that changes the head's output before returning it (a logit scale or soft-capping: Cohere, Granite,
     Gemma 2) or a torch.compile'd model is computed the plain way instead, said once per model class (the plain
-    way is what rlhfkit did before: the numbers are the same, the memory is not).
+    way is what rlhfkit did before: the numbers are the same, the memory is not; that way the batch stays padded).
     entropy_grad: the entropy keeps its gradient (GRPO's entropy bonus), else it is detached. padding_free: the
     forward runs on the batch's real tokens packed into one row (_packed_forward; padding_free_refused says where it
     cannot); the statistics are the same.
