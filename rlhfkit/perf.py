@@ -225,13 +225,17 @@ def return_freed_heap() -> None:
         trim(0)
 
 
-@functools.cache
-def _malloc_trim():
-    """glibc's malloc_trim from the symbols the process has loaded, or None (another C library)."""
+def _glibc(name: str):
+    """A glibc function from the symbols the process has loaded, or None (another C library)."""
     try:
-        return ctypes.CDLL(None).malloc_trim
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
+
+
+@functools.cache
+def _malloc_trim():
+    return _glibc("malloc_trim")
 
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter (malloc.h)
@@ -251,8 +255,5 @@ def map_large_blocks() -> bool:
     1 MB, all of the built-in task's, are not affected."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES))
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES))
