@@ -35,6 +35,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit.agents import ToolBox
 from rlhfkit.errors import ConfigError
+from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, complete, left_pad, model_pad_id, right_pad
 from rlhfkit.sampling.settings import stop_ids
 
@@ -53,6 +54,25 @@ class ToolStats:
     capped: int = 0
     rolled_back: int = 0
     tool_tokens: list[int] = field(default_factory=list)
+
+
+def log_tool_stats(metrics, stats: ToolStats) -> None:
+    """A round's tool calls into `metrics` (the run's MetricWindow), for either trainer: TRL's tools/call_frequency and
+    tools/failure_frequency, each tool's calls, failures and seconds, the turns per episode, how episodes ended and
+    their tool tokens (pooled when reduced)."""
+    m, episodes = metrics, len(stats.turns)
+    m.add(M.TOOLS_CALL_FREQUENCY, stats.calls, episodes)
+    m.add(M.TOOLS_FAILURE_FREQUENCY, stats.failures, stats.calls)
+    turns = torch.tensor(stats.turns, dtype=torch.float64)
+    m.add_tensor(M.TOOLS_MEAN_TURNS, turns)
+    m.add_tensor(M.TOOLS_MAX_TURNS, turns)
+    m.add(M.TOOLS_TURN_CAP_RATIO, stats.capped, episodes)
+    m.add(M.TOOLS_ROLLED_BACK_RATIO, stats.rolled_back, episodes)
+    m.add(M.TOOLS_MEAN_TOOL_TOKENS, sum(stats.tool_tokens), episodes)
+    for name, (calls, failures, seconds) in stats.per_tool.items():
+        m.add(M.expand(M.TOOLS_TOOL_CALLS, name), calls, episodes)
+        m.add(M.expand(M.TOOLS_TOOL_FAILURE_FREQUENCY, name), failures, calls)
+        m.add(M.expand(M.TOOLS_TOOL_LATENCY, name), seconds, calls)
 
 
 class Episodes(NamedTuple):

@@ -40,7 +40,7 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, response_token_stats
 from rlhfkit.rewards import RewardOutput
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
-from rlhfkit.trainers.episodes import ToolStats
+from rlhfkit.trainers.episodes import log_tool_stats
 from rlhfkit.trainers.shared import count_task_success, take_reward_logs
 
 
@@ -203,28 +203,11 @@ class GRPOGeneration:
         if t.episodes is not None:  # multi-turn, with tools
             episodes = t.episodes.sample(model, prompt_ids, config, t.accelerator.device)
             chunk, messages = episodes.chunk, episodes.messages
-            self.log_tools(episodes.stats)
+            log_tool_stats(t.run.metrics, episodes.stats)
         else:
             (chunk,) = complete(model, prompt_ids, config, len(rows), t.accelerator.device)
         model.train()
         return self.score_round(rows, chunk, messages)
-
-    def log_tools(self, stats: ToolStats) -> None:
-        """A round's tool calls: TRL's tools/call_frequency and tools/failure_frequency, each tool's calls, failures
-        and seconds, the turns per episode, how episodes ended and their tool tokens (pooled when reduced)."""
-        m, episodes = self.trainer.run.metrics, len(stats.turns)
-        m.add(M.TOOLS_CALL_FREQUENCY, stats.calls, episodes)
-        m.add(M.TOOLS_FAILURE_FREQUENCY, stats.failures, stats.calls)
-        turns = torch.tensor(stats.turns, dtype=torch.float64)
-        m.add_tensor(M.TOOLS_MEAN_TURNS, turns)
-        m.add_tensor(M.TOOLS_MAX_TURNS, turns)
-        m.add(M.TOOLS_TURN_CAP_RATIO, stats.capped, episodes)
-        m.add(M.TOOLS_ROLLED_BACK_RATIO, stats.rolled_back, episodes)
-        m.add(M.TOOLS_MEAN_TOOL_TOKENS, sum(stats.tool_tokens), episodes)
-        for name, (calls, failures, seconds) in stats.per_tool.items():
-            m.add(M.expand(M.TOOLS_TOOL_CALLS, name), calls, episodes)
-            m.add(M.expand(M.TOOLS_TOOL_FAILURE_FREQUENCY, name), failures, calls)
-            m.add(M.expand(M.TOOLS_TOOL_LATENCY, name), seconds, calls)
 
     def round_rows(self, prompt_indices: list[int]) -> list[dict]:
         """This process's dataset rows of a round: each prompt of `prompt_indices` (all processes') G times, sliced."""
