@@ -19,28 +19,32 @@ class GAEOutput(NamedTuple):
 
 
 def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float) -> GAEOutput:
-    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over each completion.
+    """Generalised advantage estimation (Schulman et al. 2016, eq. 16) over each completion's steps, the positions
+    of `mask`.
 
     rewards: (B, T) float, per-token rewards (e.g. `kl_penalized_rewards(...).rewards`).
-    values: (B, T) float, value estimates V(s_t) at generation. mask: (B, T) bool, True = real completion token.
-    gamma: discount. lam: GAE lambda.
-      delta_t = r_t + gamma * V(s_{t+1}) - V(s_t);   A_t = delta_t + gamma * lam * A_{t+1}.
-    The completion ends at the last True of each row: beyond it the episode is over, so V = 0 and r = 0 there
-    (whatever the padding holds) and the last real token bootstraps from nothing.
-    Assumes each row's mask is one contiguous run of True (right-padded completions: a prefix). A hole in the
-    mask would be bridged (zero reward and value inside it), not treated as an episode boundary.
+    values: (B, T) float, value estimates V(s_t) at generation. mask: (B, T) bool, True = a step of the episode:
+    a token the policy sampled. gamma: discount. lam: GAE lambda. With t' the next True position after t in its row:
+      delta_t = r_t + gamma * V(s_t') - V(s_t);   A_t = delta_t + gamma * lam * A_t'.
+    After the last True of a row the episode is over: V = 0 and A = 0 there, so the last step bootstraps from
+    nothing. Positions outside the mask are not steps, wherever they are: their rewards and values are never read
+    and the recursion links each step to the next step across them, so a row with holes (a multi-turn episode's
+    tool results between the policy's turns) gets exactly the GAE of its steps compacted into one sequence (as
+    verl's GAE skips observation tokens). For right-padded completions (the mask a prefix) this is plain GAE.
     Returns GAEOutput(advantages, returns), both 0 outside the mask.
     """
     rewards = torch.where(mask, rewards, 0.0)
     values = torch.where(mask, values, 0.0)
     T = rewards.shape[-1]
-    next_value = next_advantage = rewards.new_zeros(rewards.shape[:-1])  # nothing after the last position
+    next_value = next_advantage = rewards.new_zeros(rewards.shape[:-1])  # nothing after the last step
     reversed_advantages = []
     # A reverse loop over T: completions are short, and the recursion is the definition, easy to check by eye.
     for t in reversed(range(T)):
+        step = mask[..., t]
         delta = rewards[..., t] + gamma * next_value - values[..., t]
-        next_advantage = delta + gamma * lam * next_advantage
-        next_value = values[..., t]
+        # Outside the mask the carried value and advantage pass through unchanged (no discount): a skipped position.
+        next_advantage = torch.where(step, delta + gamma * lam * next_advantage, next_advantage)
+        next_value = torch.where(step, values[..., t], next_value)
         reversed_advantages.append(next_advantage)
     advantages = torch.stack(reversed_advantages[::-1], dim=-1) if T > 0 else torch.zeros_like(rewards)
     advantages = torch.where(mask, advantages, 0.0)

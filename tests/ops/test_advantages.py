@@ -110,6 +110,69 @@ def test_gae_empty_time_dimension():
     assert out.advantages.shape == (3, 0) and out.returns.shape == (3, 0)
 
 
+# ---- gae over multi-turn episodes: masks with holes (tool results between the policy's turns) ----
+
+
+def reference_gae_over_steps(rewards, values, mask, gamma, lam):
+    """Textbook GAE, one episode at a time, over the positions of its mask only: each step's successor is the next
+    True position of the row (float64 Python numbers; nothing else of the row is read)."""
+    B, T = rewards.shape
+    advantages = torch.zeros(B, T, dtype=torch.float64)
+    for b in range(B):
+        steps = [t for t in range(T) if mask[b, t]]
+        running, next_value = 0.0, 0.0
+        for t in reversed(steps):
+            delta = rewards[b, t].item() + gamma * next_value - values[b, t].item()
+            running = delta + gamma * lam * running
+            advantages[b, t] = running
+            next_value = values[b, t].item()
+    return advantages
+
+
+def episodes_with_holes(B=6, T=12, seed=0):
+    """Random masks with holes anywhere (each position a step with probability 0.6): rows of turns and tool results,
+    one row without any step, one with every position a step; NaN and inf where the mask is False."""
+    g = torch.Generator().manual_seed(seed)
+    rewards = torch.randn(B, T, generator=g, dtype=torch.float64)
+    values = torch.randn(B, T, generator=g, dtype=torch.float64)
+    mask = torch.rand(B, T, generator=g) < 0.6
+    mask[0], mask[1] = False, True
+    assert (mask[2:].cumsum(1) < mask[2:].sum(1, keepdim=True)).logical_and(~mask[2:]).any()  # a hole, not padding
+    return rewards.masked_fill(~mask, math.nan), values.masked_fill(~mask, math.inf), mask
+
+
+def test_gae_skips_a_hole_hand_computed():
+    # test_gae_hand_computed's episode with two tool-result tokens after its second step: the same advantages
+    rewards = torch.tensor([[0.0, 0.0, 9.0, 9.0, 1.0]], dtype=torch.float64)
+    values = torch.tensor([[0.5, 0.25, 7.0, 7.0, 0.5]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, False, False, True]])
+    out = ops.gae(rewards, values, mask, gamma=1.0, lam=0.5)
+    assert_close(out.advantages, torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.5]], dtype=torch.float64))
+    assert_close(out.returns, torch.tensor([[0.5, 0.75, 0.0, 0.0, 1.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize(("gamma", "lam"), [(0.99, 0.95), (1.0, 0.95), (0.9, 1.0), (1.0, 0.0), (0.5, 0.5)])
+def test_gae_with_holes_matches_the_loop_over_steps(gamma, lam):
+    rewards, values, mask = episodes_with_holes(seed=7)
+    out = ops.gae(rewards, values, mask, gamma=gamma, lam=lam)
+    ref = reference_gae_over_steps(rewards, values, mask, gamma, lam)
+    assert_close(out.advantages, ref, rtol=0, atol=1e-12)
+    assert_close(out.returns, torch.where(mask, ref + values, 0.0), rtol=0, atol=1e-12)
+
+
+def test_gae_with_holes_equals_gae_on_the_compacted_sequence():
+    # Each row's steps moved to the left, in order, the rest padding: plain right-padded GAE, scattered back.
+    rewards, values, mask = episodes_with_holes(B=8, T=15, seed=8)
+    order = torch.sort((~mask).int(), dim=1, stable=True).indices  # each row's step positions first, in order
+    lengths = mask.sum(1)
+    compact_mask = torch.arange(mask.shape[1]) < lengths[:, None]
+    compact = ops.gae(rewards.gather(1, order), values.gather(1, order), compact_mask, 0.97, 0.9)
+    out = ops.gae(rewards, values, mask, 0.97, 0.9)
+    for name in ("advantages", "returns"):
+        scattered = torch.zeros_like(rewards).scatter(1, order, getattr(compact, name))
+        assert torch.equal(getattr(out, name), scattered), name
+
+
 # ---- group_advantages ----
 
 
