@@ -10,8 +10,7 @@ steps of that call (a resumed run: its own steps) of the step's loss: GRPO's ``l
 loss each update minimised (policy plus vf_coef x value loss, pooled over its tokens; TRL's PPO returns nothing).
 
 Also what both constructors do with TRL's arguments that rlhfkit takes in another form (``peft_config``,
-``quantization_config``, ``optimizers``): :func:`trl_constructor_arguments`; and those it does not take yet
-(GRPO's environment_factory and rollout_func): :func:`refuse_agent_arguments`.
+``quantization_config``, ``optimizers``): :func:`trl_constructor_arguments`.
 """
 
 from __future__ import annotations
@@ -217,18 +216,6 @@ def refuse_arguments(owner: str, why: str, **arguments: Any) -> None:
     given = [name for name, value in arguments.items() if value is not None]
     if given:
         raise ConfigError(f"{owner}({', '.join(f'{name}=...' for name in given)}): {why}")
-
-
-def refuse_agent_arguments(**arguments: Any) -> None:
-    """TRL 1.16's GRPOTrainer agent arguments rlhfkit does not take yet (rollout_func, environment_factory): None is
-    accepted; anything else exits 2. tools= is taken (GRPOTrainer, docs/agents.md)."""
-    refuse_arguments(
-        "GRPOTrainer",
-        "rlhfkit does not train agents with environments or custom rollouts yet: TRL 1.16's environment_factory and "
-        "rollout_func are planned. Tools are supported (tools=[...], docs/agents.md); for an environment, pass its "
-        "methods as tools, or train with TRL's GRPOTrainer.",
-        **arguments,
-    )
 
 
 def trl_constructor_arguments(

@@ -26,6 +26,7 @@ failure is, timeouts).
 from __future__ import annotations
 
 import copy
+import operator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -34,6 +35,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit.agents import ToolBox
+from rlhfkit.agents.environments import Environments
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, complete, left_pad, model_pad_id, right_pad
@@ -78,11 +80,12 @@ def log_tool_stats(metrics, stats: ToolStats) -> None:
 class Episodes(NamedTuple):
     """A round of episodes: the chunk the trainer scores and trains (completion = every turn and tool result, with
     tool_mask), each episode's messages after the prompt (TRL's completions: assistant turns with their parsed
-    tool_calls, and tool messages) and the tool statistics."""
+    tool_calls, and tool messages) and the tool statistics. A rollout_func's (CustomRollout) have neither: its
+    completions are scored as text, as the trainer's own are."""
 
     chunk: Chunk
-    messages: list[list[dict]]
-    stats: ToolStats
+    messages: list[list[dict]] | None
+    stats: ToolStats | None
 
 
 class ToolEpisodes:
@@ -97,6 +100,9 @@ class ToolEpisodes:
         max_iterations: int | None,
         max_completion_length: int,
         chat_template_kwargs: dict | None = None,
+        environments: Environments | None = None,
+        text_field: str = "prompt",
+        max_prompt_length: int | None = None,
     ):
         if getattr(tokenizer, "response_template", None) is None:
             raise ConfigError(
@@ -112,7 +118,7 @@ class ToolEpisodes:
         self.max_iterations = max_iterations
         self.max_completion_length = max_completion_length
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self.tool_schemas = list(toolbox.schemas.values())
+        self.environments, self.text_field, self.max_prompt_length = environments, text_field, max_prompt_length
         self.check_template()
 
     def check_template(self) -> None:
@@ -131,26 +137,47 @@ class ToolEpisodes:
                 + ". Use the model's tool-calling template."
             )
 
-    def sample(self, model: nn.Module, prompt_ids: list[list[int]], config: GenerationConfig, device) -> Episodes:
+    def sample_rows(self, model: nn.Module, rows: list[dict], config: GenerationConfig, device):
+        """One episode per dataset row (its ``input_ids``); with environments, each begun by its own instance
+        (Environments.start: reset, the prompt with reset's text, that environment's tools). Returns the episodes
+        and the rows as the reward functions must see them (with environments: the prompt as the policy read it and
+        the instance under ``environments``)."""
+        if self.environments is None:
+            return self.sample(model, [r["input_ids"] for r in rows], config, device), rows
+        started = self.environments.start(
+            rows, self.tokenizer, self.text_field, self.max_prompt_length, self.chat_template_kwargs
+        )
+        return self.sample(model, started.prompt_ids, config, device, started.toolboxes), started.rows
+
+    def sample(
+        self,
+        model: nn.Module,
+        prompt_ids: list[list[int]],
+        config: GenerationConfig,
+        device,
+        toolboxes: list[ToolBox] | None = None,
+    ) -> Episodes:
         """One episode per prompt (token ids, the chat template rendered with the tools), sampled by `model` with
-        `config` (its max_new_tokens is replaced by each turn's budget)."""
+        `config` (its max_new_tokens is replaced by each turn's budget). toolboxes: each episode's tools (an
+        environment's instance), default the trainer's for all."""
         budget, n = self.max_completion_length, len(prompt_ids)
+        boxes = toolboxes or [self.toolbox] * n
         max_positions = getattr(model.config, "max_position_embeddings", None) or float("inf")
         stats = ToolStats(per_tool={name: [0, 0, 0.0] for name in self.toolbox.names}, turns=[1] * n)
         ids, logprobs = self.turns(model, prompt_ids, [budget] * n, config, device)
         model_token = [[True] * len(t) for t in ids]
-        messages = [[self.parse(t, p)] for t, p in zip(ids, prompt_ids)]
+        messages = [[self.parse(t, p, boxes[i])] for i, (t, p) in enumerate(zip(ids, prompt_ids))]
         pending = [i for i in range(n) if messages[i][-1].get("tool_calls")]
         iteration = 0
         while pending and (self.max_iterations is None or iteration < self.max_iterations):
             continuing, contexts, suffixes = [], [], []
             for i in pending:
-                results = self.toolbox.run(messages[i][-1]["tool_calls"])
+                results = boxes[i].run(messages[i][-1]["tool_calls"])
                 stats.calls += len(results)
                 for r in results:
                     stats.failures += r.failed
                     if r.registered:
-                        entry = stats.per_tool[r.name]
+                        entry = stats.per_tool.setdefault(r.name, [0, 0, 0.0])
                         entry[0], entry[1], entry[2] = entry[0] + 1, entry[1] + r.failed, entry[2] + r.latency_s
                 tool_messages = [{"role": "tool", "name": r.name, "content": r.content} for r in results]
                 suffix = self.suffix_ids(tool_messages)
@@ -172,7 +199,7 @@ class ToolEpisodes:
                 if logprobs is not None:
                     logprobs[i] += [0.0] * len(suffix) + post_logprobs[k]
                 if post[k]:  # nothing when the budget was spent by the tool results
-                    messages[i].append(self.parse(post[k], contexts[k]))
+                    messages[i].append(self.parse(post[k], contexts[k], boxes[i]))
                     stats.turns[i] += 1
                     if messages[i][-1].get("tool_calls"):
                         pending.append(i)
@@ -199,12 +226,13 @@ class ToolEpisodes:
                 logprobs.append(chunk.sampling_logprobs[r][real][:limit].tolist())
         return ids, logprobs
 
-    def parse(self, ids: list[int], prefix: list[int]) -> dict:
-        """A turn's assistant message, with tool_calls when the template's response parsing finds well-formed ones;
-        a turn that does not parse is its decoded text (as TRL's parse_response falls back)."""
+    def parse(self, ids: list[int], prefix: list[int], toolbox: ToolBox) -> dict:
+        """A turn's assistant message, with tool_calls when the template's response parsing (given the episode's
+        tools) finds well-formed ones; a turn that does not parse is its decoded text (as TRL's parse_response falls
+        back)."""
         tok = self.tokenizer
         try:
-            parsed = tok.parse_response(ids, prefix=prefix, tools=self.tool_schemas)
+            parsed = tok.parse_response(ids, prefix=prefix, tools=list(toolbox.schemas.values()))
         except Exception:  # noqa: BLE001 - the model's output is data: a malformed turn is text, never a crash
             parsed = None
         calls = parsed.get("tool_calls") if isinstance(parsed, dict) else None
@@ -265,3 +293,147 @@ def _well_formed(calls) -> bool:
         isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("name"), str)
         for c in calls
     )
+
+
+ROLLOUT_KEYS = ("prompt_ids", "completion_ids", "logprobs")
+
+
+class CustomRollout:
+    """TRL 1.16's ``GRPOTrainer(rollout_func=...)`` in place of the trainer's sampling, for training rounds and
+    evaluations alike (custom_rollout). It makes no tool statistics (Episodes.stats is None)."""
+
+    def __init__(self, rollout_func, trainer, text_field: str):
+        self.rollout_func, self.trainer, self.text_field = rollout_func, trainer, text_field
+
+    def sample_rows(self, model: nn.Module, rows: list[dict], config: GenerationConfig, device):
+        pad = model_pad_id(model, config.pad_token_id)
+        chunk, rows = custom_rollout(self.rollout_func, self.trainer, rows, self.text_field, pad, stop_ids(config))
+        return Episodes(chunk.to(device), None, None), rows
+
+
+def custom_rollout(rollout_func, trainer, rows: list[dict], text_field: str, pad: int, stops) -> tuple[Chunk, list]:
+    """TRL 1.16's ``rollout_func(prompts, trainer) -> dict``: the user's own generation (an agent loop, a server).
+
+    It gets this process's prompts of a round as the dataset holds them (each prompt num_generations times in a row,
+    as TRL's sampler repeats them; a deep copy) and must return, one entry per prompt: ``prompt_ids`` and
+    ``completion_ids`` (lists of token ids), ``logprobs`` (one float per completion token, or None: the sampler's
+    log-probs, used for the sampling/* metrics only: the losses' logp_old is always a forward of the policy), and
+    optionally ``env_mask`` (1 on the policy's tokens, 0 on tokens it did not write, TRL's name for the tool mask:
+    those are out of the loss). Any other key is a column of one value per prompt that the reward functions receive
+    as a keyword argument (TRL's extra fields). Returns the chunk and the rows with those columns."""
+    n = len(rows)
+    output = rollout_func(copy.deepcopy([r[text_field] for r in rows]), trainer)
+    if not isinstance(output, dict):
+        raise ConfigError(
+            f"rollout_func must return a dict with keys {list(ROLLOUT_KEYS)}, got {type(output).__name__}."
+        )
+    missing = [k for k in ROLLOUT_KEYS if k not in output]
+    if missing:
+        raise ConfigError(
+            f"rollout_func must return keys {missing} in its output dict (it returned {sorted(output)})."
+        )
+    for key, value in output.items():
+        if value is None and key == "logprobs":
+            continue
+        if not isinstance(value, (list, tuple)) or len(value) != n:
+            got = f"{len(value)} entries" if isinstance(value, (list, tuple)) else type(value).__name__
+            raise ConfigError(
+                f"rollout_func's {key!r} must hold one entry per prompt it was given ({n}: this process's prompts of "
+                f"the round, each num_generations times), got {got}."
+            )
+    prompt_ids = [_token_list(row, "prompt_ids", i) for i, row in enumerate(output["prompt_ids"])]
+    completion_ids = [_token_list(row, "completion_ids", i) for i, row in enumerate(output["completion_ids"])]
+    logprobs = output["logprobs"]
+    sampling = None
+    if logprobs is not None:
+        sampling = torch.zeros(n, max((len(c) for c in completion_ids), default=0), dtype=torch.float32)
+        for i, (row, ids) in enumerate(zip(logprobs, completion_ids)):
+            if not isinstance(row, (list, tuple)) or len(row) != len(ids):
+                raise ConfigError(
+                    f"rollout_func's logprobs[{i}] must hold one log-prob per completion token ({len(ids)}), got "
+                    f"{len(row) if isinstance(row, (list, tuple)) else type(row).__name__}."
+                )
+            sampling[i, : len(row)] = torch.tensor([float(x) for x in row], dtype=torch.float32)
+    tool_mask = None
+    if output.get("env_mask") is not None:
+        masks = output["env_mask"]
+        for i, (row, ids) in enumerate(zip(masks, completion_ids)):
+            if not isinstance(row, (list, tuple)) or len(row) != len(ids) or any(v not in (0, 1) for v in row):
+                raise ConfigError(
+                    f"rollout_func's env_mask[{i}] must hold a 0 or 1 per completion token ({len(ids)}): 1 where the "
+                    "policy wrote the token."
+                )
+        tool_mask, _ = right_pad([[int(v) for v in row] for row in masks], 1)
+        tool_mask = tool_mask.bool()
+    prompt, prompt_mask = left_pad(prompt_ids, pad)
+    completion, completion_mask = right_pad(completion_ids, pad)
+    stops = set(stops)
+    terminated = torch.tensor([bool(row) and row[-1] in stops for row in completion_ids])
+    parts = (prompt, prompt_mask, completion, completion_mask, terminated, sampling, tool_mask)
+    chunk = Chunk(*parts)
+    extra = {k: v for k, v in output.items() if k not in (*ROLLOUT_KEYS, "env_mask")}
+    rows = [{**row, **{k: v[i] for k, v in extra.items()}} for i, row in enumerate(rows)]
+    return chunk, rows
+
+
+def _token_list(row, key: str, i: int) -> list[int]:
+    """A rollout's token ids as ints (numpy and torch integers too); anything else names the entry."""
+    try:
+        if isinstance(row, (str, bytes)) or any(isinstance(t, bool) for t in row):
+            raise TypeError
+        return [operator.index(t) for t in row]
+    except TypeError:
+        raise ConfigError(
+            f"rollout_func's {key}[{i}] must be a list of token ids (integers), got {type(row).__name__}."
+        ) from None
+
+
+def check_agent_arguments(args, toolbox: ToolBox | None, rollout_func, environment_factory) -> None:
+    """What GRPOTrainer's agent arguments cannot be combined with, before anything loads: the generation worker of
+    async_generation runs neither tools nor a rollout_func; a rollout_func samples on its own, so the trainer's tool
+    loop does not run after it (give the tools to the rollout_func)."""
+    if rollout_func is not None and not callable(rollout_func):
+        raise ConfigError(
+            f"rollout_func must be a function rollout_func(prompts, trainer) -> dict, got {type(rollout_func).__name__}."
+        )
+    if rollout_func is not None and toolbox is not None:
+        given = "environment_factory" if environment_factory is not None else "tools"
+        raise ConfigError(
+            f"GRPOTrainer(rollout_func=..., {given}=...): a rollout_func samples the episodes itself, so the trainer "
+            f"runs no tools after it. Run the tools inside the rollout_func (its env_mask keeps their tokens out of "
+            f"the loss), or drop rollout_func and let the trainer run the {given}."
+        )
+    if args.async_generation and (toolbox is not None or rollout_func is not None):
+        given = "rollout_func" if rollout_func is not None else "tools / environment_factory"
+        raise ConfigError(
+            f"GRPOTrainer({given}) with async_generation: the generation worker samples single-turn completions "
+            f"with the policy only, so {given} would be ignored. Leave async_generation off (--async_generation "
+            "false) to train with them."
+        )
+
+
+def environment_prompts(args, environments: Environments | None):
+    """TRL 1.16's train set when an environment writes the prompts (no train_dataset): one empty user message per
+    prompt of a generation, drawn again every generation, for max_steps steps; each environment's reset() text
+    becomes the prompt. Without a single environment_factory, a train_dataset is required."""
+    from datasets import Dataset
+
+    from rlhfkit.config import grpo_batch_sizes
+
+    if environments is None:
+        raise ConfigError(
+            "GRPOTrainer needs a train_dataset with a prompt column (only an environment_factory, whose reset() "
+            "writes the prompts, goes without one)."
+        )
+    if environments.multi:
+        raise ConfigError(
+            "environment_factory is a dict of environments, which needs a train_dataset with an 'environment' column "
+            "to route each row to its environment. Give one, or a single environment factory."
+        )
+    if args.max_steps <= 0:
+        raise ConfigError(
+            f"No train_dataset: the environment writes the prompts (reset()), so the run's length is max_steps, which "
+            f"is {args.max_steps}. Set max_steps (e.g. --max_steps 500), as TRL requires."
+        )
+    rows = grpo_batch_sizes(args, 1, 0).prompts
+    return Dataset.from_dict({args.dataset_text_field: [[{"role": "user", "content": ""}]] * rows})

@@ -200,10 +200,11 @@ class GRPOGeneration:
         config = t.sampling_config(t.args.max_completion_length)
         prompt_ids = [r["input_ids"] for r in rows]
         messages = None
-        if t.episodes is not None:  # multi-turn, with tools
-            episodes = t.episodes.sample(model, prompt_ids, config, t.accelerator.device)
+        if t.episodes is not None:  # multi-turn with tools, or a rollout_func (and the rows as their episodes began)
+            episodes, rows = t.episodes.sample_rows(model, rows, config, t.accelerator.device)
             chunk, messages = episodes.chunk, episodes.messages
-            log_tool_stats(t.run.metrics, episodes.stats)
+            if episodes.stats is not None:
+                log_tool_stats(t.run.metrics, episodes.stats)
         else:
             (chunk,) = complete(model, prompt_ids, config, len(rows), t.accelerator.device)
         model.train()
@@ -367,8 +368,8 @@ class GRPOGeneration:
 
         old_logprobs = None
         if args.gradient_accumulation_steps % t.sizes.micro_steps_per_generation:  # outlives an optimizer step
-            # logp_old: the sampler's log-probs where exact, else a full forward's
-            exact = t.run.sampling_logprobs_exact(model)
+            # logp_old: the sampler's log-probs where exact, else a full forward's (a rollout_func's never stand in)
+            exact = t.rollout_func is None and t.run.sampling_logprobs_exact(model)
             old_logprobs = (
                 chunk.sampling_logprobs if exact else self.logprobs(model, ids, mask, width, chunk.completion_ids)
             )

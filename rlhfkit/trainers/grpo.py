@@ -70,10 +70,11 @@ from transformers.trainer_utils import TrainOutput
 
 from rlhfkit import ops
 from rlhfkit.agents import ToolBox
+from rlhfkit.agents.environments import ROUTE_COLUMN, Environments
 from rlhfkit.checkpoint import REF_MODEL_DIR, load_weights
 from rlhfkit.config import GRPOConfig, grpo_batch_sizes
 from rlhfkit.data import endless_batches, is_conversational, prompt_text
-from rlhfkit.errors import ConfigError
+from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
@@ -89,14 +90,14 @@ from rlhfkit.models import (
 from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, GRPOLossOutput
 from rlhfkit.rewards import RewardSources, reward_sources
 from rlhfkit.sampling import decode, sampling_config, terminator_ids
-from rlhfkit.trainers.api import TRLTrainerAPI, refuse_agent_arguments, trl_constructor_arguments
+from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
 from rlhfkit.trainers.async_generation import (
     AsyncGeneration,
     generating,
     off_policy_weights,
     start_generation_worker,
 )
-from rlhfkit.trainers.episodes import ToolEpisodes
+from rlhfkit.trainers.episodes import CustomRollout, ToolEpisodes, check_agent_arguments, environment_prompts
 from rlhfkit.trainers.generation import GRPOBatch, GRPOGeneration, MicroBatch
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
@@ -123,8 +124,11 @@ class GRPOTrainer(TRLTrainerAPI):
     is a LoRA config, which sets --use_peft and the lora_* fields; quantization_config a BitsAndBytesConfig).
     tools: TRL 1.16's tools, typed functions with Google-style docstrings (sync or async) the policy may call in
     multi-turn episodes, up to max_tool_calling_iterations rounds of results (episodes.py, docs/agents.md); kept as
-    ``trainer.tools``. rollout_func, environment_factory: TRL 1.16's other agent arguments, which rlhfkit does not
-    take yet; anything but None exits 2 with that reason.
+    ``trainer.tools``. environment_factory: TRL 1.16's environments, a class (or a dict name -> class routing rows by
+    their ``environment`` column) built once per episode, whose public methods are the episode's tools, ``reset``
+    begins it and an optional ``get_reward`` scores it (agents/environments.py); with one, train_dataset may be
+    omitted (max_steps > 0: reset writes the prompts). rollout_func: TRL 1.16's ``rollout_func(prompts, trainer) ->
+    dict`` sampling the completions instead of the trainer (episodes.custom_rollout).
     """
 
     def __init__(
@@ -145,25 +149,23 @@ class GRPOTrainer(TRLTrainerAPI):
         environment_factory=None,
         task=None,
     ):
-        refuse_agent_arguments(rollout_func=rollout_func, environment_factory=environment_factory)
         args = trl_constructor_arguments(args or GRPOConfig(), peft_config, quantization_config, optimizers)
-        toolbox = ToolBox(tools) if tools else None  # tool schemas checked before anything loads
-        if toolbox is not None and args.async_generation:
-            raise ConfigError(
-                "GRPOTrainer(tools=...) with async_generation: the generation worker does not run tools yet, so "
-                "multi-turn episodes are sampled synchronously only. Leave async_generation off (--async_generation "
-                "false) to train with tools."
-            )
+        # Tool schemas and environments checked before anything loads (each environment is built once, as a probe).
+        environments = None if environment_factory is None else Environments(environment_factory, tools or [])
+        toolbox = environments.toolbox if environments else ToolBox(tools) if tools else None
+        check_agent_arguments(args, toolbox, rollout_func, environment_factory)
         self.args = args  # a GRPOArguments: a TRL script's GRPOConfig gets the script and model groups' defaults
         if args.model_init_kwargs:  # TRL's script sets them after building the config
             args.apply_model_init_kwargs()
         if train_dataset is None:
-            raise ConfigError("GRPOTrainer needs a train_dataset with a prompt column.")
-        if reward_funcs is None or isinstance(reward_funcs, (list, tuple)) and not reward_funcs:
+            train_dataset = environment_prompts(args, environments)
+        reward_funcs = [] if reward_funcs is None else reward_funcs
+        reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        environment_rewards = environments.reward_functions() if environments else []
+        if not reward_funcs and not environment_rewards:
             raise ConfigError(
-                "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them. "
-                "TRL 1.16 goes without one only when an environment_factory scores the episodes (get_reward), and "
-                "rlhfkit does not take environment_factory yet."
+                "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them, "
+                "or an environment_factory whose environments score their episodes (a get_reward method)."
             )
         self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
         self.accelerator = acc = run.accelerator
@@ -182,8 +184,14 @@ class GRPOTrainer(TRLTrainerAPI):
         self.stop_ids = terminator_ids(tok, model)
         model.generation_config.pad_token_id = tok.pad_token_id
         dtype = weight_dtype(args.dtype)
-        names, funcs = reward_sources(reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub)
-        self.rewards = RewardSources(names, funcs, args.reward_weights, args.dataset_text_field)
+        names, funcs = [], []
+        if reward_funcs:
+            names, funcs = reward_sources(reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub)
+        weights = args.reward_weights  # the environments' own rewards weigh 1, as in TRL
+        if environment_rewards:
+            weights = None if weights is None else [*weights, *[1.0] * len(environment_rewards)]
+            names, funcs = names + [f.__name__ for f in environment_rewards], funcs + environment_rewards
+        self.rewards = RewardSources(names, funcs, weights, args.dataset_text_field)
         self.rewards.prepare_models(run.prepare_frozen)  # sharded for ZeRO-3 / FSDP as the policy is
         # TRL 1.16's attributes: the reward models (modules) and functions, their names, weights and tokenizers.
         self.reward_funcs, self.reward_func_names = self.rewards.sources, names
@@ -206,7 +214,9 @@ class GRPOTrainer(TRLTrainerAPI):
         self.train_dataset, self.eval_dataset = tokenize_datasets(
             args, tok, train_dataset, eval_dataset, self.tools or None
         )
-        self.episodes = None  # multi-turn sampling, with tools
+        self.rollout_func = rollout_func
+        # Sampling in place of the plain one: multi-turn episodes with tools (and environments), or a rollout_func.
+        self.episodes: ToolEpisodes | CustomRollout | None = None
         if toolbox is not None:
             if not is_conversational(self.train_dataset[0][args.dataset_text_field]):
                 raise ConfigError(
@@ -214,9 +224,20 @@ class GRPOTrainer(TRLTrainerAPI):
                     "which the chat template renders with the tools and whose episodes the tokenizer parses; "
                     f"the {args.dataset_text_field!r} column holds text."
                 )
+            if environments is not None and environments.multi:
+                if ROUTE_COLUMN not in self.train_dataset.column_names:
+                    raise DataError(
+                        f"environment_factory is a dict of environments, so each row names its own in an "
+                        f"{ROUTE_COLUMN!r} column, which the train_dataset lacks (columns: "
+                        f"{', '.join(self.train_dataset.column_names)})."
+                    )
+                environments.check_routes(self.train_dataset[ROUTE_COLUMN])
             self.episodes = ToolEpisodes(
-                tok, toolbox, args.max_tool_calling_iterations, args.max_completion_length, args.chat_template_kwargs
-            )
+                tok, toolbox, args.max_tool_calling_iterations, args.max_completion_length, args.chat_template_kwargs,
+                environments, args.dataset_text_field, args.max_prompt_length,
+            )  # fmt: skip
+        elif rollout_func is not None:
+            self.episodes = CustomRollout(rollout_func, self, args.dataset_text_field)
         self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
 
         if args.disable_dropout:  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)

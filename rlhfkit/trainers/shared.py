@@ -160,10 +160,10 @@ def eval_chunks(
                 for chunk in complete(policy_of(unwrapped), prompts, config, batch_size, device):
                     chunks.append((chunk, None))
                     advance(len(chunk.prompt_ids))
-            else:
+            else:  # with environments, the rows as their episodes began (reset's prompt, the instances)
                 for start in range(0, len(prompts), batch_size):
-                    sampled = episodes.sample(
-                        policy_of(unwrapped), prompts[start : start + batch_size], config, device
+                    sampled, rows[start : start + batch_size] = episodes.sample_rows(
+                        policy_of(unwrapped), rows[start : start + batch_size], config, device
                     )
                     chunks.append((sampled.chunk, sampled.messages))
                     advance(len(sampled.messages))

@@ -223,11 +223,17 @@ def test_ppo_train_returns_the_mean_loss_it_logged(tiny_assets, tmp_path):
     assert trainer.processing_class is tokenizer
 
 
-@pytest.mark.parametrize("argument", ["environment_factory", "rollout_func"])
-def test_agent_arguments_not_taken_yet_exit_with_the_reason(tiny_assets, tmp_path, argument):
+@pytest.mark.parametrize(
+    "argument, value, match",
+    [
+        ("environment_factory", len, r"environment_factory\(\) raised TypeError.*without arguments"),
+        ("rollout_func", 123, r"rollout_func must be a function rollout_func\(prompts, trainer\)"),
+    ],
+)
+def test_agent_arguments_are_checked_before_the_run_starts(tiny_assets, tmp_path, argument, value, match):
     dataset = load_from_disk(str(tiny_assets / "prompts"))["train"]
-    with pytest.raises(ConfigError, match=rf"GRPOTrainer\({argument}=\.\.\.\): rlhfkit does not train agents with"):
-        GRPOTrainer(str(tiny_assets / "sft"), len, grpo_config(tiny_assets, tmp_path), dataset, **{argument: len})
+    with pytest.raises(ConfigError, match=match):
+        GRPOTrainer(str(tiny_assets / "sft"), len, grpo_config(tiny_assets, tmp_path), dataset, **{argument: value})
     assert not (tmp_path / "run").exists()  # refused before the run directory
 
 
