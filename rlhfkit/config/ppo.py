@@ -119,6 +119,15 @@ class PPOConfig(AsyncGenerationConfig, TrainConfig):
         metadata=meta("Replace the score of responses without the stop token by penalty_reward_value.", FLAG),
     )
     penalty_reward_value: float = field(default=-1.0, metadata=meta("Score given by non_eos_penalty.", number()))
+    max_tool_calling_iterations: int | None = field(
+        default=None,
+        metadata=meta(
+            "With PPOTrainer(tools=[...]): rounds of tool results an episode gets at most; unset: no cap (an episode "
+            "ends when a turn calls no tool or the completion reaches response_length). GRPOConfig's field, which "
+            "TRL's PPO does not have. docs/agents.md.",
+            OrNone(integer(ge=0)),
+        ),
+    )
 
     # --- PPO ---------------------------------------------------------------------------------------
     kl_coef: float = field(
