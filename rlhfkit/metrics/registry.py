@@ -539,8 +539,9 @@ TOKENS_QUERIES_LEN_STD = Metric(
 )
 TOKENS_RESPONSES_LEN_MEAN = Metric(
     name="tokens/responses_len_mean",
-    meaning="Mean response length after truncation at the stop token.",
-    formula="mean_b sum_t m_bt (stop token included)",
+    meaning="Mean response length after truncation at the stop token; with tools, the policy's own tokens (the "
+    "tools' results left out, tools/mean_tool_tokens).",
+    formula="mean_b sum_t m_bt (stop token included; m: the policy's tokens)",
     unit="tokens",
     reduction="mean",
     trainers=PPO,
@@ -976,7 +977,7 @@ DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED = Metric(
     watch="Above 0: even max_num_gen_batches rounds could not fill the batch with learning signal; the filled "
     "groups add no gradient. Raise max_num_gen_batches (0: no cap) or change the prompts.",
 )
-_TOOLS = "tools (GRPOTrainer(tools=[...]))"
+_TOOLS = "tools (GRPOTrainer or PPOTrainer(tools=[...]))"
 _TOOLS_WINDOW = "over the window's episodes, all processes"
 TOOLS_CALL_FREQUENCY = Metric(
     name="tools/call_frequency",
@@ -985,7 +986,7 @@ TOOLS_CALL_FREQUENCY = Metric(
     "included, and calls whose results were rolled back at the length limit",
     unit="calls/episode",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when=_TOOLS,
     importance="crucial",
@@ -999,7 +1000,7 @@ TOOLS_FAILURE_FREQUENCY = Metric(
     formula=f"(failed calls) / (tool calls), {_TOOLS_WINDOW}; 0 when no call was made",
     unit="fraction",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when=_TOOLS,
     importance="stability",
@@ -1013,7 +1014,7 @@ TOOLS_MEAN_TURNS = Metric(
     formula=f"mean of the assistant turns of each episode, {_TOOLS_WINDOW}",
     unit="turns",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when=_TOOLS,
     watch="Near max_tool_calling_iterations + 1: most episodes run to the turn cap.",
@@ -1024,7 +1025,7 @@ TOOLS_MAX_TURNS = Metric(
     formula=f"max of the assistant turns of each episode, {_TOOLS_WINDOW}",
     unit="turns",
     reduction="max",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when=_TOOLS,
 )
@@ -1035,7 +1036,7 @@ TOOLS_TURN_CAP_RATIO = Metric(
     f"{_TOOLS_WINDOW}",
     unit="fraction",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when=_TOOLS,
     importance="stability",
@@ -1043,25 +1044,27 @@ TOOLS_TURN_CAP_RATIO = Metric(
 )
 TOOLS_ROLLED_BACK_RATIO = Metric(
     name="tools/rolled_back_ratio",
-    meaning="Share of episodes ended with a tool call pending because its results did not fit max_completion_length.",
+    meaning="Share of episodes ended with a tool call pending because its results did not fit max_completion_length "
+    "(PPO: response_length).",
     formula=f"mean of 1[the results of the episode's last calls would have pushed the completion past "
-    f"max_completion_length (or the sequence to max_position_embeddings) and were dropped], {_TOOLS_WINDOW}",
+    f"max_completion_length, PPO's response_length (or the sequence to max_position_embeddings) and were dropped], "
+    f"{_TOOLS_WINDOW}",
     unit="fraction",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when=_TOOLS,
-    watch="High: the tools' results are too long for the completion budget; raise max_completion_length or shorten "
-    "the results.",
+    watch="High: the tools' results are too long for the completion budget; raise max_completion_length (PPO: "
+    "response_length) or shorten the results.",
 )
 TOOLS_MEAN_TOOL_TOKENS = Metric(
     name="tools/mean_tool_tokens",
     meaning="Tokens per episode that came from tools (the chat template's rendering of their results), not the policy.",
     formula=f"mean over episodes of the completion tokens outside the policy's turns, {_TOOLS_WINDOW}; the policy's "
-    "own tokens are completions/mean_length",
+    "own tokens are completions/mean_length (PPO: tokens/responses_len_mean)",
     unit="tokens",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when=_TOOLS,
 )
@@ -1071,7 +1074,7 @@ TOOLS_TOOL_CALLS = Metric(
     formula=f"(calls naming this tool) / (episodes), {_TOOLS_WINDOW}",
     unit="calls/episode",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when="once per tool, named after its function; tools",
 )
@@ -1081,7 +1084,7 @@ TOOLS_TOOL_FAILURE_FREQUENCY = Metric(
     formula=f"(failed calls of this tool) / (calls of this tool), {_TOOLS_WINDOW}; 0 when it was not called",
     unit="fraction",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when="once per tool, named after its function; tools",
     importance="stability",
@@ -1094,7 +1097,7 @@ TOOLS_TOOL_LATENCY = Metric(
     "called; a timed-out call counts the timeout",
     unit="s",
     reduction="mean",
-    trainers=GRPO,
+    trainers=BOTH,
     section="Tools",
     when="once per tool, named after its function; tools",
     watch="Async tools of a turn run together; sync ones one after another, in the generation's time.",
