@@ -22,6 +22,13 @@ Deviations from TRL's trainer, each deliberate (docs/algorithms/ppo.md gives the
 
 LoRA (--use_peft): the policy and the value model train adapters (the value model's score head in full); the
 reference is the policy with its adapter disabled, not a copy (add_adapters, reference_logprobs).
+
+Tools (PPOTrainer(tools=[...]), max_tool_calling_iterations; no TRL PPO has them, verl's multi-turn PPO does): each
+completion is a multi-turn episode (episodes.ToolEpisodes: the policy's turns, the tools' results between them), the
+reward functions get its messages. The policy and the value model read every token, but only the policy's own tokens
+(Chunk.model_mask, PPOBatch.model_mask) are steps: the KL penalty, the score (on the last of them), GAE (which skips the
+tool results, ops.gae: each turn's last token bootstraps from the next turn's first value), the whitening, both losses
+and every per-token metric are over them; completion lengths count them.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ from rlhfkit.trainers.async_generation import (
     off_policy_weights,
     start_generation_worker,
 )
+from rlhfkit.trainers.episodes import log_tool_stats
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -84,14 +92,17 @@ from rlhfkit.trainers.shared import (
     prepare_trained,
     take_reward_logs,
     tokenize_datasets,
+    tool_box,
+    tool_episodes,
+    tool_metrics,
 )
 
 
 class ShapedRewards(NamedTuple):
-    """An update's per-token rewards (step 2), each (B, T) and 0 outside the completion mask."""
+    """An update's per-token rewards (step 2), each (B, T) and 0 outside the policy's tokens (PPOBatch.model_mask)."""
 
     kl: torch.Tensor  # KL(policy || reference) estimate per token (--kl_estimator)
-    rewards: torch.Tensor  # -kl_coef x kl, plus the score at the last real token (whitened with --whiten_rewards)
+    rewards: torch.Tensor  # -kl_coef x kl, plus the score at the policy's last token (whitened with --whiten_rewards)
     non_score_reward: torch.Tensor  # -kl_coef x kl
     kl_coef: float  # the coefficient used (the adaptive controller moves it after the update)
 
@@ -129,12 +140,16 @@ class PolicyAndValue(nn.Module):
 @dataclass
 class PPOBatch:
     """One update's completions on this process, scored: the sampler's Chunk fields (sampling/completions.py), then
-    what generation adds. B completions, Lp prompt width, T completion width."""
+    what generation adds. B completions, Lp prompt width, T completion width. The per-token tensors are 0 outside
+    model_mask."""
 
     prompt_ids: torch.Tensor  # (B, Lp) long, left-padded
     prompt_mask: torch.Tensor  # (B, Lp) bool
     completion_ids: torch.Tensor  # (B, T) long, right-padded
-    completion_mask: torch.Tensor  # (B, T) bool, True up to and including the terminator
+    completion_mask: torch.Tensor  # (B, T) bool, True up to and including the terminator: what the models read
+    # (B, T) bool, the tokens the policy sampled: completion_mask, without the tool results between an episode's
+    # turns (tools=); the steps of the KL, GAE, the losses and every per-token metric
+    model_mask: torch.Tensor
     terminated: torch.Tensor  # (B,) bool
     sampling_logprobs: torch.Tensor  # (B, T) the sampler's log-probs of the same tokens (old_logprobs, where exact)
     old_logprobs: torch.Tensor  # (B, T) logp_old: the policy's log-probs at generation (temperature-scaled)
@@ -143,7 +158,7 @@ class PPOBatch:
     scores: torch.Tensor  # (B,) weighted sum of the reward sources, after the EOS trick
     reward_outputs: list[RewardOutput]  # each reward source's raw values (functions, then the reward model)
     prompts: list  # the dataset's prompts (text, or lists of messages)
-    completions: list[str]
+    completions: list[str]  # with tools: each episode as the policy read it, special tokens kept
     staleness: int = 0  # updates between the weights that sampled it and those it trains (async_generation)
 
     @property
@@ -165,7 +180,9 @@ class PPOTrainer(TRLTrainerAPI):
     weighted by args.reward_weights (functions, then reward_model); reward_processing_classes: the tokenizers of
     reward models given in reward_funcs as modules. value_model: default a copy of reward_model, else the policy's
     weights with a zero score head (models.value_model_from_policy). task: a built-in ``Task`` whose checker measures
-    true success.
+    true success. tools: as GRPOTrainer's (TRL 1.16's), typed functions with Google-style docstrings (sync or async)
+    the policy may call in multi-turn episodes, up to args.max_tool_calling_iterations rounds of results within
+    response_length tokens; the prompts must be conversations; kept as ``trainer.tools`` (see the module docstring).
     """
 
     def __init__(
@@ -185,8 +202,10 @@ class PPOTrainer(TRLTrainerAPI):
         task=None,
         reward_funcs: Callable | str | nn.Module | Sequence[Callable | str | nn.Module] | None = None,
         reward_processing_classes: Sequence[PreTrainedTokenizerBase | None] | None = None,
+        tools: Sequence[Callable] | None = None,
     ):
         args = trl_constructor_arguments(args, peft_config, optimizers=optimizers, data_collator=data_collator)
+        toolbox = tool_box("PPOTrainer", tools, args)  # tool schemas checked before anything loads
         if train_dataset is None:
             raise ConfigError("PPOTrainer needs a train_dataset with a prompt column.")
         if reward_model is None and reward_funcs is None:
@@ -204,7 +223,15 @@ class PPOTrainer(TRLTrainerAPI):
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
-        self.train_dataset, self.eval_dataset = tokenize_datasets(args, processing_class, train_dataset, eval_dataset)
+        # TRL 1.16's attribute (GRPOTrainer's): the tool functions, empty without tools. Conversations show them.
+        self.tools = [] if toolbox is None else toolbox.functions
+        self.train_dataset, self.eval_dataset = tokenize_datasets(
+            args, processing_class, train_dataset, eval_dataset, self.tools or None
+        )
+        # multi-turn sampling, with tools
+        self.episodes = tool_episodes(
+            "PPOTrainer", toolbox, processing_class, self.train_dataset, args, args.response_length
+        )
         self.sizes = ppo_batch_sizes(args, run.accelerator.num_processes, len(self.train_dataset))
 
         if value_model is None:  # from the reward model (TRL), else from the policy's weights with a zero head
@@ -237,6 +264,7 @@ class PPOTrainer(TRLTrainerAPI):
         # Per-source rewards/<name>/mean|std only with reward functions: a reward model alone logs TRL's keys alone.
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
+        extra_metrics += tool_metrics(toolbox)
         run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks, loss=M.LOSS_TOTAL_AVG)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
@@ -402,11 +430,17 @@ class PPOTrainer(TRLTrainerAPI):
         config = self.sampling_config()
         reuse_sampling_logprobs = self.reuse_sampling_logprobs and staleness == 0
         fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "terminated", "sampling_logprobs")
-        parts: dict[str, list] = {k: [] for k in (*fields, "old_logprobs", "ref_logprobs", "values")}
+        parts: dict[str, list] = {k: [] for k in (*fields, "model_mask", "old_logprobs", "ref_logprobs", "values")}
         prompt_token_ids, size = [r["input_ids"] for r in rows], args.local_rollout_forward_batch_size
+        messages = None  # with tools: each episode's messages, what the reward functions get
         with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
             model.eval()
-            chunks = sampled if sampled is not None else complete(model.policy, prompt_token_ids, config, size, device)
+            if sampled is not None:
+                chunks = sampled
+            elif self.episodes is not None:
+                chunks, messages = self.sample_episodes(model.policy, prompt_token_ids, config, size)
+            else:
+                chunks = complete(model.policy, prompt_token_ids, config, size, device)
             for chunk in chunks:
                 ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
                 if reuse_sampling_logprobs:
@@ -418,6 +452,7 @@ class PPOTrainer(TRLTrainerAPI):
                 parts["old_logprobs"].append(old_logprobs)
                 parts["ref_logprobs"].append(self.reference_logprobs(model, ids, mask, width, chunk.completion_ids))
                 parts["values"].append(values[:, width - 1 : -1])
+                parts["model_mask"].append(chunk.model_mask)
                 for key in fields:
                     parts[key].append(getattr(chunk, key))
             model.train()
@@ -427,12 +462,15 @@ class PPOTrainer(TRLTrainerAPI):
         prompt_mask = cat_padded(parts["prompt_mask"], False, left=True)
         completion_ids = cat_padded(parts["completion_ids"], pad)
         completion_mask = cat_padded(parts["completion_mask"], False)
+        model_mask = cat_padded(parts["model_mask"], False)
         terminated = torch.cat(parts["terminated"])
         prompts = [r[args.dataset_text_field] for r in rows]
-        completions = decode(tok, completion_ids, completion_mask)
+        # An episode with tools as the policy read it, special tokens kept (its turns, calls and the tools' results)
+        completions = decode(tok, completion_ids, completion_mask, skip_special_tokens=messages is None)
         sequence = (torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
         completion = (completion_ids, completion_mask)
-        outputs = self.rewards.score(rows, prompts, completions, sequence, completion, trainer_state=self.state)
+        scored = completions if messages is None else messages  # TRL's form: the reward functions get the messages
+        outputs = self.rewards.score(rows, prompts, scored, sequence, completion, trainer_state=self.state)
         _, logged_metrics = take_reward_logs(self.rewards, self.accelerator)  # log_metric (a collective)
         self.run.reward_metrics.add(logged_metrics)
         return PPOBatch(
@@ -440,17 +478,29 @@ class PPOTrainer(TRLTrainerAPI):
             prompt_mask=prompt_mask,
             completion_ids=completion_ids,
             completion_mask=completion_mask,
+            model_mask=model_mask,
             terminated=terminated,
-            sampling_logprobs=cat_padded(parts["sampling_logprobs"], 0.0) * completion_mask,
-            old_logprobs=cat_padded(parts["old_logprobs"], 0.0) * completion_mask,
-            ref_logprobs=cat_padded(parts["ref_logprobs"], 0.0) * completion_mask,
-            values=cat_padded(parts["values"], 0.0) * completion_mask,
+            sampling_logprobs=cat_padded(parts["sampling_logprobs"], 0.0) * model_mask,
+            old_logprobs=cat_padded(parts["old_logprobs"], 0.0) * model_mask,
+            ref_logprobs=cat_padded(parts["ref_logprobs"], 0.0) * model_mask,
+            values=cat_padded(parts["values"], 0.0) * model_mask,
             scores=self.final_scores(outputs, prompts, terminated),
             reward_outputs=outputs,
             prompts=prompts,
             completions=completions,
             staleness=staleness,
         )
+
+    def sample_episodes(self, policy: nn.Module, prompt_ids: list[list[int]], config, size: int):
+        """With tools: one multi-turn episode per prompt (token ids), sampled by `policy` in chunks of `size` as
+        `complete` samples; their tools/* metrics logged. Returns the chunks and each episode's messages."""
+        chunks, messages = [], []
+        for start in range(0, len(prompt_ids), size):
+            episodes = self.episodes.sample(policy, prompt_ids[start : start + size], config, self.accelerator.device)
+            log_tool_stats(self.run.metrics, episodes.stats)
+            chunks.append(episodes.chunk)
+            messages += episodes.messages
+        return chunks, messages
 
     def final_scores(self, outputs: list[RewardOutput], prompts: list, terminated: torch.Tensor) -> torch.Tensor:
         """(B,) float32 scores: the weighted sum of the reward sources' values, then the EOS trick."""
@@ -462,25 +512,28 @@ class PPOTrainer(TRLTrainerAPI):
 
     # 2. Rewards, 3. Advantages ---------------------------------------------------------------------------------
     def shaped_rewards(self, batch: PPOBatch) -> ShapedRewards:
-        """Per-token rewards: -kl_coef x KL(policy || reference) on every completion token (--kl_estimator), plus the
-        score on the last real one; whitened with --whiten_rewards (keeping the mean)."""
-        args, mask, kl_coef = self.args, batch.completion_mask, self.kl_coef
+        """Per-token rewards: -kl_coef x KL(policy || reference) on every token the policy sampled (--kl_estimator),
+        plus the score on the last of them; whitened with --whiten_rewards (keeping the mean) over them. With tools,
+        the tools' results get no reward: they are not the policy's actions."""
+        args, mask, kl_coef = self.args, batch.model_mask, self.kl_coef
         kl = ops.kl_per_token(batch.old_logprobs, batch.ref_logprobs, args.kl_estimator) * mask
         shaped = ops.kl_penalized_rewards(batch.scores, kl, mask, kl_coef)
         rewards = ops.masked_whiten(shaped.rewards, mask, keep_mean=True) if args.whiten_rewards else shaped.rewards
         return ShapedRewards(kl, rewards, shaped.non_score_reward, kl_coef)
 
     def advantages(self, batch: PPOBatch, rewards: ShapedRewards) -> ops.GAEOutput:
-        """GAE(gamma, lam) over the completion tokens, the advantages whitened over the generation batch (this
+        """GAE(gamma, lam) over the tokens the policy sampled (with tools, skipping the tools' results: ops.gae links
+        each token to the policy's next one), the advantages whitened over them in the generation batch (this
         process's), and the returns; the generation's statistics are logged from the raw GAE."""
-        mask = batch.completion_mask
+        mask = batch.model_mask
         gae = ops.gae(rewards.rewards, batch.values, mask, self.args.gamma, self.args.lam)
         self.log_generation(batch, rewards, gae)
         return ops.GAEOutput(advantages=ops.masked_whiten(gae.advantages, mask), returns=gae.returns)
 
     def log_generation(self, batch: PPOBatch, rewards: ShapedRewards, gae: ops.GAEOutput) -> None:
-        """Statistics of the scored generation batch, pooled over processes when reduced."""
-        m, mask = self.run.metrics, batch.completion_mask
+        """Statistics of the scored generation batch, pooled over processes when reduced; per token and lengths over
+        the tokens the policy sampled (with tools, the tools' results left out)."""
+        m, mask = self.run.metrics, batch.model_mask
         n = len(batch.scores)
         seq_kl, seq_nsr = rewards.kl.sum(1), rewards.non_score_reward.sum(1)
         m.add(M.OBJECTIVE_KL, seq_kl.sum(), n)
@@ -520,7 +573,7 @@ class PPOTrainer(TRLTrainerAPI):
         optimizer step. gae: the whitened advantages and the returns."""
         args, sizes, run = self.args, self.sizes, self.run
         micro = args.per_device_train_batch_size
-        self.run.metrics.add_values(M.POLICY_ADVANTAGES_DIST, gae.advantages[batch.completion_mask])
+        self.run.metrics.add_values(M.POLICY_ADVANTAGES_DIST, gae.advantages[batch.model_mask])
         for epoch in range(args.num_ppo_epochs):
             order = torch.randperm(sizes.local_batch_size, device=batch.prompt_ids.device)
             for start in range(0, sizes.local_batch_size, sizes.local_mini_batch_size):
@@ -550,7 +603,8 @@ class PPOTrainer(TRLTrainerAPI):
         activations are released when it returns, before the next micro-batch's forward (lower peak memory)."""
         args, m = self.args, self.run.metrics
         width = batch.prompt_ids.shape[1]
-        mask, old_logprobs = batch.completion_mask[idx], batch.old_logprobs[idx]
+        # the losses' and metrics' tokens: the policy's own (the models read the tools' results, nothing trains them)
+        mask, old_logprobs = batch.model_mask[idx], batch.old_logprobs[idx]
         self.run.count_training_tokens(batch.attention_mask[idx])  # perf/mfu: the policy's and the value model's
         stats, values = self.model(
             batch.input_ids[idx], batch.attention_mask[idx], width, batch.completion_ids[idx], args.temperature, True
@@ -599,7 +653,8 @@ class PPOTrainer(TRLTrainerAPI):
         kept, scored = [], 0  # which scored completions are this process's own (the table's rows)
         size = args.per_device_eval_batch_size
         greedy = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
-        for part in eval_chunks(self.run, self.model, dataset, greedy, size, attrgetter("policy")):
+        policy = attrgetter("policy")
+        for part in eval_chunks(self.run, self.model, dataset, greedy, size, policy, episodes=self.episodes):
             chunk = part.chunk
             prompt_texts = decode(tok, chunk.prompt_ids, chunk.prompt_mask)
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
@@ -608,7 +663,8 @@ class PPOTrainer(TRLTrainerAPI):
                 (chunk.input_ids, chunk.attention_mask),
                 (chunk.completion_ids, chunk.completion_mask),
             )
-            outputs = self.rewards.score(part.rows, prompts, texts, sequence, completion, trainer_state=self.state)
+            given = texts if part.messages is None else part.messages  # with tools: each episode's messages
+            outputs = self.rewards.score(part.rows, prompts, given, sequence, completion, trainer_state=self.state)
             kept += range(scored, scored + part.own)
             scored += len(part.rows)
             score = self.final_scores(outputs, prompts, chunk.terminated)

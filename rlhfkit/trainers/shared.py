@@ -13,7 +13,8 @@ from datasets import Dataset, IterableDataset
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from rlhfkit.data import tokenize_prompts
+from rlhfkit.agents import ToolBox
+from rlhfkit.data import is_conversational, tokenize_prompts
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
@@ -22,6 +23,7 @@ from rlhfkit.optim import make_optimizer
 from rlhfkit.rewards import RewardSources
 from rlhfkit.sampling import Chunk, complete
 from rlhfkit.tracking.progress import progress_bar
+from rlhfkit.trainers.episodes import ToolEpisodes
 from rlhfkit.trainers.run import TrainingRun
 
 EvalDatasets: TypeAlias = "Dataset | Mapping[str, Dataset]"  # one evaluation set, or several by name
@@ -210,3 +212,59 @@ def take_reward_logs(
     columns, metrics = rewards.take_logged()
     pooled = rewards.pool_metrics(metrics, accelerator)
     return columns, {f"{prefix}{name}": value for name, value in pooled.items()}
+
+
+# Tools (tools=[...], docs/agents.md): what a trainer checks and builds for multi-turn episodes, PPO's and GRPO's alike.
+def tool_box(trainer: str, tools, args) -> ToolBox | None:
+    """tools= of `trainer` (its class name, for the messages) as a ToolBox, the tools' schemas checked before anything
+    loads; None without tools. Refused with async_generation, whose worker does not run tools."""
+    if not tools:
+        return None
+    toolbox = ToolBox(tools)
+    if args.async_generation:
+        raise ConfigError(
+            f"{trainer}(tools=...) with async_generation: the generation worker does not run tools yet, so "
+            "multi-turn episodes are sampled synchronously only. Leave async_generation off (--async_generation "
+            "false) to train with tools."
+        )
+    return toolbox
+
+
+def tool_episodes(
+    trainer: str,
+    toolbox: ToolBox | None,
+    tokenizer,
+    train_dataset: Dataset,
+    args,
+    max_completion_length: int,
+    environments=None,
+) -> ToolEpisodes | None:
+    """The sampler of multi-turn episodes with `toolbox`'s tools (None without tools), each episode's completion at
+    most `max_completion_length` tokens (GRPO's max_completion_length, PPO's response_length), at most
+    args.max_tool_calling_iterations rounds of tool results; `environments` (agents.Environments, GRPO's
+    environment_factory) begin each episode. The tokenized `train_dataset`'s prompts must be conversations: the chat
+    template renders them with the tools and the tokenizer parses the episodes."""
+    if toolbox is None:
+        return None
+    if not is_conversational(train_dataset[0][args.dataset_text_field]):
+        raise ConfigError(
+            f"{trainer}(tools=...) needs conversational prompts (lists of {{'role', 'content'}} messages), which the "
+            "chat template renders with the tools and whose episodes the tokenizer parses; the "
+            f"{args.dataset_text_field!r} column holds text."
+        )
+    return ToolEpisodes(
+        tokenizer,
+        toolbox,
+        args.max_tool_calling_iterations,
+        max_completion_length,
+        getattr(args, "chat_template_kwargs", None),  # GRPO's (TRL 1.12's PPO has none)
+        environments,
+        args.dataset_text_field,
+        args.max_prompt_length,
+    )
+
+
+def tool_metrics(toolbox: ToolBox | None) -> list[M.Metric]:
+    """The per-tool metrics a run with `toolbox` logs (tools/{tool_name}/...), for run.start's extra_metrics."""
+    templates = (M.TOOLS_TOOL_CALLS, M.TOOLS_TOOL_FAILURE_FREQUENCY, M.TOOLS_TOOL_LATENCY)
+    return [M.expand(m, name) for name in (toolbox.names if toolbox else []) for m in templates]
