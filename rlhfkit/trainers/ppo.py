@@ -647,7 +647,8 @@ class PPOTrainer(TRLTrainerAPI):
     @torch.inference_mode()
     def evaluation(self, step: int, dataset: Dataset) -> dict[str, float]:
         """Greedy completions of the eval prompts of `dataset`: a samples table and, with a task, true success
-        (returned, for the run to log)."""
+        (returned, for the run to log). With tools, multi-turn episodes whose tools run (their tools/* metrics not
+        logged), the reward functions given their messages and the table showing them as the policy read them."""
         args, tok = self.args, self.tokenizer
         metrics, table = MetricAccumulator(), []  # its own: the training window's metrics keep accumulating
         kept, scored = [], 0  # which scored completions are this process's own (the table's rows)
