@@ -123,7 +123,7 @@ class TRLTrainerAPI:
                 "evaluate() needs an evaluation dataset: pass eval_dataset= to the trainer (or --dataset_test_split) "
                 "or to evaluate()."
             )
-        tools = getattr(self, "tools", None) or None  # GRPO's: the prompts show the model its tools
+        tools = getattr(self, "tools", None) or None  # with tools, the prompts show the model its tools
         dataset = (
             None if eval_dataset is None else tokenize_eval_dataset(self.args, self.tokenizer, eval_dataset, tools)
         )

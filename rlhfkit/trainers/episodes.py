@@ -388,10 +388,12 @@ def _token_list(row, key: str, i: int) -> list[int]:
         ) from None
 
 
-def check_agent_arguments(args, toolbox: ToolBox | None, rollout_func, environment_factory) -> None:
-    """What GRPOTrainer's agent arguments cannot be combined with, before anything loads: the generation worker of
-    async_generation runs neither tools nor a rollout_func; a rollout_func samples on its own, so the trainer's tool
-    loop does not run after it (give the tools to the rollout_func)."""
+def check_agent_arguments(
+    trainer: str, args, toolbox: ToolBox | None, rollout_func=None, environment_factory=None
+) -> None:
+    """What a trainer's agent arguments (`trainer`: its class name, for the messages) cannot be combined with, before
+    anything loads: the generation worker of async_generation runs neither tools nor a rollout_func; a rollout_func
+    samples on its own, so the trainer's tool loop does not run after it (give the tools to the rollout_func)."""
     if rollout_func is not None and not callable(rollout_func):
         raise ConfigError(
             f"rollout_func must be a function rollout_func(prompts, trainer) -> dict, got {type(rollout_func).__name__}."
@@ -399,14 +401,15 @@ def check_agent_arguments(args, toolbox: ToolBox | None, rollout_func, environme
     if rollout_func is not None and toolbox is not None:
         given = "environment_factory" if environment_factory is not None else "tools"
         raise ConfigError(
-            f"GRPOTrainer(rollout_func=..., {given}=...): a rollout_func samples the episodes itself, so the trainer "
+            f"{trainer}(rollout_func=..., {given}=...): a rollout_func samples the episodes itself, so the trainer "
             f"runs no tools after it. Run the tools inside the rollout_func (its env_mask keeps their tokens out of "
             f"the loss), or drop rollout_func and let the trainer run the {given}."
         )
     if args.async_generation and (toolbox is not None or rollout_func is not None):
-        given = "rollout_func" if rollout_func is not None else "tools / environment_factory"
+        given = "rollout_func=..." if rollout_func is not None else "tools=..."
+        given += ", environment_factory=..." if environment_factory is not None else ""
         raise ConfigError(
-            f"GRPOTrainer({given}) with async_generation: the generation worker samples single-turn completions "
+            f"{trainer}({given}) with async_generation: the generation worker samples single-turn completions "
             f"with the policy only, so {given} would be ignored. Leave async_generation off (--async_generation "
             "false) to train with them."
         )

@@ -70,11 +70,11 @@ from transformers.trainer_utils import TrainOutput
 
 from rlhfkit import ops
 from rlhfkit.agents import ToolBox
-from rlhfkit.agents.environments import ROUTE_COLUMN, Environments
+from rlhfkit.agents.environments import Environments
 from rlhfkit.checkpoint import REF_MODEL_DIR, load_weights
 from rlhfkit.config import GRPOConfig, grpo_batch_sizes
-from rlhfkit.data import endless_batches, is_conversational, prompt_text
-from rlhfkit.errors import ConfigError, DataError
+from rlhfkit.data import endless_batches, prompt_text
+from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
@@ -109,6 +109,8 @@ from rlhfkit.trainers.shared import (
     take_reward_logs,
     take_streamed,
     tokenize_datasets,
+    tool_episodes,
+    tool_metrics,
 )
 
 
@@ -153,7 +155,7 @@ class GRPOTrainer(TRLTrainerAPI):
         # Tool schemas and environments checked before anything loads (each environment is built once, as a probe).
         environments = None if environment_factory is None else Environments(environment_factory, tools or [])
         toolbox = environments.toolbox if environments else ToolBox(tools) if tools else None
-        check_agent_arguments(args, toolbox, rollout_func, environment_factory)
+        check_agent_arguments("GRPOTrainer", args, toolbox, rollout_func, environment_factory)
         self.args = args  # a GRPOArguments: a TRL script's GRPOConfig gets the script and model groups' defaults
         if args.model_init_kwargs:  # TRL's script sets them after building the config
             args.apply_model_init_kwargs()
@@ -218,24 +220,9 @@ class GRPOTrainer(TRLTrainerAPI):
         # Sampling in place of the plain one: multi-turn episodes with tools (and environments), or a rollout_func.
         self.episodes: ToolEpisodes | CustomRollout | None = None
         if toolbox is not None:
-            if not is_conversational(self.train_dataset[0][args.dataset_text_field]):
-                raise ConfigError(
-                    "GRPOTrainer(tools=...) needs conversational prompts (lists of {'role', 'content'} messages), "
-                    "which the chat template renders with the tools and whose episodes the tokenizer parses; "
-                    f"the {args.dataset_text_field!r} column holds text."
-                )
-            if environments is not None and environments.multi:
-                if ROUTE_COLUMN not in self.train_dataset.column_names:
-                    raise DataError(
-                        f"environment_factory is a dict of environments, so each row names its own in an "
-                        f"{ROUTE_COLUMN!r} column, which the train_dataset lacks (columns: "
-                        f"{', '.join(self.train_dataset.column_names)})."
-                    )
-                environments.check_routes(self.train_dataset[ROUTE_COLUMN])
-            self.episodes = ToolEpisodes(
-                tok, toolbox, args.max_tool_calling_iterations, args.max_completion_length, args.chat_template_kwargs,
-                environments, args.dataset_text_field, args.max_prompt_length,
-            )  # fmt: skip
+            self.episodes = tool_episodes(
+                "GRPOTrainer", toolbox, tok, self.train_dataset, args, args.max_completion_length, environments
+            )
         elif rollout_func is not None:
             self.episodes = CustomRollout(rollout_func, self, args.dataset_text_field)
         self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
@@ -253,8 +240,7 @@ class GRPOTrainer(TRLTrainerAPI):
         self.entropy_coef = args.entropy_coef
         self.last_window_entropy = float("inf")
         extra_metrics = [m for pair in self.rewards.metrics for m in pair]
-        tool_templates = (M.TOOLS_TOOL_CALLS, M.TOOLS_TOOL_FAILURE_FREQUENCY, M.TOOLS_TOOL_LATENCY)
-        extra_metrics += [M.expand(m, name) for name in (toolbox.names if toolbox else []) for m in tool_templates]
+        extra_metrics += tool_metrics(toolbox)
         sizes = self.sizes
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)

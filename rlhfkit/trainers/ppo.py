@@ -46,6 +46,7 @@ from transformers import PreTrainedTokenizerBase
 from transformers.trainer_utils import TrainOutput
 
 from rlhfkit import ops
+from rlhfkit.agents import ToolBox
 from rlhfkit.checkpoint import VALUE_MODEL_DIR, load_weights
 from rlhfkit.config import PPOConfig, ppo_batch_sizes
 from rlhfkit.data import endless_batches
@@ -82,7 +83,7 @@ from rlhfkit.trainers.async_generation import (
     off_policy_weights,
     start_generation_worker,
 )
-from rlhfkit.trainers.episodes import log_tool_stats
+from rlhfkit.trainers.episodes import check_agent_arguments, log_tool_stats
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.schedule import epoch_end_steps
 from rlhfkit.trainers.shared import (
@@ -92,7 +93,6 @@ from rlhfkit.trainers.shared import (
     prepare_trained,
     take_reward_logs,
     tokenize_datasets,
-    tool_box,
     tool_episodes,
     tool_metrics,
 )
@@ -205,7 +205,8 @@ class PPOTrainer(TRLTrainerAPI):
         tools: Sequence[Callable] | None = None,
     ):
         args = trl_constructor_arguments(args, peft_config, optimizers=optimizers, data_collator=data_collator)
-        toolbox = tool_box("PPOTrainer", tools, args)  # tool schemas checked before anything loads
+        toolbox = ToolBox(tools) if tools else None  # tool schemas checked before anything loads
+        check_agent_arguments("PPOTrainer", args, toolbox)
         if train_dataset is None:
             raise ConfigError("PPOTrainer needs a train_dataset with a prompt column.")
         if reward_model is None and reward_funcs is None:

@@ -14,6 +14,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit.agents import ToolBox
+from rlhfkit.agents.environments import ROUTE_COLUMN
 from rlhfkit.data import is_conversational, tokenize_prompts
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.metrics import registry as M
@@ -129,7 +130,7 @@ class EvalChunk(NamedTuple):
     rows: list[dict]  # the chunk's dataset rows
     chunk: Chunk
     own: int  # how many of the first rows are this process's own; the rest pad the processes to one length
-    messages: list[list[dict]] | None = None  # multi-turn episodes (GRPO with tools): each one's messages
+    messages: list[list[dict]] | None = None  # multi-turn episodes (with tools): each one's messages
 
 
 def eval_chunks(
@@ -215,21 +216,6 @@ def take_reward_logs(
 
 
 # Tools (tools=[...], docs/agents.md): what a trainer checks and builds for multi-turn episodes, PPO's and GRPO's alike.
-def tool_box(trainer: str, tools, args) -> ToolBox | None:
-    """tools= of `trainer` (its class name, for the messages) as a ToolBox, the tools' schemas checked before anything
-    loads; None without tools. Refused with async_generation, whose worker does not run tools."""
-    if not tools:
-        return None
-    toolbox = ToolBox(tools)
-    if args.async_generation:
-        raise ConfigError(
-            f"{trainer}(tools=...) with async_generation: the generation worker does not run tools yet, so "
-            "multi-turn episodes are sampled synchronously only. Leave async_generation off (--async_generation "
-            "false) to train with tools."
-        )
-    return toolbox
-
-
 def tool_episodes(
     trainer: str,
     toolbox: ToolBox | None,
@@ -243,7 +229,8 @@ def tool_episodes(
     most `max_completion_length` tokens (GRPO's max_completion_length, PPO's response_length), at most
     args.max_tool_calling_iterations rounds of tool results; `environments` (agents.Environments, GRPO's
     environment_factory) begin each episode. The tokenized `train_dataset`'s prompts must be conversations: the chat
-    template renders them with the tools and the tokenizer parses the episodes."""
+    template renders them with the tools and the tokenizer parses the episodes; with a dict of environments each row
+    names its own in an ``environment`` column."""
     if toolbox is None:
         return None
     if not is_conversational(train_dataset[0][args.dataset_text_field]):
@@ -252,6 +239,13 @@ def tool_episodes(
             "chat template renders with the tools and whose episodes the tokenizer parses; the "
             f"{args.dataset_text_field!r} column holds text."
         )
+    if environments is not None and environments.multi:
+        if ROUTE_COLUMN not in train_dataset.column_names:
+            raise DataError(
+                f"environment_factory is a dict of environments, so each row names its own in an {ROUTE_COLUMN!r} "
+                f"column, which the train_dataset lacks (columns: {', '.join(train_dataset.column_names)})."
+            )
+        environments.check_routes(train_dataset[ROUTE_COLUMN])
     return ToolEpisodes(
         tokenizer,
         toolbox,
