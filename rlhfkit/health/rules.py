@@ -51,6 +51,10 @@ PPO_SCORES_STD, GRPO_REWARD_STD = M.OBJECTIVE_SCORES_STD.name, M.REWARD_STD.name
 # Over-optimisation: the score the policy is trained on (PPO: the reward model's / functions' score; GRPO: the total
 # reward) against the task's true success (its checker), on sampled (rollout/) or greedy eval (eval/) completions.
 PPO_SCORES, TRUE_SUCCESS = M.OBJECTIVE_SCORES.name, (M.ROLLOUT_TASK_SUCCESS.name, M.EVAL_TASK_SUCCESS.name)
+# Agents: multi-turn episodes with tools. Each tool's own failure share is a templated name (tools/<tool>/...).
+TOOL_CALLS, TOOL_FAILURES = M.TOOLS_CALL_FREQUENCY.name, M.TOOLS_FAILURE_FREQUENCY.name
+TURN_CAP = M.TOOLS_TURN_CAP_RATIO.name
+TOOL_FAILURE_PREFIX, TOOL_FAILURE_SUFFIX = M.TOOLS_TOOL_FAILURE_FREQUENCY.name.split("{tool_name}")
 
 
 def _knob(default: float | int, help: str) -> Any:
@@ -173,6 +177,23 @@ class Thresholds:
         100.0, "A reward spread (std) this many times its median over the previous observations is a scale jump."
     )
     reward_scale_window: int = _knob(10, "Previous observations of the reward spread a jump is measured against.")
+    # Agents (episodes with tools).
+    tools_unused_level: float = _knob(
+        0.02, f"`{TOOL_CALLS}` (calls per episode) at or below this counts as no tool use."
+    )
+    tools_unused_observations: int = _knob(
+        10, f"Latest observations of `{TOOL_CALLS}` that must all show no tool use (the first smooth_window too)."
+    )
+    tool_failure_warning: float = _knob(
+        0.5, f"`{TOOL_FAILURES}`, or one tool's failure share, at this level (median of smooth_window) is a warning."
+    )
+    turn_cap_warning: float = _knob(0.5, f"`{TURN_CAP}` level (median of smooth_window) that is a warning.")
+    tool_use_start_level: float = _knob(
+        0.2, f"`{TOOL_CALLS}` start level (median of its first smooth_window) from which abandoning the tools counts."
+    )
+    tool_use_drop_fraction: float = _knob(
+        0.25, f"`{TOOL_CALLS}` level below this fraction of its start level has abandoned the tools."
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -190,7 +211,7 @@ class Thresholds:
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
         windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
-        return max(*windows, self.reward_history, self.reward_scale_window + 1)
+        return max(*windows, self.reward_history, self.reward_scale_window + 1, self.tools_unused_observations)
 
     def start_length(self) -> int:
         """How many first observations of each metric the rules can look at (their start levels)."""
@@ -579,6 +600,77 @@ def _level(h: History, name: str, n: int) -> float | None:
     return statistics.median(values) if len(values) == n else None
 
 
+def check_tools_never_called(h: History, t: Thresholds) -> Hit | None:
+    n, first = t.tools_unused_observations, h.first(TOOL_CALLS)
+    recent = h.values(TOOL_CALLS)[-n:]
+    if len(recent) < n or len(first) < t.smooth_window:
+        return None
+    if max(recent + first) > t.tools_unused_level:
+        return None
+    return Hit(
+        WARNING,
+        {TOOL_CALLS: max(recent)},
+        f"The policy has been offered tools for {h.count(TOOL_CALLS)} steps and made at most {_g(max(recent + first))} "
+        f"calls per episode, in its first {len(first)} steps and its last {n}.",
+        {TOOL_CALLS: t.tools_unused_level},
+    )
+
+
+def check_tool_failures(h: History, t: Thresholds) -> Hit | None:
+    """The failure share of all calls, and of each tool's (tools/<tool>/failure_frequency), at their levels."""
+    failing, limits = {}, {}
+    names = [TOOL_FAILURES] + [
+        k
+        for k in h.row
+        if k.startswith(TOOL_FAILURE_PREFIX) and k.endswith(TOOL_FAILURE_SUFFIX) and k != TOOL_FAILURES
+    ]
+    for name in names:
+        level = _level(h, name, t.smooth_window)
+        if level is not None and level >= t.tool_failure_warning:
+            failing[name], limits[name] = level, t.tool_failure_warning
+    if not failing:
+        return None
+    parts = [f"{name} = {level:.0%}" for name, level in failing.items()]
+    return Hit(
+        WARNING,
+        failing,
+        f"Most tool calls fail (median of the last {t.smooth_window} steps): {', '.join(parts)}.",
+        limits,
+    )
+
+
+def check_turn_cap(h: History, t: Thresholds) -> Hit | None:
+    level = _level(h, TURN_CAP, t.smooth_window)
+    if level is None or level < t.turn_cap_warning:
+        return None
+    return Hit(
+        WARNING,
+        {TURN_CAP: level},
+        f"{level:.0%} of episodes (median of the last {t.smooth_window} steps) ended at max_tool_calling_iterations "
+        "with tool calls left unanswered.",
+        {TURN_CAP: t.turn_cap_warning},
+    )
+
+
+def check_tool_use_abandoned(h: History, t: Thresholds) -> Hit | None:
+    n, first, score = t.smooth_window, h.first(TOOL_CALLS), _score_name(h)
+    if len(first) < n or h.count(TOOL_CALLS) < 2 * n or len(h.first(score)) < n:
+        return None
+    start, level = statistics.median(first[:n]), _level(h, TOOL_CALLS, n)
+    reward_start, reward_level = statistics.median(h.first(score)[:n]), _level(h, score, n)
+    if level is None or reward_level is None or start < t.tool_use_start_level:
+        return None
+    if level > t.tool_use_drop_fraction * start or reward_level < reward_start:
+        return None
+    return Hit(
+        WARNING,
+        {TOOL_CALLS: level, score: reward_level},
+        f"Tool calls per episode fell from {_g(start)} to {_g(level)} (medians of the first and last {n} steps) while "
+        f"{score} rose from {_g(reward_start)} to {_g(reward_level)}: the reward is earned without the tools.",
+        {TOOL_CALLS: t.tool_use_drop_fraction * start},
+    )
+
+
 def check_clipped_completions(h: History, t: Thresholds) -> Hit | None:
     level = _level(h, CLIPPED, t.smooth_window)
     if level is None or level < t.clipped_ratio_warning:
@@ -949,6 +1041,55 @@ RULES: tuple[Rule, ...] = (
         "completions are the same text. Match the prompts' difficulty to the model (drop prompts that are always "
         "or never solved), give partial credit in the reward, raise the temperature or num_generations.",
         check_zero_std,
+    ),
+    Rule(
+        "tools_never_called",
+        (TOOL_CALLS,),
+        (WARNING,),
+        f"`{TOOL_CALLS}` at most $tools_unused_level in each of its first $smooth_window and its last "
+        "$tools_unused_observations observations",
+        "The policy is offered tools and does not call them: it never learned the call format, the chat template "
+        "does not show it the tools, or its calls do not parse (the tokenizer's response_template does not match "
+        "what the model writes, so every call is read as plain text). Read a few completions with "
+        "--log_completions; warm the model up on examples that call the tools (SFT), and check that "
+        "tokenizer.parse_response finds the calls in its own output.",
+        check_tools_never_called,
+    ),
+    Rule(
+        "tool_failures",
+        (TOOL_FAILURES,),
+        (WARNING,),
+        f"median of the last $smooth_window observations of `{TOOL_FAILURES}`, or of one tool's "
+        f"`{M.TOOLS_TOOL_FAILURE_FREQUENCY.name}`, >= $tool_failure_warning",
+        "Most tool calls come back as errors, so the episodes carry error messages instead of results and the "
+        "reward measures how the policy copes with a broken tool. The completions table shows the errors: a tool "
+        "that raises or times out (fix the tool, or its TOOL_TIMEOUT_S), calls of names the model invents, or "
+        "arguments of the wrong type or name (the docstring and type hints are what the model sees).",
+        check_tool_failures,
+    ),
+    Rule(
+        "turn_cap_reached",
+        (TURN_CAP,),
+        (WARNING,),
+        f"median of the last $smooth_window observations of `{TURN_CAP}` >= $turn_cap_warning",
+        "Most episodes still had a tool call to answer when max_tool_calling_iterations ran out, so they end "
+        "without an answer: the cap is too low for the task, or the policy calls tools in a loop (the same call "
+        "again and again; read the completions). Raise max_tool_calling_iterations if the task needs more rounds; "
+        "otherwise reward episodes that answer.",
+        check_turn_cap,
+    ),
+    Rule(
+        "tool_use_abandoned",
+        (TOOL_CALLS,),
+        (WARNING,),
+        f"`{TOOL_CALLS}` level (median of the last $smooth_window) below $tool_use_drop_fraction times its start "
+        "level (median of its first $smooth_window), from a start level of at least $tool_use_start_level, while "
+        f"the reward's level (`{PPO_SCORES}` or `{GRPO_REWARD}`) is at or above its start level",
+        "The policy stopped calling the tools it started with, and the reward did not fall: the reward pays answers "
+        "that need no tool (a checker of the format rather than the result, a reward model that cannot tell), so "
+        "the policy learns to skip the tools. If the task needs them, make the reward check the result (the task's "
+        "checker), and compare rollout/task_success with the reward.",
+        check_tool_use_abandoned,
     ),
     Rule(
         "clip_ratio_high",

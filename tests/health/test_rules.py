@@ -461,3 +461,49 @@ def test_healthy_grpo_run_gives_no_finding():
         step = row.pop("step")
         assert monitor.observe(step, row) == [], step
         assert monitor.summary_metrics() == {"health/warnings": 0, "health/critical": 0}
+
+
+# --- agents: episodes with tools -----------------------------------------------------------------
+
+
+def test_tools_never_called_needs_no_calls_from_the_start_through_the_last_ten():
+    assert replay(series("tools/call_frequency", [0.0] * 10)) == [(10, "tools_never_called", WARNING)]
+    assert replay(series("tools/call_frequency", [0.0] * 9)) == []  # too few observations yet
+    # A single step with calls among the last ten, or calls at the start, is tool use.
+    assert replay(series("tools/call_frequency", [0.0] * 9 + [0.1] + [0.0] * 9)) == []
+    assert only("tools_never_called", replay(series("tools/call_frequency", [0.5] + [0.0] * 30))) == []
+    (f,) = findings(series("tools/call_frequency", [0.01] * 10))
+    assert "offered tools for 10 steps" in f.message and "response_template" in f.advice
+
+
+def test_tool_failures_on_all_calls_or_one_tool():
+    stream = series("tools/failure_frequency", [0.6] * 5)
+    assert replay(stream) == [(5, "tool_failures", WARNING)]
+    assert replay(series("tools/failure_frequency", [0.45] * 20)) == []
+    # One tool failing most of its calls while the overall share stays low (the other tool is called more).
+    rows = [{"tools/failure_frequency": 0.2, "tools/search/failure_frequency": 0.8, "tools/add/failure_frequency": 0}]
+    (f,) = findings(rows * 5)
+    assert f.rule == "tool_failures" and f.metrics == {"tools/search/failure_frequency": 0.8}
+    assert "tools/search/failure_frequency = 80%" in f.message
+
+
+def test_turn_cap_reached_from_half_of_the_episodes():
+    assert replay(series("tools/turn_cap_ratio", [0.5] * 5)) == [(5, "turn_cap_reached", WARNING)]
+    assert replay(series("tools/turn_cap_ratio", [0.4] * 20)) == []
+
+
+def test_tool_use_abandoned_when_calls_fall_to_a_quarter_while_the_reward_holds():
+    def rows(calls_after, reward_after):
+        before = [{"tools/call_frequency": 0.8, "reward": 0.3}] * 5
+        return before + [{"tools/call_frequency": calls_after, "reward": reward_after}] * 5
+
+    # Calls 0.8 -> 0.1 (<= 0.25 x 0.8) with the reward 0.3 -> 0.9, medians of the first and last five: flagged at
+    # step 10, once the two levels share no observation.
+    assert only("tool_use_abandoned", replay(rows(0.1, 0.9))) == [(10, "tool_use_abandoned", WARNING)]
+    assert only("tool_use_abandoned", replay(rows(0.3, 0.9))) == []  # 0.3 > 0.2: still using the tools
+    assert only("tool_use_abandoned", replay(rows(0.1, 0.1))) == []  # the reward fell too: not earned without tools
+    # A run that never used the tools much is the other rule's case.
+    low = [{"tools/call_frequency": 0.1, "reward": 0.3}] * 5 + [{"tools/call_frequency": 0.0, "reward": 0.9}] * 5
+    assert only("tool_use_abandoned", replay(low)) == []
+    (f,) = findings(rows(0.1, 0.9))
+    assert "fell from 0.8 to 0.1" in f.message and "reward rose from 0.3 to 0.9" in f.message
