@@ -19,8 +19,6 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -32,8 +30,10 @@ from filelock import FileLock
 from rlhfkit.data import progress_bars_hidden
 from rlhfkit.sampling import right_pad
 
+from .agent_build import AGENT_PRESETS, build_agent
+from .fitting import fit, model_config, seed_everything, torch_threads
 from .generation import evaluate_success, generate_completions
-from .layout import Assets
+from .layout import Assets, ensure_replaceable, install
 from .registry import DEFAULT_TASK, TASKS
 from .tokenizer import build_tokenizer
 
@@ -94,64 +94,12 @@ PRESETS: dict[str, BuildPreset] = {
 }
 
 
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def _lr_lambda(total: int, warmup: int) -> Callable[[int], float]:
-    """Linear warmup, then linear decay to 10% of the peak."""
-    return lambda step: min((step + 1) / warmup, 1.0 - 0.9 * max(0, step - warmup) / max(1, total - warmup))
-
-
-def _fit(model, name: str, steps: int, lr: float, batch: int, examples: int, seed: int, loss_of, log_every: int, log):
-    """Train `model` for `steps` AdamW steps (a tenth of them linear warm-up, then linear decay to 10% of `lr`;
-    gradients clipped to norm 1), each on `batch` example indices drawn with replacement from range(`examples`) by a
-    generator seeded with `seed`. loss_of(indices) -> (loss, report): `report()` is logged every `log_every` steps
-    and after the last. Leaves the model in eval mode."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(steps, max(1, steps // 10)))
-    gen = torch.Generator().manual_seed(seed)
-    model.train()
-    for step in range(steps):
-        idx = torch.randint(examples, (batch,), generator=gen).tolist()
-        loss, report = loss_of(idx)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        if step % log_every == 0 or step == steps - 1:
-            log(f"  {name} step {step + 1}/{steps} {report()}")
-    model.eval()
-
-
-def _model_config(tokenizer, preset: BuildPreset, max_positions: int, **extra):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=preset.hidden_size,
-        intermediate_size=preset.intermediate_size,
-        num_hidden_layers=preset.num_layers,
-        num_attention_heads=preset.num_heads,
-        num_key_value_heads=preset.num_heads,
-        max_position_embeddings=max_positions,
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        **extra,
-    )
-
-
 def train_sft(task, tokenizer, train_examples, preset: BuildPreset, seed: int, log):
     """Supervised warm start on "prompt + answer + EOS"; cross-entropy on the answer and EOS tokens only."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(_model_config(tokenizer, preset, tokenizer.model_max_length))
+    model = LlamaForCausalLM(model_config(tokenizer, preset, tokenizer.model_max_length))
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = None
@@ -169,7 +117,7 @@ def train_sft(task, tokenizer, train_examples, preset: BuildPreset, seed: int, l
         loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
         return loss, lambda: f"loss {loss.item():.4f}"
 
-    _fit(model, "sft", preset.sft_steps, preset.sft_lr, preset.sft_batch, len(encoded), seed, loss_of, 50, log)
+    fit(model, "sft", preset.sft_steps, preset.sft_lr, preset.sft_batch, len(encoded), seed, loss_of, 50, log)
     return model
 
 
@@ -232,7 +180,7 @@ def train_reward_model(sft_model, tokenizer, pairs, preset: BuildPreset, seed: i
     from transformers import LlamaForSequenceClassification
 
     torch.manual_seed(seed + 1)
-    config = _model_config(tokenizer, preset, tokenizer.model_max_length, num_labels=1)
+    config = model_config(tokenizer, preset, tokenizer.model_max_length, num_labels=1)
     rm = LlamaForSequenceClassification(config)
     rm.model.load_state_dict(sft_model.model.state_dict())
     torch.nn.init.zeros_(rm.score.weight)  # start neutral: every sequence scores 0
@@ -250,20 +198,8 @@ def train_reward_model(sft_model, tokenizer, pairs, preset: BuildPreset, seed: i
             lambda: f"bt {bt.item():.4f} calib {calib.item():.4f} acc {accuracy.item():.3f}",
         )
 
-    _fit(rm, "rm", preset.rm_steps, preset.rm_lr, preset.rm_batch, len(pairs), seed + 1, loss_of, 100, log)
+    fit(rm, "rm", preset.rm_steps, preset.rm_lr, preset.rm_batch, len(pairs), seed + 1, loss_of, 100, log)
     return rm
-
-
-@contextmanager
-def _torch_threads(n: int | None):
-    """Run with `n` torch intra-op threads, restoring the previous setting afterwards."""
-    before = torch.get_num_threads()
-    if n is not None:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _write_assets(tmp: Path, tokenizer, sft, rm, train_examples, test_examples, meta: dict) -> None:
@@ -283,24 +219,6 @@ def _write_assets(tmp: Path, tokenizer, sft, rm, train_examples, test_examples, 
     assets.task_file.write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def _ensure_replaceable(out_dir: Path) -> None:
-    """A build may replace a missing or empty dir or a previous build (a dir with task.json), never other data."""
-    if out_dir.exists() and not Assets(out_dir).is_built() and any(out_dir.iterdir()):
-        raise FileExistsError(f"{out_dir} exists, is not empty and is not an rlhfkit assets dir")
-
-
-def _install(tmp: Path, out_dir: Path) -> None:
-    """Move the finished build into place, replacing a previous build."""
-    if out_dir.exists():
-        _ensure_replaceable(out_dir)
-        trash = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out_dir, trash)
-        os.replace(tmp, out_dir)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(tmp, out_dir)
-
-
 def build_tiny(
     out_dir: str | Path, seed: int = 0, preset: str | BuildPreset = "default", log=print, task: str = DEFAULT_TASK
 ) -> dict:
@@ -309,9 +227,15 @@ def build_tiny(
     Deterministic from `seed` on a given machine and torch build. Written into a temporary sibling dir first and
     renamed into place, so readers never see a half-written build.
     """
-    cfg = PRESETS[preset] if isinstance(preset, str) else preset
     preset_name = preset if isinstance(preset, str) else "custom"
-    with _torch_threads(cfg.num_threads):
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
+    if task == "agent":  # conversations with a tool: its own tokenizer, demonstrations and no reward model
+        cfg = AGENT_PRESETS[preset] if isinstance(preset, str) else preset
+        with torch_threads(cfg.num_threads):
+            return build_agent(Path(out_dir), seed, cfg, preset_name, BUILDER_VERSION, log)
+    cfg = PRESETS[preset] if isinstance(preset, str) else preset
+    with torch_threads(cfg.num_threads):
         return _build(Path(out_dir), seed, cfg, preset_name, log, task)
 
 
@@ -319,9 +243,9 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
     t0 = time.perf_counter()
     spec = TASKS[task]
     out_dir = Path(out_dir).expanduser().absolute()
-    _ensure_replaceable(out_dir)  # fail before spending the build time
+    ensure_replaceable(out_dir)  # fail before spending the build time
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    _seed_everything(seed)
+    seed_everything(seed)
     rng = random.Random(seed)
     tokenizer = build_tokenizer()
 
@@ -412,7 +336,7 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
     try:
         with progress_bars_hidden():
             _write_assets(tmp, tokenizer, sft, rm, train_examples, test_examples, meta)
-        _install(tmp, out_dir)
+        install(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {**meta, "out_dir": str(out_dir)}
@@ -432,6 +356,8 @@ def builtin_assets(preset: str = "default", seed: int = 0, log=print, task: str 
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; choose from {sorted(TASKS)}")
     target = cache_root() / f"{task}-{preset}-seed{seed}-v{BUILDER_VERSION}"
     if Assets(target).is_built():
         return target

@@ -11,6 +11,8 @@ command reads, each a standard transformers or datasets format:
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,3 +49,21 @@ class Assets:
     def is_built(self) -> bool:
         """Whether a build completed here (task.json is written last)."""
         return self.task_file.is_file()
+
+
+def ensure_replaceable(out_dir: Path) -> None:
+    """A build may replace a missing or empty dir or a previous build (a dir with task.json), never other data."""
+    if out_dir.exists() and not Assets(out_dir).is_built() and any(out_dir.iterdir()):
+        raise FileExistsError(f"{out_dir} exists, is not empty and is not an rlhfkit assets dir")
+
+
+def install(tmp: Path, out_dir: Path) -> None:
+    """Move the finished build into place, replacing a previous build."""
+    if out_dir.exists():
+        ensure_replaceable(out_dir)
+        trash = out_dir.with_name(f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out_dir, trash)
+        os.replace(tmp, out_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, out_dir)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 from rlhfkit.errors import ConfigError
 
-from . import addition, reverse, sort
+from . import addition, agent, reverse, sort
 from .base import Task, import_ref
 from .layout import Assets
 
-TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK)}
+TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK, agent.TASK)}
 DEFAULT_TASK = "sort"
 
 
@@ -44,12 +45,10 @@ def load_task(path: str | Path) -> Task:
         ) from None
     check = import_ref(meta["check"])
     reward_funcs = {name: import_ref(ref) for name, ref in meta.get("reward_funcs", {}).items()}
-    return Task(
-        name=base.name,
-        make_example=base.make_example,
-        answer=base.answer,
+    # replace, not a new Task: a task's own kind (the agent task's tools) is kept
+    return dataclasses.replace(
+        base,
         check=check,
         reward_funcs=reward_funcs or dict(base.reward_funcs),
-        corrupt=base.corrupt,
         max_new_tokens=int(meta.get("max_new_tokens", base.max_new_tokens)),
     )
