@@ -104,22 +104,29 @@ class ToolEpisodes:
         text_field: str = "prompt",
         max_prompt_length: int | None = None,
     ):
-        if getattr(tokenizer, "response_template", None) is None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("tools= needs a tokenizer with a chat template that renders tools and tool calls.")
+        if getattr(tokenizer, "response_template", None) is None and not trl_response_template(tokenizer):
             raise ConfigError(
                 "tools= needs the tokenizer to parse tool calls out of the model's turns, and it has no "
                 "response_template (transformers' response parsing, tokenizer.parse_response). Set "
                 "tokenizer.response_template to the template's parsing spec (transformers' chat docs, 'Response "
-                "parsing'; trl.chat_template_utils.add_response_schema sets it for the chat templates TRL knows) and "
-                "pass the tokenizer as processing_class."
+                "parsing') and pass the tokenizer as processing_class. With TRL installed, rlhfkit sets it for the "
+                "chat templates TRL knows (trl.chat_template_utils.add_response_schema); this one it does not know."
             )
-        if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("tools= needs a tokenizer with a chat template that renders tools and tool calls.")
         self.tokenizer, self.toolbox = tokenizer, toolbox
         self.max_iterations = max_iterations
         self.max_completion_length = max_completion_length
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.environments, self.text_field, self.max_prompt_length = environments, text_field, max_prompt_length
-        self.check_template()
+        try:
+            self.check_template()
+        except ConfigError:  # as TRL 1.16: a template that is not prefix-preserving gets TRL's training template
+            training = trl_training_template(tokenizer)
+            if training is None:
+                raise
+            self.chat_template_kwargs["chat_template"] = training
+            self.check_template()
 
     def check_template(self) -> None:
         """The chat template must render a tool call and a tool result (some templates silently drop either: the model
@@ -284,6 +291,36 @@ class ToolEpisodes:
         terminated = torch.tensor([bool(row) and row[-1] in stops for row in ids])
         parts = (prompt, prompt_mask, completion, completion_mask, terminated, sampling, tool_mask.bool())
         return Chunk(*(None if t is None else t.to(device) for t in parts))
+
+
+def trl_response_template(tokenizer) -> bool:
+    """Set `tokenizer.response_template` as TRL 1.16's GRPOTrainer does for the chat templates it knows (Qwen2.5/3,
+    Llama 3.1/3.2, GPT-OSS, GLM-4-MoE, Gemma 4, ...: trl.chat_template_utils.add_response_schema), when TRL is
+    installed, so a TRL agent script runs with the import changed. False when it is not, or the template is unknown."""
+    try:
+        from trl.chat_template_utils import add_response_schema
+    except ImportError:
+        return False
+    try:
+        add_response_schema(tokenizer)
+    except ValueError:  # a chat template TRL does not know
+        return False
+    return getattr(tokenizer, "response_template", None) is not None
+
+
+def trl_training_template(tokenizer) -> str | None:
+    """TRL 1.16's prefix-preserving training version of the tokenizer's chat template (Qwen3's, whose rendering of an
+    assistant turn depends on what follows it), which TRL's GRPOTrainer uses for multi-turn episodes in its place;
+    None without TRL or for a template TRL has none for. The tokenizer's own template is left as it is (it is what a
+    saved model keeps)."""
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:
+        return None
+    try:
+        return get_training_chat_template(tokenizer)
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _well_formed(calls) -> bool:

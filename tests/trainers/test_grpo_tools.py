@@ -390,7 +390,9 @@ def test_an_episode_s_log_probs_are_its_text_s_scored_in_one_forward(scripted, t
 def test_tools_are_refused_with_async_generation(tmp_path):
     tok = tool_chat_tokenizer()
     args = config(tmp_path, async_generation=True)
-    with pytest.raises(ConfigError, match=r"GRPOTrainer\(tools=\.\.\.\) with async_generation.*--async_generation false"):
+    with pytest.raises(
+        ConfigError, match=r"GRPOTrainer\(tools=\.\.\.\) with async_generation.*--async_generation false"
+    ):
         GRPOTrainer(tool_chat_model(tok), len, args, conversations("x"), processing_class=tok, tools=[multiply])
     assert not (tmp_path / "run").exists()
 
@@ -419,6 +421,52 @@ def test_a_tokenizer_without_response_parsing_is_refused(tmp_path):
         GRPOTrainer(
             tool_chat_model(tok), len, config(tmp_path), conversations("x"), processing_class=tok, tools=[multiply]
         )
+
+
+def qwen3_tokenizer():
+    """The tiny tokenizer with TRL 1.16's copy of Qwen3's chat template (not prefix-preserving: it renders an
+    assistant turn's thinking by what follows it) and no response_template, as a Qwen3 checkpoint loads."""
+    import importlib.resources
+
+    trl = pytest.importorskip("trl")
+    tok = tool_chat_tokenizer()
+    tok.chat_template = (importlib.resources.files(trl) / "chat_templates" / "qwen3.jinja").read_text()
+    tok.response_template = None
+    return tok
+
+
+def test_a_qwen3_script_runs_as_in_trl_response_parsing_and_training_template_from_trl(monkeypatch, tmp_path):
+    # TRL's GRPOTrainer sets the response_template of the chat templates it knows and renders episodes with its
+    # prefix-preserving training template; with TRL installed rlhfkit does the same, so the script needs no change.
+    tok = qwen3_tokenizer()
+    qwen_call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n</tool_call>' + END
+
+    def script(text):
+        return f"12{END}" if "<tool_response>" in text else qwen_call
+
+    monkeypatch.setattr(sampling_completions, "generate", scripted_generate(tok, script))
+    args = config(
+        tmp_path,
+        max_steps=1,
+        max_prompt_length=800,
+        max_completion_length=200,
+        chat_template_kwargs={"enable_thinking": False},
+    )  # fmt: skip (Qwen3's tool prompt: 759 characters)
+    trainer = GRPOTrainer(tool_chat_model(tok), alternating_reward(), args, conversations("a", "b"),
+                          processing_class=tok, tools=[multiply])  # fmt: skip
+    assert tok.response_template is not None  # set, as TRL sets it
+    assert "chat_template" in trainer.episodes.chat_template_kwargs  # TRL's training template, for the episodes only
+    trainer.train()
+    (row,) = [r for r in read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")) if "loss" in r]
+    assert row["tools/call_frequency"] == 1.0 and row["tools/failure_frequency"] == 0.0
+
+
+def test_without_trl_an_unparsable_tokenizer_is_refused_with_the_fix(monkeypatch, tmp_path):
+    tok = qwen3_tokenizer()
+    monkeypatch.setitem(sys.modules, "trl.chat_template_utils", None)  # TRL not installed
+    with pytest.raises(ConfigError, match="no response_template.*Set tokenizer.response_template"):
+        GRPOTrainer(tool_chat_model(tok), len, config(tmp_path, max_prompt_length=None), conversations("x"),
+                    processing_class=tok, tools=[multiply])  # fmt: skip
 
 
 def test_padding_to_a_multiple_keeps_the_tool_results_out_of_the_loss(scripted, tmp_path):
