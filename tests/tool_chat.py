@@ -7,6 +7,8 @@ given tool call to appear; the training forwards stay the real model's."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import string
 
 import torch
@@ -117,3 +119,38 @@ def scripted_generate(tokenizer, script):
         return Generated(tokens.to(prompt_ids.device), None)
 
     return generate
+
+
+# TRL 1.16's documented example tools (tools=[multiply, async_add]) and a reader of metrics.jsonl, for the agent tests.
+def multiply(a: int, b: int) -> int:
+    """
+    Multiplies two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The product of the two integers.
+    """
+    return a * b
+
+
+async def async_add(a: int, b: int) -> int:
+    """
+    Asynchronously adds two integers.
+
+    Args:
+        a: The first integer.
+        b: The second integer.
+
+    Returns:
+        The sum of the two integers.
+    """
+    await asyncio.sleep(0.01)
+    return a + b
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]

@@ -15,9 +15,9 @@ from datasets import Dataset
 from rlhfkit import GRPOConfig, GRPOTrainer
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.sampling import completions as sampling_completions
-from tests.tool_chat import END, call_text, scripted_generate, tool_chat_model, tool_chat_tokenizer
+from tests.tool_chat import END, call_text, read_jsonl, scripted_generate, tool_chat_model, tool_chat_tokenizer
 from tests.trainers.test_grpo_tools import config as tool_config
-from tests.trainers.test_grpo_tools import final_hidden_grads, read_jsonl
+from tests.trainers.test_grpo_tools import final_hidden_grads
 
 
 def config(tmp_path, **overrides) -> GRPOConfig:
@@ -128,24 +128,11 @@ def test_each_episode_has_its_own_reset_instance_and_scores_its_own_calls(script
     assert all(e.counter == e.target for e in made)  # each got its own calls only
 
 
-class TargetEnv:
-    """The environment reads its task from the dataset: reset gets the row's other columns."""
+class TargetEnv(IncrementEnv):
+    """The environment reads its task from the dataset: reset gets the row's other columns (and writes no prompt)."""
 
     def reset(self, target: int) -> None:
         self.counter, self.target = 0, target
-
-    def get_reward(self) -> float:
-        return float(self.counter == self.target)
-
-    def increment(self, step: int) -> int:
-        """
-        Increment the internal counter.
-
-        Args:
-            step: Value to add to the counter.
-        """
-        self.counter += step
-        return self.counter
 
 
 def test_with_a_dataset_reset_gets_the_row_s_other_columns_and_the_prompt_is_the_dataset_s(scripted, tmp_path):

@@ -3,9 +3,7 @@ rlhfkit's import and logs the tool metrics; scripted tool calls go through execu
 cap with the run going on; tool results are out of the loss (no gradient reaches the positions that predict them) and
 an episode's log-probs are those of its text scored in one forward."""
 
-import asyncio
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -20,41 +18,16 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry
 from rlhfkit.sampling import completions as sampling_completions
 from tests.helpers import REPO, expand_templates
-from tests.tool_chat import END, call_text, scripted_generate, tool_chat_model, tool_chat_tokenizer
-
-
-def multiply(a: int, b: int) -> int:
-    """
-    Multiplies two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-
-    Returns:
-        The product of the two integers.
-    """
-    return a * b
-
-
-async def async_add(a: int, b: int) -> int:
-    """
-    Asynchronously adds two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-
-    Returns:
-        The sum of the two integers.
-    """
-    await asyncio.sleep(0.01)
-    return a + b
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
+from tests.tool_chat import (
+    END,
+    async_add,
+    call_text,
+    multiply,
+    read_jsonl,
+    scripted_generate,
+    tool_chat_model,
+    tool_chat_tokenizer,
+)
 
 
 def config(tmp_path, **overrides) -> GRPOConfig:

@@ -4,8 +4,6 @@ the value loss reaches the positions that predict them, whatever their text; the
 them; the lengths count the policy's tokens; an episode's log-probs are its text's scored in one float64 forward; the
 reward functions get each episode's messages."""
 
-import asyncio
-import json
 import os
 
 import pytest
@@ -21,41 +19,16 @@ from rlhfkit.sampling import completions as sampling_completions
 from rlhfkit.sampling.decoders import Generated
 from rlhfkit.trainers.ppo import PPOTrainer
 from tests.helpers import expand_templates
-from tests.tool_chat import END, call_text, scripted_generate, tool_chat_model, tool_chat_tokenizer
-
-
-def multiply(a: int, b: int) -> int:
-    """
-    Multiplies two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-
-    Returns:
-        The product of the two integers.
-    """
-    return a * b
-
-
-async def async_add(a: int, b: int) -> int:
-    """
-    Asynchronously adds two integers.
-
-    Args:
-        a: The first integer.
-        b: The second integer.
-
-    Returns:
-        The sum of the two integers.
-    """
-    await asyncio.sleep(0.01)
-    return a + b
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f]
+from tests.tool_chat import (
+    END,
+    async_add,
+    call_text,
+    multiply,
+    read_jsonl,
+    scripted_generate,
+    tool_chat_model,
+    tool_chat_tokenizer,
+)
 
 
 def config(tmp_path, **overrides) -> PPOConfig:
