@@ -43,6 +43,9 @@ GRPO_REWARD = M.REWARD.name
 CLIPPED, ZERO_STD = M.COMPLETIONS_CLIPPED_RATIO.name, M.FRAC_REWARD_ZERO_STD.name
 CLIP_REGION = M.CLIP_RATIO_REGION_MEAN.name
 RESPONSE_LENGTH = M.TOKENS_RESPONSES_LEN_MEAN.name  # to put PPO's KL per sequence on GRPO's per-token scale
+# The per-token entropies (exact, at the sampling temperature) with the mean completion length of the same trainer:
+# their product is the entropy of a whole completion.
+TOKEN_ENTROPIES = ((M.POLICY_ENTROPY_AVG.name, RESPONSE_LENGTH), (M.ENTROPY.name, M.COMPLETIONS_MEAN_LENGTH.name))
 LOGP_GAP = M.SAMPLING_LOGP_DIFFERENCE_MEAN.name
 # Asynchronous generation: the policy that sampled a batch against the trainer's at the update.
 MISMATCH_KL, MASKED_FRAC = M.OFF_POLICY_MISMATCH_KL.name, M.OFF_POLICY_MASKED_FRAC.name
@@ -104,6 +107,15 @@ class Thresholds:
     kl_window: int = _knob(20, "Observations per window of the KL checks.")
     kl_negative_below: float = _knob(-0.05, "A KL window mean below this counts as negative.")
     kl_growth_factor: float = _knob(2.5, "KL window median this many times the previous window's is runaway growth.")
+    kl_trend_window: int = _knob(60, "Latest KL observations whose trend (a steady climb) is tested.")
+    kl_trend_rise: float = _knob(
+        0.25,
+        "A KL climb over kl_trend_window observations (the Theil-Sen slope times the window, nats/token; PPO's per "
+        "sequence divided by the median completion length) from which a steady climb is a runaway.",
+    )
+    kl_trend_z: float = _knob(
+        3.0, "The climb must also be steady: a Mann-Kendall trend statistic (z) over the same window at least this."
+    )
     kl_floor: float = _knob(5.0, f"PPO `{PPO_KL}` (nats/sequence) below this never counts as runaway.")
     grpo_kl_floor: float = _knob(0.05, f"GRPO `{GRPO_KL}` (nats/token) below this never counts as runaway.")
     kl_coef_rise_factor: float = _knob(2.0, f"`{KL_COEF}` this many times its first value has risen a lot.")
@@ -125,6 +137,12 @@ class Thresholds:
     entropy_collapse_fraction: float = _knob(0.1, "Entropy below this fraction of its start level has collapsed.")
     entropy_critical_fraction: float = _knob(
         0.05, "A single entropy observation below this fraction of the run's first is critical (needs no window)."
+    )
+    completion_entropy_low: float = _knob(
+        round(math.log(2), 4),
+        "Entropy of a whole completion (nats: the per-token entropy times the mean completion length, medians of "
+        "smooth_window) below this, ln 2, means fewer than two equally likely completions per prompt: sampling is "
+        "nearly greedy.",
     )
     # Reward against true success (over-optimisation).
     overopt_window: int = _knob(3, "Observations of the score and of rollout task success averaged into their levels.")
@@ -211,6 +229,7 @@ class Thresholds:
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
         windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
+        windows += (self.kl_trend_window,)
         return max(*windows, self.reward_history, self.reward_scale_window + 1, self.tools_unused_observations)
 
     def start_length(self) -> int:
@@ -451,21 +470,71 @@ def check_kl_negative(h: History, t: Thresholds) -> Hit | None:
     return None
 
 
+def theil_sen_slope(values: list[float]) -> float:
+    """The median of the slopes between every pair of observations (per observation): a trend that a few outliers
+    or one jump do not move (Theil 1950, Sen 1968)."""
+    n = len(values)
+    return statistics.median((values[j] - values[i]) / (j - i) for i in range(n) for j in range(i + 1, n))
+
+
+def mann_kendall_z(values: list[float]) -> float:
+    """The Mann-Kendall trend statistic: S, the number of later-larger pairs minus later-smaller ones, over its
+    standard deviation when the values are exchangeable (no trend), with a continuity correction. Ranks only, so it
+    is scale-free: about N(0, 1) without a trend; a series that rises in most of its pairs is many units above 0."""
+    n = len(values)
+    s = sum((b > a) - (b < a) for i, a in enumerate(values) for b in values[i + 1 :])
+    if n < 3 or s == 0:
+        return 0.0
+    return (s - math.copysign(1, s)) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+
+
+def _kl_climb(h: History, name: str, t: Thresholds) -> Hit | None:
+    """A steady climb: over the last kl_trend_window observations, the KL's Theil-Sen slope times the window is at
+    least kl_trend_rise nats/token, and its Mann-Kendall z at least kl_trend_z."""
+    w = t.kl_trend_window
+    values = h.values(name)[-w:]
+    if len(values) < w:
+        return None
+    per_token = 1.0
+    if name == PPO_KL:
+        lengths = h.values(RESPONSE_LENGTH)[-w:]
+        per_token = statistics.median(lengths) if lengths else 0.0
+        if per_token <= 0:
+            return None
+    rise = theil_sen_slope(values) * w / per_token
+    if rise < t.kl_trend_rise:
+        return None
+    z = mann_kendall_z(values)
+    if z < t.kl_trend_z:
+        return None
+    start = statistics.median(values[: t.smooth_window])
+    return Hit(
+        WARNING,
+        {name: statistics.median(values[-t.smooth_window :])},
+        f"{name} climbed steadily over the last {w} observations: by {_g(rise)} nats/token (Theil-Sen slope times "
+        f"the window), Mann-Kendall z = {z:.1f}.",
+        {name: start + t.kl_trend_rise * per_token},
+    )
+
+
 def check_kl_runaway(h: History, t: Thresholds) -> Hit | None:
     for name in _kl_metrics(h):
         floor = t.kl_floor if name == PPO_KL else t.grpo_kl_floor
         w = t.kl_window
         values = h.values(name)[-2 * w :]
-        if len(values) < 2 * w:
-            continue
-        before, now = statistics.median(values[:w]), statistics.median(values[w:])
-        if now >= floor and now >= t.kl_growth_factor * max(before, 0.0):
-            return Hit(
-                WARNING,
-                {name: now},
-                f"{name} median rose from {_g(before)} to {_g(now)} between the previous and the last {w} observations.",
-                {name: max(floor, t.kl_growth_factor * max(before, 0.0))},
-            )
+        if len(values) == 2 * w:
+            before, now = statistics.median(values[:w]), statistics.median(values[w:])
+            if now >= floor and now >= t.kl_growth_factor * max(before, 0.0):
+                return Hit(
+                    WARNING,
+                    {name: now},
+                    f"{name} median rose from {_g(before)} to {_g(now)} between the previous and the last {w} "
+                    "observations.",
+                    {name: max(floor, t.kl_growth_factor * max(before, 0.0))},
+                )
+        climb = _kl_climb(h, name, t)
+        if climb is not None:
+            return climb
     return None
 
 
@@ -510,6 +579,30 @@ def check_entropy(h: History, t: Thresholds) -> Hit | None:
     if not collapsed:
         return None
     return Hit(severity, collapsed, "; ".join(parts) + ".", limits)
+
+
+def check_completion_entropy(h: History, t: Thresholds) -> Hit | None:
+    """The entropy of a whole completion: the level (median of smooth_window) of the per-token entropy times that of
+    the mean completion length. exp of it is the number of equally likely completions it is worth, whatever the
+    vocabulary, the task or the length; below two, a prompt's samples are nearly all the same text."""
+    n = t.smooth_window
+    for name, length_name in TOKEN_ENTROPIES:
+        if name not in h.row:
+            continue
+        entropy, length = _level(h, name, n), _level(h, length_name, n)
+        if entropy is None or length is None:
+            continue
+        level = entropy * length
+        if level < t.completion_entropy_low:
+            return Hit(
+                WARNING,
+                {name: entropy},
+                f"{name} = {_g(entropy)} nats/token over completions of {_g(length)} tokens (medians of the last {n} "
+                f"steps): {_g(level)} nats per completion, worth {math.exp(level):.2f} equally likely completions "
+                "per prompt.",
+                {name: t.completion_entropy_low / length},
+            )
+    return None
 
 
 def _trailing_means(values: list[float], n: int) -> list[float]:
@@ -902,10 +995,14 @@ RULES: tuple[Rule, ...] = (
         (WARNING,),
         "median of the last $kl_window KL observations >= $kl_growth_factor times the median of the "
         f"$kl_window before, and >= $kl_floor nats/sequence for `{PPO_KL}` (PPO) or >= $grpo_kl_floor "
-        f"nats/token for `{GRPO_KL}` (GRPO)",
-        "The policy is running away from the reference, usually toward something the reward overpays. Raise "
-        "kl_coef (PPO) or beta (GRPO), lower learning_rate, and read the latest completion samples for "
-        "degenerate text.",
+        f"nats/token for `{GRPO_KL}` (GRPO); or a steady climb: over the last $kl_trend_window observations the "
+        "KL rose by >= $kl_trend_rise nats/token (the Theil-Sen slope, the median of the slopes between every pair "
+        f"of observations, times the window; `{PPO_KL}` divided by the median of `{RESPONSE_LENGTH}`) with a "
+        "Mann-Kendall trend statistic z >= $kl_trend_z",
+        "The policy is running away from the reference, usually toward something the reward overpays: nothing "
+        "holds it back (kl_coef or beta 0, or too small for the learning rate). Raise kl_coef (PPO) or beta (GRPO), "
+        "lower learning_rate, and read the latest completion samples for degenerate text. A KL penalty lets the KL "
+        "rise early and then level off; one that climbs on at this rate reaches whole nats per token.",
         check_kl_runaway,
     ),
     Rule(
@@ -988,6 +1085,21 @@ RULES: tuple[Rule, ...] = (
         "learning_rate, raise kl_coef or beta to hold it near the reference, raise the sampling temperature, and "
         "check the samples for one answer repeated for every prompt.",
         check_entropy,
+    ),
+    Rule(
+        "sampling_nearly_greedy",
+        tuple(name for name, _ in TOKEN_ENTROPIES),
+        (WARNING,),
+        f"the entropy of a whole completion, the median of the last $smooth_window observations of "
+        f"`{M.POLICY_ENTROPY_AVG.name}` (PPO) or `{M.ENTROPY.name}` (GRPO) times that of `{RESPONSE_LENGTH}` or "
+        f"`{M.COMPLETIONS_MEAN_LENGTH.name}`, below $completion_entropy_low nats (ln 2: fewer than two equally "
+        "likely completions per prompt)",
+        "Sampling is nearly greedy: most samples of a prompt are the same text, so PPO explores nothing new and "
+        "GRPO's groups carry no spread to learn from. The usual cause is a low sampling temperature (the entropy is "
+        "measured at it: at temperature 0.2 the built-in task's policy starts at 0.3 nats per completion, at 0.7 "
+        "near 2); entropy_collapse reports the other cause, a policy that became deterministic while training. "
+        "Raise temperature (0.7 to 1.0 is usual for RL), or start from a less peaked model.",
+        check_completion_entropy,
     ),
     Rule(
         "reward_overoptimised",

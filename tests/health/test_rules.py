@@ -3,6 +3,7 @@ on a healthy one; the real healthy PPO run gives no finding, with a margin."""
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,71 @@ def test_kl_runaway_needs_growth_and_the_floor():
     assert replay(series("kl", [0.0] + [0.005] * 19 + [0.06] * 20)) == [(40, "kl_runaway", WARNING)]  # GRPO floor 0.05
 
 
+def _climb(slope, length=6.0, wobble=0.0, n=80):
+    """PPO rows: objective/kl = 0.5 + slope * k (+ wobble on odd k) nats per sequence of `length` tokens."""
+    return [
+        {"objective/kl": 0.5 + slope * k + wobble * (k % 2), "tokens/responses_len_mean": length} for k in range(n)
+    ]
+
+
+def test_kl_runaway_on_a_steady_climb():
+    """0.03 nats/sequence per update over 6 tokens: the Theil-Sen slope over the 60-observation window is 0.03, so the
+    climb is 0.03 * 60 / 6 = 0.3 nats/token >= 0.25, and a series that rises in all its 1770 pairs has Mann-Kendall
+    z = 1769 / sqrt(60 * 59 * 125 / 18) = 11.3: fires at the 60th observation, the first with a full window. The
+    window-to-window test stays quiet (medians 0.785 and 1.385 at the 40th: 1.8x, below the 5-nat floor)."""
+    assert only("kl_runaway", replay(_climb(0.03))) == [(60, "kl_runaway", WARNING)]
+    (f,) = [f for f in findings(_climb(0.03)) if f.rule == "kl_runaway"]
+    assert "by 0.3 nats/token" in f.message and "Mann-Kendall z = 11.3" in f.message
+    # The threshold drawn: the window's start level (median of its first 5: 0.56) plus 0.25 nats/token * 6 tokens.
+    assert f.thresholds == {"objective/kl": pytest.approx(0.56 + 1.5)}
+    # 0.02 per update is 0.2 nats/token over the window; the same climb over 12-token completions is 0.15.
+    assert only("kl_runaway", replay(_climb(0.02))) == []
+    assert only("kl_runaway", replay(_climb(0.03, length=12.0))) == []
+    # Noise on every other update leaves the robust slope at 0.03 (the 870 same-parity pairs are exactly 0.03 and
+    # hold the median) and z at 10.2: still the 60th.
+    assert only("kl_runaway", replay(_climb(0.03, wobble=0.2))) == [(60, "kl_runaway", WARNING)]
+    # One outlier moves neither statistic much: a flat KL with a single spike is no climb.
+    spike = [{"objective/kl": 0.5, "tokens/responses_len_mean": 6.0}] * 59 + [{"objective/kl": 20.0}]
+    assert only("kl_runaway", replay(spike)) == []
+    # GRPO's kl is per token already: 0.005 per step is 0.3 over 60 observations (from 0.2: the window medians at
+    # the 40th, 0.2475 and 0.3475, are no 2.5-fold growth).
+    climb = series("kl", [0.2 + 0.005 * k for k in range(60)])
+    assert only("kl_runaway", replay(climb)) == [(60, "kl_runaway", WARNING)]
+    assert only("kl_runaway", replay(series("kl", [0.2 + 0.004 * k for k in range(60)]))) == []  # 0.24
+
+
+def test_kl_runaway_trend_needs_a_rise_that_stands_out_of_the_noise():
+    """The same 0.03 per update under Gaussian noise of 3 nats (seed 0): the Theil-Sen slope still says 0.55
+    nats/token over the window, but the Mann-Kendall z is 1.97: a rise the noise could make, quiet. With noise of
+    0.3 nats it is z = 7.5 and fires."""
+    from rlhfkit.health.rules import mann_kendall_z, theil_sen_slope
+
+    def rows(noise):
+        g = random.Random(0)
+        return [
+            {"objective/kl": 3.5 + 0.03 * k + g.gauss(0, noise), "tokens/responses_len_mean": 6.0} for k in range(60)
+        ]
+
+    values = [row["objective/kl"] for row in rows(3.0)]
+    assert theil_sen_slope(values) * 60 / 6 == pytest.approx(0.554, abs=1e-3)
+    assert mann_kendall_z(values) == pytest.approx(1.97, abs=0.01)
+    assert only("kl_runaway", replay(rows(3.0))) == []
+    assert mann_kendall_z([row["objective/kl"] for row in rows(0.3)]) > 3
+    assert only("kl_runaway", replay(rows(0.3))) == [(60, "kl_runaway", WARNING)]
+
+
+def test_trend_statistics_against_hand_computations():
+    from rlhfkit.health.rules import mann_kendall_z, theil_sen_slope
+
+    # Slopes of [0, 1, 3]: 1, 3, 1.5 (pair 0-2) -> median 1.5; S = 3, var = 3 * 2 * 11 / 18: z = 2 / sqrt(11 / 3).
+    assert theil_sen_slope([0.0, 1.0, 3.0]) == 1.5
+    assert mann_kendall_z([0.0, 1.0, 3.0]) == pytest.approx(2 / math.sqrt(11 / 3))
+    assert mann_kendall_z([3.0, 1.0, 0.0]) == pytest.approx(-2 / math.sqrt(11 / 3))
+    assert mann_kendall_z([1.0] * 10) == 0.0  # ties count neither way
+    # A level shift held for half the window: cross pairs slope 2 / d, the median pair at d = 54 or 55.
+    assert theil_sen_slope([0.5] * 30 + [2.5] * 30) == pytest.approx((2 / 54 + 2 / 55) / 2)
+
+
 def test_kl_coef_rising_steadily():
     # 0.05 * 1.1**k: the 11th observation (k = 10, 2.59x) is the first with 10 changes to inspect.
     assert replay(series("objective/kl_coef", [0.05 * 1.1**k for k in range(15)])) == [(11, "kl_coef_rising", WARNING)]
@@ -171,6 +237,25 @@ def test_entropy_falling_to_a_twentieth_in_one_step_is_critical_at_once(name):
     # The issue's lr-0.5 run: 2.16 -> 0.086 (4%) at the second update, before any window is full.
     assert replay(series(name, [2.16, 0.086])) == [(2, "entropy_collapse", CRITICAL)]
     assert replay(series(name, [2.16, 0.12])) == []  # 5.6%: left to the windowed check
+
+
+@pytest.mark.parametrize(
+    "entropy, length", [("policy/entropy_avg", "tokens/responses_len_mean"), ("entropy", "completions/mean_length")]
+)
+def test_sampling_nearly_greedy_on_the_entropy_of_a_whole_completion(entropy, length):
+    """0.05 nats/token over 6-token completions is 0.3 nats a completion, exp(0.3) = 1.35 equally likely completions:
+    below ln 2 once the median of the last five entropies is 0.05 (the 6th row here, three of five); 0.12 nats/token
+    is 0.72 nats, just above it."""
+    rows = [{entropy: e, length: 6.0} for e in [0.3] * 3 + [0.05] * 5]
+    assert replay(rows) == [(6, "sampling_nearly_greedy", WARNING)]
+    (f,) = findings(rows)
+    assert f.metrics == {entropy: 0.05} and f.thresholds == {entropy: pytest.approx(0.6931 / 6)}
+    assert "0.3 nats per completion, worth 1.35 equally likely completions" in f.message and "temperature" in f.advice
+    assert replay([{entropy: 0.12, length: 6.0}] * 20) == []
+    # The same 0.05 nats/token over 20-token completions is 1 nat: two to three completions, quiet.
+    assert replay([{entropy: 0.05, length: 20.0}] * 20) == []
+    # Without the completion length there is no whole-completion entropy.
+    assert replay(series(entropy, [0.05] * 20)) == []
 
 
 def test_completions_clipped_warns_then_escalates():
