@@ -135,6 +135,25 @@ def value_learning_rate_from(trainer, step: int, factor: float) -> None:
     trainer.run.optimizer_step = scaled
 
 
+def value_frozen_from(trainer, step: int) -> None:
+    """PPO's value model stops learning from `step` on: every optimizer step puts its weights back (a critic whose
+    learning rate is scheduled to 0, or whose parameters fell out of the optimizer). The policy trains on."""
+    value_model = trainer.accelerator.unwrap_model(trainer.model).value_model
+    parameters = [p for p in value_model.parameters() if p.requires_grad]
+    optimizer_step = trainer.run.optimizer_step
+
+    def frozen(*args, **kwargs):
+        if _current_step(trainer) < step:
+            return optimizer_step(*args, **kwargs)
+        before = [p.detach().clone() for p in parameters]
+        optimizer_step(*args, **kwargs)
+        with torch.no_grad():
+            for p, old in zip(parameters, before):
+                p.copy_(old)
+
+    trainer.run.optimizer_step = frozen
+
+
 INJECTIONS = {
     function.__name__: function
     for function in (
@@ -145,5 +164,6 @@ INJECTIONS = {
         noisy_reference,
         stop_token,
         value_learning_rate_from,
+        value_frozen_from,
     )
 }

@@ -22,6 +22,8 @@ MODES = {
     "entropy_collapse": "sampling at temperature 0.2, without a learning-rate error",
     "kl_runaway": "PPO with kl_coef 0 against the learned reward model",
     "value_diverges": "PPO's value model takes 1000x the policy's learning rate from step 20",
+    "value_frozen": "PPO's value model stops learning from step 20 (its weights are put back after every optimizer "
+    "step) while the policy trains on",
     "truncated": "a length limit shorter than the answers (4 tokens): completions are cut off",
     "zero_spread": "GRPO rewards with no spread within a group (every completion earns 1, or none earns anything)",
     "reward_scale": "every reward multiplied by 1000 from step 20",
@@ -145,6 +147,14 @@ def _sick() -> list[Spec]:
         "vlr1000@20",
         PPO_SHORT,
         injection=("value_learning_rate_from", {"step": 20, "factor": 1000.0}),
+        onset=20,
+    )
+    add(
+        "value_frozen",
+        "ppo",
+        "frozen@20",
+        PPO_SHORT,
+        injection=("value_frozen_from", {"step": 20}),
         onset=20,
     )
     add("truncated", "ppo", "len4", {**PPO_SHORT, "response_length": 4})
