@@ -51,6 +51,7 @@ LOGP_GAP = M.SAMPLING_LOGP_DIFFERENCE_MEAN.name
 MISMATCH_KL, MASKED_FRAC = M.OFF_POLICY_MISMATCH_KL.name, M.OFF_POLICY_MASKED_FRAC.name
 STALENESS = M.ASYNC_STALENESS_MEAN.name
 PPO_SCORES_STD, GRPO_REWARD_STD = M.OBJECTIVE_SCORES_STD.name, M.REWARD_STD.name
+VAR_EXPLAINED, RETURNS_VAR = M.VAL_VAR_EXPLAINED.name, M.RETURNS_VAR.name
 # Over-optimisation: the score the policy is trained on (PPO: the reward model's / functions' score; GRPO: the total
 # reward) against the task's true success (its checker), on sampled (rollout/) or greedy eval (eval/) completions.
 PPO_SCORES, TRUE_SUCCESS = M.OBJECTIVE_SCORES.name, (M.ROLLOUT_TASK_SUCCESS.name, M.EVAL_TASK_SUCCESS.name)
@@ -96,6 +97,15 @@ class Thresholds:
     )
     value_clipfrac_warning: float = _knob(
         0.15, f"`{VALUE_CLIPFRAC}` level (median of smooth_window) at which the value model moves too fast."
+    )
+    value_explained_low: float = _knob(
+        0.05, f"`{VAR_EXPLAINED}` level (median of smooth_window) below which the value model explains almost nothing."
+    )
+    value_trend_window: int = _knob(60, f"Latest observations of `{VAR_EXPLAINED}` whose trend is tested.")
+    value_trend_z: float = _knob(
+        2.0,
+        f"`{VAR_EXPLAINED}` with a Mann-Kendall trend statistic (z) below this over value_trend_window is not getting "
+        "better (2: no rise at the one-sided 2.3% level).",
     )
     # Policy update size.
     clipfrac_high: float = _knob(0.3, f"`{CLIPFRAC}` level that counts as high.")
@@ -229,7 +239,7 @@ class Thresholds:
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
         windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
-        windows += (self.kl_trend_window,)
+        windows += (self.kl_trend_window, self.value_trend_window)
         return max(*windows, self.reward_history, self.reward_scale_window + 1, self.tools_unused_observations)
 
     def start_length(self) -> int:
@@ -422,6 +432,40 @@ def check_value_clipping(h: History, t: Thresholds) -> Hit | None:
     )
 
 
+class ValueTrend(NamedTuple):
+    level: float  # val/var_explained, median of smooth_window
+    z: float  # its Mann-Kendall z over value_trend_window
+    returns_var: float  # returns/var, median of smooth_window
+
+
+def value_trend(h: History, t: Thresholds) -> ValueTrend | None:
+    """What value_not_learning reads, once the row carries val/var_explained and its window is full."""
+    level, returns_var = _level(h, VAR_EXPLAINED, t.smooth_window), _level(h, RETURNS_VAR, t.smooth_window)
+    window = h.values(VAR_EXPLAINED)[-t.value_trend_window :]
+    if VAR_EXPLAINED not in h.row or level is None or returns_var is None or len(window) < t.value_trend_window:
+        return None
+    return ValueTrend(level, mann_kendall_z(window), returns_var)
+
+
+def check_value_learning(h: History, t: Thresholds) -> Hit | None:
+    """The value model explains almost none of the returns' variance (while they have some) and does not get better:
+    the level of val/var_explained below value_explained_low, and no upward trend over value_trend_window
+    observations (Mann-Kendall z below value_trend_z). A value model that learns slowly (a LoRA critic, a small
+    learning rate) still rises in most pairs of its window, which the rank statistic sees however small the rise."""
+    trend = value_trend(h, t)
+    # No returns' variance: nothing to explain (val/var_explained is 0 by definition).
+    if trend is None or trend.level >= t.value_explained_low or trend.returns_var <= 0 or trend.z >= t.value_trend_z:
+        return None
+    return Hit(
+        WARNING,
+        {VAR_EXPLAINED: trend.level},
+        f"{VAR_EXPLAINED} = {_g(trend.level)} (median of the last {t.smooth_window} updates) and not rising over the "
+        f"last {t.value_trend_window} (Mann-Kendall z = {trend.z:.1f}): the value model explains almost none of the "
+        f"returns' variance ({RETURNS_VAR} = {_g(trend.returns_var)}) and is not learning to.",
+        {VAR_EXPLAINED: t.value_explained_low},
+    )
+
+
 def check_nonfinite(h: History, t: Thresholds) -> Hit | None:
     bad = {name: value for name, value in h.row.items() if not math.isfinite(value)}
     if not bad:
@@ -488,32 +532,42 @@ def mann_kendall_z(values: list[float]) -> float:
     return (s - math.copysign(1, s)) / math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
 
 
-def _kl_climb(h: History, name: str, t: Thresholds) -> Hit | None:
-    """A steady climb: over the last kl_trend_window observations, the KL's Theil-Sen slope times the window is at
-    least kl_trend_rise nats/token, and its Mann-Kendall z at least kl_trend_z."""
+class KLClimb(NamedTuple):
+    rise: float  # nats/token over the window: the Theil-Sen slope times kl_trend_window, per token
+    z: float  # the Mann-Kendall z of the window
+    length: float  # tokens per completion the KL is divided by (1 for GRPO's per-token kl)
+
+
+def kl_climb(h: History, name: str, t: Thresholds) -> KLClimb | None:
+    """The trend of the last kl_trend_window observations of a KL metric, once there are that many (PPO's divided by
+    the median completion length over the same observations)."""
     w = t.kl_trend_window
     values = h.values(name)[-w:]
     if len(values) < w:
         return None
-    per_token = 1.0
+    length = 1.0
     if name == PPO_KL:
         lengths = h.values(RESPONSE_LENGTH)[-w:]
-        per_token = statistics.median(lengths) if lengths else 0.0
-        if per_token <= 0:
+        length = statistics.median(lengths) if lengths else 0.0
+        if length <= 0:
             return None
-    rise = theil_sen_slope(values) * w / per_token
-    if rise < t.kl_trend_rise:
+    return KLClimb(theil_sen_slope(values) * w / length, mann_kendall_z(values), length)
+
+
+def _kl_climb_hit(h: History, name: str, t: Thresholds) -> Hit | None:
+    """A steady climb: over the last kl_trend_window observations, the KL's Theil-Sen slope times the window is at
+    least kl_trend_rise nats/token, and its Mann-Kendall z at least kl_trend_z (a rise that stands out of the noise;
+    a level shift that holds for half the window passes too)."""
+    climb = kl_climb(h, name, t)
+    if climb is None or climb.rise < t.kl_trend_rise or climb.z < t.kl_trend_z:
         return None
-    z = mann_kendall_z(values)
-    if z < t.kl_trend_z:
-        return None
-    start = statistics.median(values[: t.smooth_window])
+    values = h.values(name)[-t.kl_trend_window :]
     return Hit(
         WARNING,
         {name: statistics.median(values[-t.smooth_window :])},
-        f"{name} climbed steadily over the last {w} observations: by {_g(rise)} nats/token (Theil-Sen slope times "
-        f"the window), Mann-Kendall z = {z:.1f}.",
-        {name: start + t.kl_trend_rise * per_token},
+        f"{name} climbed steadily over the last {t.kl_trend_window} observations: by {_g(climb.rise)} nats/token "
+        f"(Theil-Sen slope times the window), Mann-Kendall z = {climb.z:.1f}.",
+        {name: statistics.median(values[: t.smooth_window]) + t.kl_trend_rise * climb.length},
     )
 
 
@@ -532,7 +586,7 @@ def check_kl_runaway(h: History, t: Thresholds) -> Hit | None:
                     "observations.",
                     {name: max(floor, t.kl_growth_factor * max(before, 0.0))},
                 )
-        climb = _kl_climb(h, name, t)
+        climb = _kl_climb_hit(h, name, t)
         if climb is not None:
             return climb
     return None
@@ -581,28 +635,43 @@ def check_entropy(h: History, t: Thresholds) -> Hit | None:
     return Hit(severity, collapsed, "; ".join(parts) + ".", limits)
 
 
-def check_completion_entropy(h: History, t: Thresholds) -> Hit | None:
+class CompletionEntropy(NamedTuple):
+    name: str  # the per-token entropy metric
+    entropy: float  # its level (median of smooth_window), nats/token
+    length: float  # the mean completion length's level, tokens
+
+    @property
+    def level(self) -> float:
+        """Nats per completion."""
+        return self.entropy * self.length
+
+
+def completion_entropy(h: History, t: Thresholds) -> CompletionEntropy | None:
     """The entropy of a whole completion: the level (median of smooth_window) of the per-token entropy times that of
-    the mean completion length. exp of it is the number of equally likely completions it is worth, whatever the
-    vocabulary, the task or the length; below two, a prompt's samples are nearly all the same text."""
-    n = t.smooth_window
+    the mean completion length, once the row carries one and both have smooth_window observations."""
     for name, length_name in TOKEN_ENTROPIES:
-        if name not in h.row:
-            continue
-        entropy, length = _level(h, name, n), _level(h, length_name, n)
-        if entropy is None or length is None:
-            continue
-        level = entropy * length
-        if level < t.completion_entropy_low:
-            return Hit(
-                WARNING,
-                {name: entropy},
-                f"{name} = {_g(entropy)} nats/token over completions of {_g(length)} tokens (medians of the last {n} "
-                f"steps): {_g(level)} nats per completion, worth {math.exp(level):.2f} equally likely completions "
-                "per prompt.",
-                {name: t.completion_entropy_low / length},
-            )
+        if name in h.row:
+            entropy, length = _level(h, name, t.smooth_window), _level(h, length_name, t.smooth_window)
+            if entropy is not None and length is not None:
+                return CompletionEntropy(name, entropy, length)
     return None
+
+
+def check_completion_entropy(h: History, t: Thresholds) -> Hit | None:
+    """exp of the entropy of a whole completion is the number of equally likely completions it is worth, whatever
+    the vocabulary, the task or the length; below two, a prompt's samples are nearly all the same text."""
+    found = completion_entropy(h, t)
+    if found is None or found.level >= t.completion_entropy_low:
+        return None
+    name, entropy, length = found
+    return Hit(
+        WARNING,
+        {name: entropy},
+        f"{name} = {_g(entropy)} nats/token over completions of {_g(length)} tokens (medians of the last "
+        f"{t.smooth_window} steps): {_g(found.level)} nats per completion, worth {math.exp(found.level):.2f} equally "
+        "likely completions per prompt.",
+        {name: t.completion_entropy_low / length},
+    )
 
 
 def _trailing_means(values: list[float], n: int) -> list[float]:
@@ -966,6 +1035,21 @@ RULES: tuple[Rule, ...] = (
         "the rewards' scale (whiten_rewards), and watch val/var_explained: a healthy value model explains more of "
         "the returns as training goes on.",
         check_value_clipping,
+    ),
+    Rule(
+        "value_not_learning",
+        (VAR_EXPLAINED, RETURNS_VAR),
+        (WARNING,),
+        f"median of the last $smooth_window observations of `{VAR_EXPLAINED}` < $value_explained_low while "
+        f"`{RETURNS_VAR}` > 0, and no upward trend over its last $value_trend_window observations (Mann-Kendall z "
+        "< $value_trend_z)",
+        "The value model explains almost none of the returns' variance and is not getting better, so GAE's "
+        "advantages are the returns minus a near-constant and carry their full noise: its learning stopped (a "
+        "learning rate scheduled to 0, parameters frozen or missing from the optimizer, a value head that gets no "
+        "gradient) or is far too slow for the run. Check that the value model's parameters are trained and its "
+        "learning rate (vf_coef scales its loss, not Adam's step); a healthy value model's val/var_explained rises "
+        "over the first hundred updates, slowly with LoRA.",
+        check_value_learning,
     ),
     Rule(
         "updates_too_large",

@@ -325,6 +325,29 @@ def test_value_updates_clipped_on_the_median_of_five():
     assert replay(series("val/clipfrac_avg", [0.1] * 20)) == []
 
 
+def _explained(values, returns_var=1.0):
+    return [{"val/var_explained": v, "returns/var": returns_var} for v in values]
+
+
+def test_value_not_learning_when_explained_variance_stays_low_and_flat():
+    """A frozen value model: val/var_explained held at 0.01 with returns/var 1. Its level is below 0.05 and 60 tied
+    observations have S = 0, z = 0 < 2: fires at the 60th, the first with a full window."""
+    assert replay(_explained([0.01] * 70)) == [(60, "value_not_learning", WARNING)]
+    (f,) = findings(_explained([0.01] * 60))
+    assert f.metrics == {"val/var_explained": 0.01} and f.thresholds == {"val/var_explained": 0.05}
+    assert "not rising over the last 60 (Mann-Kendall z = 0.0)" in f.message and "returns/var = 1" in f.message
+    # Alternating 0.01, 0.02: 465 later-larger pairs against 435 later-smaller, z = 29 / 156.8 = 0.18: not rising.
+    assert replay(_explained([0.01, 0.02] * 30)) == [(60, "value_not_learning", WARNING)]
+    # A slow learner (a LoRA critic): 0.0005 more at each update is still 0.03 after 60, but rises in every pair
+    # (z = 11.3): quiet. So is a value model that explains a fifth of the returns' variance and has stopped there.
+    assert replay(_explained([0.0005 * k for k in range(80)])) == []
+    assert replay(_explained([0.2] * 80)) == []
+    # Returns without variance leave nothing to explain (val/var_explained is 0 by definition); without returns/var
+    # logged there is no telling.
+    assert replay(_explained([0.0] * 80, returns_var=0.0)) == []
+    assert replay(series("val/var_explained", [0.01] * 80)) == []
+
+
 def test_value_loss_critical_at_once_needs_100x_the_first_and_an_absolute_floor():
     # The issue's lr-0.5 run: 1.31 at the first update, 1518 at the second.
     assert replay(series("loss/value_avg", [1.31, 1518.0])) == [(2, "value_loss_spike", CRITICAL)]
