@@ -21,12 +21,21 @@ import math
 import os
 import statistics
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from rlhfkit.health.monitor import Finding, replay
-from rlhfkit.health.rules import CRITICAL, Thresholds
+from rlhfkit.health.rules import (
+    CRITICAL,
+    GRPO_KL,
+    PPO_KL,
+    History,
+    Thresholds,
+    completion_entropy,
+    kl_climb,
+    value_trend,
+)
 
 HEALTHY = "healthy"
 # Reward hacking's onset, from true success alone (success_fall): levels are means of SUCCESS over SUCCESS_WINDOW steps.
@@ -137,6 +146,109 @@ def verdict(record: Record, thresholds: Thresholds | None = None) -> Verdict:
     if stop in TRAINER_STOPS and (critical_at is None or record.ended["step"] < critical_at):
         critical_at = record.ended["step"]
     return Verdict(record, findings, early, flagged_at, flagged_by, critical_at)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Margins: how far the rules added for the known misses are from the healthy runs
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _entropy_level(h: History, t: Thresholds) -> float | None:
+    found = completion_entropy(h, t)
+    return found.level if found else None
+
+
+def _kl_rise(h: History, t: Thresholds) -> float | None:
+    for name in (PPO_KL, GRPO_KL):
+        climb = kl_climb(h, name, t) if name in h.row else None
+        if climb is not None and climb.z >= t.kl_trend_z:
+            return climb.rise
+    return None
+
+
+def _value_z(h: History, t: Thresholds) -> float | None:
+    trend = value_trend(h, t)
+    if trend is None or trend.level >= t.value_explained_low or trend.returns_var <= 0:
+        return None
+    return trend.z
+
+
+class Margin(NamedTuple):
+    """One statistic a rule holds against one threshold, where the rule's other conditions hold."""
+
+    rule: str
+    mode: str  # the failure mode it was added for
+    statistic: str  # in words
+    threshold: str  # the Thresholds field
+    below: bool  # the rule fires when the statistic is below the threshold (else at or above it)
+    scale: bool  # a positive quantity: the margin is a ratio (else a difference, as for a z)
+    measure: Callable[[History, Thresholds], float | None]
+
+
+MARGINS = (
+    Margin(
+        "sampling_nearly_greedy", "entropy_collapse", "entropy of a whole completion (nats)", "completion_entropy_low",
+        True, True, _entropy_level,
+    ),
+    Margin(
+        "kl_runaway", "kl_runaway", "KL climb over the trend window (nats/token), where its Mann-Kendall z >= "
+        "kl_trend_z", "kl_trend_rise", False, True, _kl_rise,
+    ),
+    Margin(
+        "value_not_learning", "value_frozen", "Mann-Kendall z of val/var_explained over the trend window, where its "
+        "level < value_explained_low", "value_trend_z", True, False, _value_z,
+    ),
+)  # fmt: skip
+
+
+def _measured(record: Record, margins: Sequence[Margin], t: Thresholds) -> dict[str, list[tuple[int, float]]]:
+    """Each margin's statistic at every row of the run where it is defined: rule -> [(step, value)]."""
+    history, out = History(t.history_length(), t.start_length()), {m.rule: [] for m in margins}
+    for index, row in enumerate(record.rows):
+        step = row.get("step", index)
+        history.add(step, {k: v for k, v in row.items() if k != "step"})
+        for m in margins:
+            value = m.measure(history, t)
+            if value is not None:
+                out[m.rule].append((step, value))
+    return out
+
+
+def render_margins(records: Sequence[Record], margins: Sequence[Margin] = MARGINS) -> list[str]:
+    """The margins table: for each statistic, its threshold, the nearest healthy run, and the failure's runs at the
+    rule's first finding."""
+    t = Thresholds()
+    measured = {r.name: _measured(r, margins, t) for r in records if r.healthy or r.mode in {m.mode for m in margins}}
+    lines = [
+        "| rule (failure mode) | statistic | fires | threshold | nearest healthy run | the failure's runs at the "
+        "rule's first finding | ... and their most extreme after the onset |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for m in margins:
+        threshold = getattr(t, m.threshold)
+        healthy = [(value, step, r.name) for r in records if r.healthy for step, value in measured[r.name][m.rule]]
+        nearest = (min if m.below else max)(healthy, default=None)
+        if nearest is None:
+            shown = "never defined"
+        else:
+            value, step, name = nearest
+            room = f"{value / threshold:.2f}x" if m.scale else f"{value - threshold:+.2f}"
+            shown = f"{value:.3g} ({room} the threshold; {name}, step {step})"
+        at_flag, extreme = [], []
+        for r in records:
+            if r.mode != m.mode or r.healthy:
+                continue
+            first = next((f.step for f in verdict(r).findings if f.rule == m.rule), None)
+            at_flag += [value for step, value in measured[r.name][m.rule] if step == first]
+            after = [value for step, value in measured[r.name][m.rule] if step >= (r.onset or 1)]
+            extreme += [(min if m.below else max)(after)] if after else []
+        sick = f"{min(at_flag):.3g} to {max(at_flag):.3g} ({len(at_flag)} runs)" if at_flag else "not flagged"
+        worst = f"{min(extreme):.3g} to {max(extreme):.3g}" if extreme else "-"
+        lines.append(
+            f"| `{m.rule}` ({m.mode}) | {m.statistic} | {'below' if m.below else 'at or above'} | `{m.threshold}` = "
+            f"{threshold:g} | {shown} | {sick} | {worst} |"
+        )
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -254,6 +366,35 @@ def render_markdown(records: Sequence[Record]) -> str:
                 f"| {v.record.name} | {fall} | {v.flagged_at if v.flagged_at is not None else '-'} | {by or '-'} | "
                 f"{before} | {overopt if overopt is not None else '-'} |"
             )
+    if any(v.record.mode in {m.mode for m in MARGINS} for v in sick):
+        lines += [
+            "",
+            "### Margins of the rules for the known misses",
+            "",
+            "Three failures went unflagged, or were flagged late, until rules were added for them (issue 41): sampling "
+            "at a low temperature (`entropy_collapse` measures the entropy against its own start, which is already "
+            "low), a steady KL climb with kl_coef 0 (the window-to-window test flagged it 74 to 95 updates late) and "
+            "a value model that stops learning. Each new statistic against its threshold, with the healthy run "
+            "nearest to it over all their steps, and the failure's runs at the rule's first finding:",
+            "",
+            *render_margins(records),
+            "",
+            "What they do not do:",
+            "",
+            "- `sampling_nearly_greedy` holds an absolute level, ln 2 nats per completion, not the entropy relative to "
+            "the sampling temperature's own: the logged rows carry no temperature, and the entropy at temperature 1 "
+            "would have to be logged beside the sampled one. Long completions rarely fall below ln 2 even when each "
+            "token is nearly greedy, so it catches sampling that repeats short answers (GRPO groups of one text), "
+            "not a per-token collapse; `entropy_collapse` covers that against its start.",
+            "- `kl_runaway`'s climb test needs a full window (60 observations), so it flags at the 60th update at the "
+            "earliest. Healthy PPO runs' KL climbs too, as steadily (Mann-Kendall z up to about 6 over the same "
+            "window): what separates a runaway is the rate, in nats per token, not the steadiness. A KL penalty too weak for the learning "
+            "rate climbs the same way and is flagged too (the reward-hacking runs at kl_coef 0.01).",
+            "- `value_not_learning` sees only a value model that explains less than `value_explained_low` of the "
+            "returns' variance: one that stops after learning more keeps its explained variance and is not flagged "
+            "(the labelled runs freeze it at update 20, when it explains about 1%). It needs its window to fill with "
+            "the stalled updates, some 45 to 50 after the freeze.",
+        ]
     lines += ["", "### Every run", "", "| run | onset | ended | findings (step rule severity) |", "|---|---|---|---|"]
     for v in verdicts:
         ended = v.record.ended.get("ended", "?")

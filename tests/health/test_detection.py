@@ -149,3 +149,52 @@ def test_a_spec_trained_again_gets_its_records_verdict(name, tmp_path):
         (f.step, f.rule, f.severity) for f in committed.findings
     ]
     assert json.loads((tmp_path / name / "outcome.json").read_text()) == committed.record.ended
+
+
+# --- the known misses of issue 41 and the rules added for them -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode, rule, longest",
+    [
+        ("entropy_collapse", "sampling_nearly_greedy", 4),  # the first full smooth_window
+        ("kl_runaway", "kl_runaway", 59),  # the first full kl_trend_window
+        ("value_frozen", "value_not_learning", 50),
+    ],
+)
+def test_the_known_misses_are_flagged_first_by_their_rules(mode, rule, longest):
+    runs = [verdict(r) for r in RECORDS if r.mode == mode]
+    assert len(runs) >= 2
+    assert [(v.record.name, v.flagged_by) for v in runs if v.flagged_by != rule or v.delay > longest] == []
+
+
+def test_the_rules_for_the_known_misses_stay_quiet_on_healthy_runs_with_tighter_thresholds():
+    """The margins table's nearest healthy runs: the completion entropy never below 0.945 nats (threshold ln 2), the
+    KL's climb never above 0.176 nats/token over the window (0.25), the explained variance's trend never below z 4.66
+    while it is under 0.05 (2)."""
+    tighter = Thresholds(completion_entropy_low=0.9, kl_trend_rise=0.2, value_trend_z=4.0)
+    rules = {"sampling_nearly_greedy", "kl_runaway", "value_not_learning"}
+    healthy = [r for r in RECORDS if r.healthy]
+    assert [(r.name, f.step, f.rule) for r in healthy for f in verdict(r, tighter).findings if f.rule in rules] == []
+    text = render_markdown(RECORDS)
+    assert "| `kl_runaway` (kl_runaway) |" in text and "0.176 (0.70x the threshold; healthy-ppo-kl0.1-s0" in text
+
+
+def test_a_frozen_value_model_is_a_real_failure():
+    """value_frozen, labelled by its injection: after the freeze the value model's explained variance stays near 1%
+    while the same seeds' healthy runs reach 10% by update 100, and the policy still learns (true success rises)."""
+
+    def explained(record, first, last):
+        values = [
+            row["val/var_explained"]
+            for row in record.rows
+            if first <= row["step"] <= last and "val/var_explained" in row
+        ]
+        return sum(values) / len(values)
+
+    by_name = {r.name: r for r in RECORDS}
+    for seed in (0, 1):
+        frozen, healthy = by_name[f"value_frozen-ppo-frozen@20-s{seed}"], by_name[f"healthy-ppo-default-s{seed}"]
+        assert explained(frozen, 60, 120) < 0.03 < 0.1 < explained(healthy, 100, 120), seed
+        success = [row["rollout/task_success"] for row in frozen.rows if "rollout/task_success" in row]
+        assert sum(success[-20:]) / 20 > sum(success[:20]) / 20 + 0.05, seed
