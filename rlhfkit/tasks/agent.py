@@ -20,6 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import Task, generic_corruption
+from .chat_tokenizer import END, PAD, START
+
+CHAT_SPECIAL_TOKENS = (START, END, PAD)
 
 DIGITS = "0123456789"
 # Operand lengths (digits): the first factor has 3-4, the second 2-3.
@@ -84,10 +87,12 @@ def answer(prompt: str | Sequence[Mapping[str, Any]]) -> str:
 
 def final_answer(completion: str | Sequence[Mapping[str, Any]]) -> str | None:
     """The episode's answer: the content of its last message when that is an assistant message without tool calls
-    (TRL's completions: the messages after the prompt); for an episode's decoded text (special tokens removed, as
-    the trainers' task_success reads it), its last line, where the chat template puts the last turn. None when the
-    episode ended on a tool call or a tool result (no answer given)."""
+    (TRL's completions: the messages after the prompt); for an episode's decoded text (as the trainers' task_success
+    reads it, special tokens kept or not), its last line without the chat template's special tokens, where the
+    template puts the last turn. None when the episode ended on a tool call or a tool result (no answer given)."""
     if isinstance(completion, str):
+        for token in CHAT_SPECIAL_TOKENS:
+            completion = completion.replace(token, "")
         return completion.strip().rpartition("\n")[2]
     if not completion:
         return None

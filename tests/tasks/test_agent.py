@@ -47,7 +47,8 @@ def test_check_reads_the_last_assistant_message():
 
 
 def test_check_of_an_episodes_decoded_text_reads_its_last_line():
-    """The trainers' task_success decodes an episode with special tokens removed: the last turn is its last line."""
+    """The trainers' task_success reads an episode's decoded text (special tokens kept with tools, removed without):
+    the last turn is its last line."""
     tok = build_chat_tokenizer()
     messages = PROMPT + episode("699678")
     ids = tok.apply_chat_template(messages, tools=[calculator], tokenize=True, return_dict=False)
@@ -56,6 +57,10 @@ def test_check_of_an_episodes_decoded_text_reads_its_last_line():
     )
     text = tok.decode(ids[len(head) :], skip_special_tokens=True)
     assert check(PROMPT, text) and final_answer(text) == "699678"
+    kept = tok.decode(ids[len(head) :], skip_special_tokens=False)  # GRPO's and PPO's texts of episodes
+    assert (
+        kept.endswith("699678<|im_end|>\n") and check(PROMPT, kept) and not check(PROMPT, kept.replace("678<", "67<"))
+    )
     assert not check(PROMPT, text.replace("\n699678", "\n699670"))
     assert not check(PROMPT, text.rpartition("\nassistant")[0])  # cut before the answer
     assert check(PROMPT, "699678") and not check(PROMPT, "69967")
@@ -190,6 +195,8 @@ def test_sft_conversation_trains_the_assistant_turns_only():
     assert taught == (
         '<tool_call>{"name": "calculator", "arguments": {"expression": "1234*567"}}</tool_call><|im_end|>699678<|im_end|>'
     )
+    ids, trained = encode_conversation(tok, conversation("1234*567", True), [calculator], decide=False)
+    assert tok.decode([t for t, keep in zip(ids, trained) if keep]) == taught.removeprefix("<tool_call>")
     ids, trained = encode_conversation(tok, conversation("1234*567", False), [calculator])
     assert tok.decode([t for t, keep in zip(ids, trained) if keep]) == "699678<|im_end|>"
     messages = conversation("1234*567", True)
@@ -197,12 +204,18 @@ def test_sft_conversation_trains_the_assistant_turns_only():
 
 
 def test_sft_demonstrations_call_the_tool_by_class():
+    """The share of demonstrations that decide to call is the class's; every prompt answered directly also gets a
+    tool conversation whose decision token is not trained."""
     cfg = AgentPreset(tool_share_longest=0.8, tool_share_other=0.15)
     prompts = TASK.make_prompts(4000, random.Random(1))
     demos = sft_examples(prompts, cfg, random.Random(2))
-    longest = [len(d) > 2 for p, d in zip(prompts, demos) if is_longest(p)]
-    other = [len(d) > 2 for p, d in zip(prompts, demos) if not is_longest(p)]
+    decided = {d.messages[0]["content"]: len(d.messages) > 2 for d in demos if d.decide}
+    assert len(decided) == len(prompts)
+    longest = [decided[p] for p in prompts if is_longest(p)]
+    other = [decided[p] for p in prompts if not is_longest(p)]
     assert 0.75 < sum(longest) / len(longest) < 0.85 and 0.12 < sum(other) / len(other) < 0.18
+    reading = [d for d in demos if not d.decide]
+    assert len(reading) == len(prompts) - sum(decided.values()) and all(len(d.messages) == 4 for d in reading)
     assert is_longest("1234*567") and not is_longest("123*567") and not is_longest("1234*56")
 
 
