@@ -1,11 +1,17 @@
-"""`rlhfkit quickstart`: the whole small pipeline on the built-in task, offline, in a few minutes on a laptop CPU.
+"""`rlhfkit quickstart`: the whole small pipeline on a built-in task, offline, in a few minutes on a laptop CPU.
 
-1. build (first use) or reuse the built-in task: tokenizer, SFT model, reward model, prompts;
+1. build (first use) or reuse the built-in task (``--task``, sort by default; ``--preset test`` builds in seconds):
+   tokenizer, SFT model, reward model, prompts;
 2. train PPO from the SFT model against the reward model (the built-in task's PPO settings), or with
    ``--algorithm grpo`` GRPO against the task's rule-based rewards (its GRPO settings);
 3. judge the trained policy against the SFT model on held-out prompts, with the task's own checker and with the
    reward model (the reference PPO page validates training the same way, by a judge's win rate);
 4. write the HTML report of the run, opening with the before/after comparison (before_after.json).
+
+``--task agent`` is the agent task (tasks/agent.py): multiplication with a calculator tool. Both algorithms train
+multi-turn episodes with the tool and score them with the task's correctness rule (it has no reward model); the judge
+is the task's checker on greedy episodes of both models, their tools run, and agent_eval.json adds each model's
+accuracy and tool calls per episode (docs/agent-task.md).
 
 It ends with the win rates, the report's path and the command that opens the Trackio dashboard. The algorithm's flags
 given on the command line (``rlhfkit quickstart --total_episodes 2048``, ``rlhfkit quickstart --algorithm grpo
@@ -18,28 +24,37 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from rlhfkit.errors import UsageError
 
 ALGORITHMS = ("ppo", "grpo")
+AGENT_EVAL_FILE = "agent_eval.json"  # the agent task's judging: win rate, accuracy and tool calls of both models
+PRESETS = ("default", "test")
+
+
+def split_choice(argv: Sequence[str], flag: str, choices: Sequence[str], default: str) -> tuple[str, list[str]]:
+    """`--flag NAME` (or `--flag=NAME`) out of the command line, NAME one of `choices`: (name, the other
+    arguments)."""
+    rest, value, args, option = [], default, list(argv), f"--{flag}"
+    while args:
+        arg = args.pop(0)
+        if arg == option:
+            if not args:
+                raise UsageError(f"{option} needs a value: one of {', '.join(choices)}.")
+            value = args.pop(0)
+        elif arg.startswith(option + "="):
+            value = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+    if value not in choices:
+        raise UsageError(f"{option} {value!r}: must be one of {', '.join(choices)}.")
+    return value, rest
 
 
 def split_algorithm(argv: Sequence[str]) -> tuple[str, list[str]]:
     """`--algorithm NAME` (or `--algorithm=NAME`) out of the command line: (name, the other arguments)."""
-    rest, algorithm, args = [], "ppo", list(argv)
-    while args:
-        arg = args.pop(0)
-        if arg == "--algorithm":
-            if not args:
-                raise UsageError(f"--algorithm needs a value: one of {', '.join(ALGORITHMS)}.")
-            algorithm = args.pop(0)
-        elif arg.startswith("--algorithm="):
-            algorithm = arg.split("=", 1)[1]
-        else:
-            rest.append(arg)
-    if algorithm not in ALGORITHMS:
-        raise UsageError(f"--algorithm {algorithm!r}: must be one of {', '.join(ALGORITHMS)}.")
-    return algorithm, rest
+    return split_choice(argv, "algorithm", ALGORITHMS, "ppo")
 
 
 def before_after(comparison, baseline: str, examples: int = 6) -> dict:
@@ -69,17 +84,95 @@ def before_after(comparison, baseline: str, examples: int = 6) -> dict:
     }
 
 
+class EpisodeRun(NamedTuple):
+    """Greedy episodes of one model, one per prompt: each episode's messages after the prompt (TRL's completions),
+    its text as the model read it (turns and tool results, special tokens kept), whether it ended without a
+    terminator (cut by the length budget), and its tool calls."""
+
+    messages: list[list[dict]]
+    texts: list[str]
+    truncated: list[bool]
+    tool_calls: list[int]
+
+
+def greedy_episodes(model_path: str, task, prompts: list[list[dict]], flag: str, batch_size: int = 64) -> EpisodeRun:
+    """Greedy multi-turn episodes of the model at `model_path` on conversational `prompts`, the task's tools run:
+    the trainers' episodes (trainers/episodes.py) with its tool rounds and length budget, prompts rendered with the
+    tools as the trainers render them."""
+    import torch
+
+    from rlhfkit.agents import ToolBox
+    from rlhfkit.data import prompt_text
+    from rlhfkit.evaluation.generation import load_generator
+    from rlhfkit.sampling import decode, sampling_config, terminator_ids
+    from rlhfkit.tasks.agent import tool_calls
+    from rlhfkit.trainers.episodes import ToolEpisodes
+
+    model, tokenizer = load_generator(model_path, flag)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).eval()
+    tools = list(task.tools)
+    episodes = ToolEpisodes(tokenizer, ToolBox(tools), task.max_tool_calling_iterations, task.max_new_tokens)
+    config = sampling_config(task.max_new_tokens, None, tokenizer.pad_token_id, terminator_ids(tokenizer, model))
+    ids = [tokenizer(prompt_text(p, tokenizer, None, tools), add_special_tokens=False)["input_ids"] for p in prompts]
+    out = EpisodeRun([], [], [], [])
+    with torch.inference_mode():
+        for start in range(0, len(ids), batch_size):
+            round_ = episodes.sample(model, ids[start : start + batch_size], config, device)
+            chunk = round_.chunk
+            out.messages.extend(round_.messages)
+            out.texts.extend(decode(tokenizer, chunk.completion_ids, chunk.completion_mask, skip_special_tokens=False))
+            out.truncated.extend((~chunk.terminated).tolist())
+    out.tool_calls.extend(tool_calls(m) for m in out.messages)
+    return out
+
+
+def judge_episodes(model_path: str, baseline_path: str, task, prompts: list[list[dict]]):
+    """The trained policy (A) against the SFT model (B) on greedy episodes, judged by the task's checker on each
+    episode's final answer, the win rate tallied as every TaskJudge's (evaluation.judge_completions). Returns the
+    Comparison (prompts as the user's questions, texts as the episodes read) and each side's accuracy and tool calls
+    per episode."""
+    from rlhfkit.evaluation import Comparison, Generations, TaskJudge, judge_completions
+    from rlhfkit.tasks.agent import question
+
+    model = greedy_episodes(model_path, task, prompts, "model")
+    baseline = greedy_episodes(baseline_path, task, prompts, "baseline")
+    questions = [question(p) for p in prompts]
+    judge = TaskJudge(task.check, name=f"task:{task.name}")
+    verdicts, win_rates = judge_completions([judge], questions, model.messages, baseline.messages)
+    comparison = Comparison(
+        questions,
+        Generations(model.texts, model.truncated),
+        Generations(baseline.texts, baseline.truncated),
+        verdicts,
+        win_rates,
+    )
+
+    def summary(run: EpisodeRun) -> dict:
+        correct = [task.check(q, m) for q, m in zip(questions, run.messages)]
+        return {
+            "accuracy": sum(correct) / len(correct),
+            "tool_calls_per_episode": sum(run.tool_calls) / len(run.tool_calls),
+            "episodes_calling_a_tool": sum(c > 0 for c in run.tool_calls) / len(run.tool_calls),
+        }
+
+    return comparison, {"policy": summary(model), "sft": summary(baseline)}
+
+
 def cmd_quickstart(argv: Sequence[str]) -> int:
     from rlhfkit.config import GRPOArguments, PPOArguments
     from rlhfkit.config.parse import parse_config
     from rlhfkit.evaluation import RewardModelJudge, TaskJudge, compare_judges, format_report, load_eval_prompts
     from rlhfkit.report import build_report
-    from rlhfkit.tasks import Assets, builtin_assets, load_task
+    from rlhfkit.tasks import DEFAULT_TASK, TASKS, Assets, builtin_assets, load_task
+    from rlhfkit.tasks.agent import AgentTask
     from rlhfkit.tracking.rundir import BEFORE_AFTER_FILE
     from rlhfkit.trainers.build import MODEL_FLAGS, build_trainer
 
     start = time.time()
     algorithm, argv = split_algorithm(argv)
+    task_name, argv = split_choice(argv, "task", tuple(TASKS), DEFAULT_TASK)
+    preset, argv = split_choice(argv, "preset", PRESETS, "default")
     config_cls = PPOArguments if algorithm == "ppo" else GRPOArguments
     args, explicit = parse_config(config_cls, argv, "rlhfkit quickstart")
     given = [flag for flag in MODEL_FLAGS if getattr(args, flag, None)]
@@ -91,18 +184,25 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
         args.exp_name = "quickstart"
 
     # 1-2. Built-in task (built on first use) and the algorithm with its settings.
-    trainer = build_trainer(args, explicit)
+    trainer = build_trainer(args, explicit, task_name, preset)
     trainer.train()
     if not trainer.accelerator.is_main_process:
         return 0
-    assets = Assets(builtin_assets())
+    assets = Assets(builtin_assets(preset, task=task_name))
     run_dir = args.output_dir
-
-    # 3. The trained policy against the SFT model, judged by the task's checker and by the reward model.
     task = load_task(assets.root)
-    prompts = load_eval_prompts(assets.prompts, split="test")
-    judges = [TaskJudge.from_dir(assets.root), RewardModelJudge.from_path(assets.reward)]
-    comparison = compare_judges(run_dir, assets.sft, judges, prompts, max_new_tokens=task.max_new_tokens)
+    agent = isinstance(task, AgentTask)
+
+    # 3. The trained policy against the SFT model, judged by the task's checker (and, where the task has one, by the
+    # reward model); the agent task's on greedy episodes whose tools run.
+    episodes = None
+    if agent:
+        conversations = load_dataset_column(assets.prompts, "test")
+        comparison, episodes = judge_episodes(run_dir, assets.sft, task, conversations)
+    else:
+        prompts = load_eval_prompts(assets.prompts, split="test")
+        judges = [TaskJudge.from_dir(assets.root), RewardModelJudge.from_path(assets.reward)]
+        comparison = compare_judges(run_dir, assets.sft, judges, prompts, max_new_tokens=task.max_new_tokens)
 
     # 4. The report, opening with the before/after comparison.
     with open(os.path.join(run_dir, BEFORE_AFTER_FILE), "w", encoding="utf-8") as f:
@@ -110,13 +210,42 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
     report = build_report([run_dir], os.path.join(run_dir, "report"))
 
     print()
-    print(f"{algorithm.upper()} policy vs the SFT model on {len(prompts)} held-out prompts (greedy):")
+    how = "greedy episodes, the calculator run" if agent else "greedy"
+    print(f"{algorithm.upper()} policy vs the SFT model on {len(comparison.prompts)} held-out prompts ({how}):")
     for win_rate in comparison.win_rates:
         print(format_report(win_rate))
         print()
-    minutes, seconds = divmod(round(time.time() - start), 60)
-    print(f"Done in {minutes}m{seconds:02d}s. Run directory: {run_dir}")
+    minutes = (time.time() - start) / 60
+    if episodes is not None:
+        for side, name in (("sft", "SFT model"), ("policy", f"{algorithm.upper()} policy")):
+            e = episodes[side]
+            print(
+                f"{name}: accuracy {e['accuracy']:.1%}, tool calls per episode {e['tool_calls_per_episode']:.2f} "
+                f"({e['episodes_calling_a_tool']:.1%} of the episodes call a tool)"
+            )
+        summary = {
+            "task": task.name,
+            "algorithm": algorithm,
+            "seed": args.seed,
+            "preset": preset,
+            "prompts": len(comparison.prompts),
+            "win_rate": comparison.win_rates[0].to_dict(),
+            **episodes,
+            "minutes": minutes,
+        }
+        with open(os.path.join(run_dir, AGENT_EVAL_FILE), "w", encoding="utf-8") as f:
+            json.dump(summary, f, indent=1)
+        print()
+    whole_minutes, seconds = divmod(round(minutes * 60), 60)
+    print(f"Done in {whole_minutes}m{seconds:02d}s. Run directory: {run_dir}")
     print(f"Report: {report}")
     if "trackio" in trainer.run.report_to:
         print(f"Dashboard: trackio show --project {args.project}")
     return 0
+
+
+def load_dataset_column(path: str, split: str, column: str = "prompt") -> list:
+    """One column of a split of a dataset saved with save_to_disk (the built-in prompts), as a list."""
+    from datasets import load_from_disk
+
+    return list(load_from_disk(path)[split][column])

@@ -17,7 +17,8 @@ from rlhfkit.models import (
     weight_dtype,
 )
 from rlhfkit.rewards import resolve_reward_funcs
-from rlhfkit.tasks import Assets, builtin_assets, load_task
+from rlhfkit.tasks import DEFAULT_TASK, Assets, builtin_assets, load_task
+from rlhfkit.tasks.agent import AgentTask
 from rlhfkit.trainers.grpo import GRPOTrainer
 from rlhfkit.trainers.ppo import PPOTrainer
 from rlhfkit.trainers.resume import refuse_other_run, resolve_output_dir
@@ -63,25 +64,55 @@ BUILTIN_GRPO_DEFAULTS = {
 }
 
 
+# The agent task (tasks/agent.py): episodes that may call the calculator, scored by the task's correctness rule (no
+# reward model, so no reward hacking to hold back: PPO's KL penalty is lighter). GRPO: 16 prompts x 8 episodes per
+# step; its reward saturates within ~15 steps, so 40. PPO: 4096 episodes. docs/agent-task.md has what they were
+# measured to do.
+BUILTIN_AGENT_GRPO_DEFAULTS = {
+    **BUILTIN_GRPO_DEFAULTS,
+    "per_device_train_batch_size": 32,
+    "max_steps": 40,
+    "num_sample_generations": 2,
+}
+BUILTIN_AGENT_PPO_DEFAULTS = {
+    **BUILTIN_PPO_DEFAULTS,
+    "total_episodes": 4096,
+    "num_sample_generations": 2,
+    "kl_coef": 0.05,
+}
+
+
 def uses_builtin_task(args: TrainConfig) -> bool:
     return not any(getattr(args, flag, None) for flag in MODEL_FLAGS)
 
 
 def apply_builtin_task(
-    args: TrainConfig, explicit: set[str] | frozenset[str] = frozenset(), preset: str = "default"
+    args: TrainConfig,
+    explicit: set[str] | frozenset[str] = frozenset(),
+    preset: str = "default",
+    task_name: str = DEFAULT_TASK,
 ) -> None:
-    """Point the model/data paths at the built-in task's assets (built on first use) and apply its defaults."""
-    assets = Assets(builtin_assets(preset))
+    """Point the model/data paths at the built-in task `task_name`'s assets (built on first use) and apply its
+    defaults. The agent task also gets its tool-calling rounds and, for PPO, its rule-based rewards (it has no reward
+    model)."""
+    assets = Assets(builtin_assets(preset, task=task_name))
     task = load_task(assets.root)
+    agent = isinstance(task, AgentTask)
     if isinstance(args, PPOConfig):
         args.model_name_or_path = assets.tokenizer
         args.sft_model_path = assets.sft
+        if agent and not args.reward_funcs:
+            args.reward_funcs = list(task.reward_funcs)
         if not args.reward_funcs:  # with reward functions, PPO scores with them alone (docs/builtin_task.md)
             args.reward_model_path = assets.reward
-        defaults = dict(BUILTIN_PPO_DEFAULTS, response_length=task.max_new_tokens)
+        ppo = BUILTIN_AGENT_PPO_DEFAULTS if agent else BUILTIN_PPO_DEFAULTS
+        defaults = dict(ppo, response_length=task.max_new_tokens)
     else:
         args.model_name_or_path = assets.sft
-        defaults = dict(BUILTIN_GRPO_DEFAULTS, max_completion_length=task.max_new_tokens)
+        grpo = BUILTIN_AGENT_GRPO_DEFAULTS if agent else BUILTIN_GRPO_DEFAULTS
+        defaults = dict(grpo, max_completion_length=task.max_new_tokens)
+    if agent:
+        defaults["max_tool_calling_iterations"] = task.max_tool_calling_iterations
     if not args.dataset_name:
         args.dataset_name = assets.prompts
     if not args.task:
@@ -140,13 +171,18 @@ def grpo_reward_sources(args: GRPOConfig, task) -> list:
     return models
 
 
-def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
-    """A GRPOTrainer from the names in ``args`` (hub ids or local paths). Without model flags, the built-in task and
-    its rewards."""
+def build_grpo_trainer(
+    args: GRPOConfig,
+    explicit: set[str] | frozenset[str] = frozenset(),
+    builtin: str = DEFAULT_TASK,
+    preset: str = "default",
+):
+    """A GRPOTrainer from the names in ``args`` (hub ids or local paths). Without model flags, the built-in task
+    `builtin` (its `preset` build) and its rewards; the agent task with its tools."""
     if uses_builtin_task(args):
-        apply_builtin_task(args, explicit)
+        apply_builtin_task(args, explicit, preset, builtin)
         if "reward_funcs" not in explicit:
-            args.reward_funcs = ["correctness", "partial_credit"]
+            args.reward_funcs = list(load_task(args.task).reward_funcs)
     check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
     train, test, task = _load_data_and_task(args, explicit)
     return GRPOTrainer(
@@ -156,13 +192,20 @@ def build_grpo_trainer(args: GRPOConfig, explicit: set[str] | frozenset[str] = f
         train_dataset=train,
         eval_dataset=test,
         task=task,
+        tools=list(task.tools) if isinstance(task, AgentTask) else None,
     )
 
 
-def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = frozenset()):
-    """A PPOTrainer from the names in ``args`` (hub ids or local paths). Without model flags, the built-in task."""
+def build_ppo_trainer(
+    args: PPOConfig,
+    explicit: set[str] | frozenset[str] = frozenset(),
+    builtin: str = DEFAULT_TASK,
+    preset: str = "default",
+):
+    """A PPOTrainer from the names in ``args`` (hub ids or local paths). Without model flags, the built-in task
+    `builtin` (its `preset` build)."""
     if uses_builtin_task(args):
-        apply_builtin_task(args, explicit)
+        apply_builtin_task(args, explicit, preset, builtin)
     check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
     if args.reward_model_path is None and not args.reward_funcs:
         # TRL 1.12's ppo.py defaulted the reward model to EleutherAI/pythia-160m, a causal LM with a fresh score head:
@@ -203,15 +246,21 @@ def build_ppo_trainer(args: PPOConfig, explicit: set[str] | frozenset[str] = fro
         eval_dataset=test,
         task=task,
         reward_funcs=reward_funcs,
+        tools=list(task.tools) if isinstance(task, AgentTask) else None,
     )
 
 
-def build_trainer(args: TrainConfig, explicit: set[str] | frozenset[str] = frozenset()):
+def build_trainer(
+    args: TrainConfig,
+    explicit: set[str] | frozenset[str] = frozenset(),
+    builtin: str = DEFAULT_TASK,
+    preset: str = "default",
+):
     """The trainer of the algorithm `args` configures: a GRPOTrainer for a GRPOConfig, else a PPOTrainer. An
     output_dir that another run holds is refused first (the trainer would refuse a finished one only when training
-    begins, after the models load)."""
+    begins, after the models load). builtin, preset: the built-in task (and its build) used without model flags."""
     resolve_output_dir(args)
     refuse_other_run(args)
     if isinstance(args, GRPOConfig):
-        return build_grpo_trainer(args, explicit)
-    return build_ppo_trainer(args, explicit)
+        return build_grpo_trainer(args, explicit, builtin, preset)
+    return build_ppo_trainer(args, explicit, builtin, preset)
