@@ -57,7 +57,7 @@ VAR_EXPLAINED, RETURNS_VAR = M.VAL_VAR_EXPLAINED.name, M.RETURNS_VAR.name
 PPO_SCORES, TRUE_SUCCESS = M.OBJECTIVE_SCORES.name, (M.ROLLOUT_TASK_SUCCESS.name, M.EVAL_TASK_SUCCESS.name)
 # Agents: multi-turn episodes with tools. Each tool's own failure share is a templated name (tools/<tool>/...).
 TOOL_CALLS, TOOL_FAILURES = M.TOOLS_CALL_FREQUENCY.name, M.TOOLS_FAILURE_FREQUENCY.name
-TURN_CAP = M.TOOLS_TURN_CAP_RATIO.name
+TURN_CAP, ROLLED_BACK = M.TOOLS_TURN_CAP_RATIO.name, M.TOOLS_ROLLED_BACK_RATIO.name
 TOOL_FAILURE_PREFIX, TOOL_FAILURE_SUFFIX = M.TOOLS_TOOL_FAILURE_FREQUENCY.name.split("{tool_name}")
 
 
@@ -769,6 +769,10 @@ def check_tools_never_called(h: History, t: Thresholds) -> Hit | None:
         return None
     if max(recent + first) > t.tools_unused_level:
         return None
+    # Calls the turn cap or the length budget left unanswered are not counted as made (TRL's count): episodes that
+    # end on a pending call did call, which is the turn cap's rule to report.
+    if any(v > t.tools_unused_level for name in (TURN_CAP, ROLLED_BACK) for v in h.values(name)[-n:]):
+        return None
     return Hit(
         WARNING,
         {TOOL_CALLS: max(recent)},
@@ -1243,7 +1247,8 @@ RULES: tuple[Rule, ...] = (
         (TOOL_CALLS,),
         (WARNING,),
         f"`{TOOL_CALLS}` at most $tools_unused_level in each of its first $smooth_window and its last "
-        "$tools_unused_observations observations",
+        f"$tools_unused_observations observations, and no more episodes than that ending on a call left unanswered "
+        f"(`{TURN_CAP}`, `{ROLLED_BACK}`)",
         "The policy is offered tools and does not call them: it never learned the call format, the chat template "
         "does not show it the tools, or its calls do not parse (the tokenizer's response_template does not match "
         "what the model writes, so every call is read as plain text). Read a few completions with "

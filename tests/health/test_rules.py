@@ -582,6 +582,9 @@ def test_tools_never_called_needs_no_calls_from_the_start_through_the_last_ten()
     assert only("tools_never_called", replay(series("tools/call_frequency", [0.5] + [0.0] * 30))) == []
     (f,) = findings(series("tools/call_frequency", [0.01] * 10))
     assert "offered tools for 10 steps" in f.message and "response_template" in f.advice
+    # Episodes that end on a call the turn cap left unanswered did call (TRL counts only the calls it runs).
+    capped = [{"tools/call_frequency": 0.0, "tools/turn_cap_ratio": 0.9}] * 10
+    assert only("tools_never_called", replay(capped)) == []
 
 
 def test_tool_failures_on_all_calls_or_one_tool():
