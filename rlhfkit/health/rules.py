@@ -205,6 +205,13 @@ class Thresholds:
         100.0, "A reward spread (std) this many times its median over the previous observations is a scale jump."
     )
     reward_scale_window: int = _knob(10, "Previous observations of the reward spread a jump is measured against.")
+    # A solved task: a deterministic policy and groups without spread are convergence there, not a failure.
+    solved_success: float = _knob(
+        0.9,
+        f"`{TRUE_SUCCESS[0]}` (its latest observation, or its best mean of overopt_window in a row) at or above "
+        "this: the task was solved, and entropy_collapse, "
+        "sampling_nearly_greedy and reward_zero_std report info, not warnings (only for tasks with a checker).",
+    )
     # Agents (episodes with tools).
     tools_unused_level: float = _knob(
         0.02, f"`{TOOL_CALLS}` (calls per episode) at or below this counts as no tool use."
@@ -611,7 +618,27 @@ def check_kl_coef(h: History, t: Thresholds) -> Hit | None:
     return None
 
 
+def _solved(h: History, t: Thresholds, hit: Hit | None) -> Hit | None:
+    """`hit` as info when the task's checker says the task was solved: rollout/task_success's latest observation, or
+    its best mean of overopt_window consecutive observations over the history kept, >= solved_success. A policy that
+    is right nearly every time has little left to sample differently and its groups little spread: the run converged.
+    A later fall of success is reward_collapse's and reward_overoptimised's to report. Tasks without a checker keep
+    the hit as it is."""
+    if hit is None or TRUE_SUCCESS[0] not in h.row:
+        return hit
+    values, n = h.values(TRUE_SUCCESS[0]), t.overopt_window
+    success = max([h.row[TRUE_SUCCESS[0]], *_trailing_means(values, min(n, len(values)) or 1)] if values else [-1.0])
+    if not success >= t.solved_success:
+        return hit
+    note = f" True success is {success:.0%}: the task looks solved, so this is the run converging, not a failure."
+    return hit._replace(severity=INFO, message=hit.message + note)
+
+
 def check_entropy(h: History, t: Thresholds) -> Hit | None:
+    return _solved(h, t, _entropy_collapse(h, t))
+
+
+def _entropy_collapse(h: History, t: Thresholds) -> Hit | None:
     n = t.smooth_window
     collapsed, limits, parts, severity = {}, {}, [], WARNING
     for name in ENTROPIES:
@@ -658,6 +685,10 @@ def completion_entropy(h: History, t: Thresholds) -> CompletionEntropy | None:
 
 
 def check_completion_entropy(h: History, t: Thresholds) -> Hit | None:
+    return _solved(h, t, _completion_entropy_low(h, t))
+
+
+def _completion_entropy_low(h: History, t: Thresholds) -> Hit | None:
     """exp of the entropy of a whole completion is the number of equally likely completions it is worth, whatever
     the vocabulary, the task or the length; below two, a prompt's samples are nearly all the same text."""
     found = completion_entropy(h, t)
@@ -852,6 +883,10 @@ def check_clipped_completions(h: History, t: Thresholds) -> Hit | None:
 
 
 def check_zero_std(h: History, t: Thresholds) -> Hit | None:
+    return _solved(h, t, _zero_std(h, t))
+
+
+def _zero_std(h: History, t: Thresholds) -> Hit | None:
     level = _level(h, ZERO_STD, t.smooth_window)
     if level is None or level < t.zero_std_warning:
         return None
@@ -1164,11 +1199,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "entropy_collapse",
         ENTROPIES,
-        (WARNING, CRITICAL),
+        (INFO, WARNING, CRITICAL),
         f"median of the last $smooth_window observations of `{M.OBJECTIVE_ENTROPY.name}`, "
         f"`{M.POLICY_ENTROPY_AVG.name}` or `{M.ENTROPY.name}` below $entropy_collapse_fraction times the median of "
         "its first $smooth_window (warning); a single observation below $entropy_critical_fraction times the run's "
-        "first (critical, at once)",
+        f"first (critical, at once); info instead while `{TRUE_SUCCESS[0]}` >= $solved_success",
         "The policy has become nearly deterministic, so sampling explores little and learning stalls. Lower "
         "learning_rate, raise kl_coef or beta to hold it near the reference, raise the sampling temperature, and "
         "check the samples for one answer repeated for every prompt.",
@@ -1177,11 +1212,11 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "sampling_nearly_greedy",
         tuple(name for name, _ in TOKEN_ENTROPIES),
-        (WARNING,),
+        (INFO, WARNING),
         f"the entropy of a whole completion, the median of the last $smooth_window observations of "
         f"`{M.POLICY_ENTROPY_AVG.name}` (PPO) or `{M.ENTROPY.name}` (GRPO) times that of `{RESPONSE_LENGTH}` or "
         f"`{M.COMPLETIONS_MEAN_LENGTH.name}`, below $completion_entropy_low nats (ln 2: fewer than two equally "
-        "likely completions per prompt)",
+        f"likely completions per prompt); info instead while `{TRUE_SUCCESS[0]}` >= $solved_success",
         "Sampling is nearly greedy: most samples of a prompt are the same text, so PPO explores nothing new and "
         "GRPO's groups carry no spread to learn from. The usual cause is a low sampling temperature (the entropy is "
         "measured at it: at temperature 0.2 the built-in task's policy starts at 0.3 nats per completion, at 0.7 "
@@ -1232,9 +1267,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "reward_zero_std",
         (ZERO_STD,),
-        (WARNING, CRITICAL),
+        (INFO, WARNING, CRITICAL),
         f"median of the last $smooth_window observations of `{ZERO_STD}` >= $zero_std_warning (warning) or >= "
-        "$zero_std_critical (critical)",
+        f"$zero_std_critical (critical); info instead while `{TRUE_SUCCESS[0]}` >= $solved_success",
         "In many groups all completions got the same reward, so their group-relative advantages are zero and they "
         "teach nothing: the prompts are too easy or too hard for the model, the reward cannot tell completions "
         "apart, or sampling is so nearly deterministic (a low temperature, a collapsed entropy) that a group's "

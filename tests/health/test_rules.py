@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.health import CRITICAL, RULES, WARNING, HealthMonitor, Thresholds, parse_thresholds
+from rlhfkit.health import CRITICAL, INFO, RULES, WARNING, HealthMonitor, Thresholds, parse_thresholds
 
 HEALTHY_PPO = Path(__file__).with_name("healthy_ppo_metrics.jsonl")
 
@@ -618,3 +618,26 @@ def test_tool_use_abandoned_when_calls_fall_to_a_quarter_while_the_reward_holds(
     assert only("tool_use_abandoned", replay(low)) == []
     (f,) = findings(rows(0.1, 0.9))
     assert "fell from 0.8 to 0.1" in f.message and "reward rose from 0.3 to 0.9" in f.message
+
+
+def test_a_solved_task_makes_a_deterministic_policy_and_groups_without_spread_info_not_a_warning():
+    # The agent task's healthy runs: once the policy calls the tool on every prompt, it is right nearly every time,
+    # its entropy collapses and most groups have no spread. That is convergence, as the checker says.
+    def rows(success):
+        start = [{"entropy": 0.5, "frac_reward_zero_std": 0.2, "rollout/task_success": 0.4}] * 5
+        return start + [{"entropy": 0.02, "frac_reward_zero_std": 0.9, "rollout/task_success": success}] * 5
+
+    converged = findings(rows(0.97))
+    assert {(f.rule, f.severity) for f in converged} == {("entropy_collapse", INFO), ("reward_zero_std", INFO)}
+    assert all("the task looks solved" in f.message for f in converged)
+    # Below solved_success the same stream warns (critical: a single entropy below 5% of the first).
+    assert {(f.rule, f.severity) for f in findings(rows(0.6))} >= {
+        ("entropy_collapse", CRITICAL),
+        ("reward_zero_std", WARNING),
+    }
+    # Once solved, a later dip of success keeps them info (a fall of success is reward_collapse's to report); a task
+    # without a checker keeps its warnings.
+    dipped = rows(0.97) + [{"entropy": 0.02, "frac_reward_zero_std": 0.9, "rollout/task_success": 0.7}]
+    assert all(f.severity == INFO for f in findings(dipped) if f.rule in ("entropy_collapse", "reward_zero_std"))
+    unchecked = [{k: v for k, v in r.items() if k != "rollout/task_success"} for r in rows(0.97)]
+    assert {f.severity for f in findings(unchecked)} >= {CRITICAL, WARNING}
