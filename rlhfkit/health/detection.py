@@ -2,11 +2,14 @@
 docs/health.md.
 
 The labelled set (bench/health/: specs.py says what each run is, build.py trains it) holds healthy runs of the
-built-in task and runs with one failure injected each. A run's record (bench/health/records/NAME.json.gz) keeps its
-labels, which come from outside the rules: ``mode`` ("healthy" or the failure injected), ``onset`` (the step of the
-injected change, or for reward hacking the step at which true success visibly falls), how it ended, and every logged
-row. Replaying the rows through a fresh monitor is exactly what ``rlhfkit doctor`` does with metrics.jsonl, and what
-the trainer's live watch does with the same rows as they are logged.
+built-in tasks and runs with one failure injected each, in three splits: the tuning set (the sort task, on which every
+threshold was chosen), the held-out set (the reverse and addition tasks, never used to choose a threshold) and TRL's own
+GRPOTrainer (read from its TensorBoard files, and live by HealthCallback). Each split gets its own table. A run's record
+(bench/health/records/NAME.json.gz) keeps its labels, which come from outside the rules: ``mode`` ("healthy" or the
+failure injected), ``onset`` (the step of the injected change, or for reward hacking the step at which true success
+visibly falls), how it ended, and every logged row. Replaying the rows through a fresh monitor is exactly what
+``rlhfkit doctor`` does with metrics.jsonl, and what the trainer's live watch does with the same rows as they are
+logged.
 
 A sick run is *flagged* by the first warning or critical finding at or after its onset, or by the trainer itself
 stopping it with an explanation (a reward it refuses, too many non-finite steps). Findings before the onset of a sick
@@ -38,8 +41,10 @@ from rlhfkit.health.rules import (
 )
 
 HEALTHY = "healthy"
+TUNING, HELD_OUT, TRL = "tuning", "held-out", "trl"  # the splits of the labelled set
 # Reward hacking's onset, from true success alone (success_fall): levels are means of SUCCESS over SUCCESS_WINDOW steps.
 SUCCESS, SUCCESS_WINDOW, SUCCESS_DROP, FINAL_DROP = "rollout/task_success", 10, 0.05, 0.1
+EVAL_SUCCESS = "eval/task_success"  # the task's checker on the test split (greedy), logged every few steps
 # How a run ended when the trainer itself stopped it with an explanation (a clean stop or a refused input).
 TRAINER_STOPS = {
     "NonFiniteStop": "the trainer's step guard (non-finite steps, exit 4)",
@@ -58,7 +63,9 @@ class Record(NamedTuple):
     onset: int | None  # the step the failure starts (None: healthy, or a hack that never hurt true success)
     onset_kind: str  # "injected" or "true success falls"
     ended: dict[str, Any]  # {"ended": "finished" | an exception's name, "step": ..., "message": ...}
-    rows: list[dict[str, Any]]  # the logged rows, as in metrics.jsonl
+    rows: list[dict[str, Any]]  # the logged rows, as in metrics.jsonl (a TRL run's: as doctor reads its TensorBoard)
+    task: str = "sort"  # the built-in task it trained on
+    split: str = TUNING  # TUNING, HELD_OUT or TRL
 
     @property
     def healthy(self) -> bool:
@@ -80,8 +87,13 @@ def load_records(directory: str | os.PathLike) -> list[Record]:
     for path in sorted(directory.glob("*.json.gz")):
         with gzip.open(path, "rt", encoding="utf-8") as f:
             data = json.load(f)
-        out.append(Record(*(data[field] for field in Record._fields)))
+        out.append(Record(**{field: data[field] for field in Record._fields if field in data}))
     return out
+
+
+def in_split(records: Sequence[Record], split: str) -> list[Record]:
+    """The records of one split (TUNING, HELD_OUT or TRL), in order."""
+    return [r for r in records if r.split == split]
 
 
 def success_fall(rows: Sequence[dict[str, Any]]) -> int | None:
@@ -252,7 +264,7 @@ def render_margins(records: Sequence[Record], margins: Sequence[Margin] = MARGIN
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The table of docs/health.md
+# The tables of docs/health.md: the tuning set, the held-out set beside it, TRL's runs
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -280,31 +292,144 @@ def _first_by(verdict: Verdict, rule: str) -> int | None:
     )
 
 
-def render_markdown(records: Sequence[Record]) -> str:
-    """The "Measured detection" section of docs/health.md (text, ending with a newline)."""
+class Measured(NamedTuple):
+    """The verdicts of one split, sorted for its tables."""
+
+    verdicts: list[Verdict]
+    healthy: list[Verdict]
+    sick: list[Verdict]  # sick runs that count: a hack that never hurt true success is left out
+    unhurt: list[Verdict]
+    by_mode: dict[str, list[Verdict]]  # the sick runs per failure mode, modes in alphabetical order
+    descriptions: dict[str, str]  # failure mode -> what was injected
+
+    @property
+    def flagged(self) -> list[Verdict]:
+        return [v for v in self.sick if v.flagged_at is not None]
+
+    @property
+    def alarms(self) -> list[Finding]:
+        return [f for v in self.healthy for f in v.false_alarms]
+
+
+def measure(records: Sequence[Record]) -> Measured:
     verdicts = [verdict(r) for r in records]
     healthy = [v for v in verdicts if v.record.healthy]
     sick = [v for v in verdicts if not v.record.healthy and not v.record.unhurt]
     unhurt = [v for v in verdicts if v.record.unhurt]
-    modes = {v.record.mode: v.record.description for v in sick}
-    by_mode = {mode: [v for v in sick if v.record.mode == mode] for mode in sorted(modes)}
-    flagged = [v for v in sick if v.flagged_at is not None]
-    recall = len(flagged) / len(sick) if sick else 0.0
-    alarms = [f for v in healthy for f in v.false_alarms]
+    descriptions = {v.record.mode: v.record.description for v in sick}
+    by_mode = {mode: [v for v in sick if v.record.mode == mode] for mode in sorted(descriptions)}
+    return Measured(verdicts, healthy, sick, unhurt, by_mode, descriptions)
+
+
+def _summary(m: Measured) -> list[str]:
+    recall = len(m.flagged) / len(m.sick) if m.sick else 0.0
+    modes_flagged = sum(any(v.flagged_at is not None for v in vs) for vs in m.by_mode.values())
+    return [
+        f"- **Recall:** {len(m.flagged)} of {len(m.sick)} runs with a failure flagged ({recall:.0%}); failure modes "
+        f"with at least one rule that fires: {modes_flagged} of {len(m.by_mode)}.",
+        f"- **False alarms:** {len(m.alarms)} finding(s) over {len(m.healthy)} healthy runs "
+        f"({sum(f.severity == CRITICAL for f in m.alarms)} critical); "
+        f"{sum(len(v.false_alarms) for v in m.sick)} before the onset of a sick run.",
+    ]
+
+
+def _mode_table(m: Measured) -> list[str]:
+    lines = [
+        "| failure mode (what was injected) | runs | flagged | critical | first flag, steps after onset: median "
+        "(range) | first to flag (runs) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for mode, vs in m.by_mode.items():
+        lines.append(
+            f"| **{mode}**: {m.descriptions[mode]} | {len(vs)} | {sum(v.flagged_at is not None for v in vs)} | "
+            f"{sum(v.critical_at is not None for v in vs)} | {_delays(vs)} | {_rules(vs)} |"
+        )
+    return lines
+
+
+def _rule_counts(m: Measured) -> tuple[Counter, Counter, Counter]:
+    """Per rule: sick runs where it fired after the onset, sick runs it flagged first, healthy runs where it fired."""
+    fired_sick = Counter(rule for v in m.sick for rule in {f.rule for f in v.findings if f not in v.false_alarms})
+    firsts = Counter(v.flagged_by for v in m.sick if v.flagged_by)
+    fired_healthy = Counter(rule for v in m.healthy for rule in {f.rule for f in v.findings})
+    return fired_sick, firsts, fired_healthy
+
+
+def _every_rule(m: Measured) -> list[str]:
+    lines = ["| rule | runs with a failure where it fired (first) | healthy runs where it fired |", "|---|---|---|"]
+    fired_sick, firsts, fired_healthy = _rule_counts(m)
+    for rule in sorted(set(fired_sick) | set(fired_healthy) | {r for r in firsts if not r.startswith("the trainer")}):
+        lines.append(f"| `{rule}` | {fired_sick[rule]} ({firsts[rule]}) | {fired_healthy[rule]} |")
+    return lines
+
+
+def _hacking(m: Measured) -> list[str]:
+    hacking = [v for v in m.verdicts if not v.record.healthy and v.record.onset_kind != "injected"]
+    if not hacking:
+        return []
+    lines = [
+        "| run | true success falls at | first flag | by | before the fall? | `reward_overoptimised` at |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in hacking:
+        fall = v.record.onset if v.record.onset is not None else "never"
+        before = (
+            "-"
+            if v.flagged_at is None or v.record.onset is None
+            else ("yes" if v.delay <= 0 else f"no, {v.delay} later")
+        )
+        by = f"`{v.flagged_by}`" if v.flagged_by and not v.flagged_by.startswith("the trainer") else v.flagged_by
+        overopt = _first_by(v, "reward_overoptimised")
+        lines.append(
+            f"| {v.record.name} | {fall} | {v.flagged_at if v.flagged_at is not None else '-'} | {by or '-'} | "
+            f"{before} | {overopt if overopt is not None else '-'} |"
+        )
+    return lines
+
+
+def _every_run(m: Measured) -> list[str]:
+    lines = ["| run | onset | ended | findings (step rule severity) |", "|---|---|---|---|"]
+    for v in m.verdicts:
+        ended = v.record.ended.get("ended", "?")
+        if ended != "finished":
+            ended = f"{ended} at {v.record.ended.get('step')}"
+        shown = "; ".join(f"{f.step} `{f.rule}` {f.severity}" for f in v.findings[:6])
+        more = f"; and {len(v.findings) - 6} more" if len(v.findings) > 6 else ""
+        onset = "-" if v.record.onset is None else v.record.onset
+        lines.append(f"| {v.record.name} | {onset} | {ended} | {shown or 'none'}{more} |")
+    return lines
+
+
+def render_markdown(records: Sequence[Record]) -> str:
+    """The "Measured detection" sections of docs/health.md (text, ending with a newline): the tuning set's table, then
+    the held-out set's beside it and TRL's runs, each computed from its own split's records only."""
+    lines = _tuning_section(in_split(records, TUNING))
+    heldout, trl = in_split(records, HELD_OUT), in_split(records, TRL)
+    if heldout:
+        lines += ["", *_heldout_section(in_split(records, TUNING), heldout)]
+    if trl:
+        lines += ["", *_trl_section(trl)]
+    return "\n".join(lines) + "\n"
+
+
+def _tuning_section(records: Sequence[Record]) -> list[str]:
+    m = measure(records)
     left_out = (
-        f" {len(unhurt)} reward-hacking run(s) whose true success never fell (the flaw went unexploited) count in "
+        f" {len(m.unhurt)} reward-hacking run(s) whose true success never fell (the flaw went unexploited) count in "
         "no rate; they are listed at the end."
-        if unhurt
+        if m.unhurt
         else ""
     )
     lines = [
         "## Measured detection",
         "",
-        f"The rules above, replayed over a labelled set of {len(records)} runs of the built-in task: {len(healthy)} "
-        f"healthy runs and {len(sick) + len(unhurt)} runs with one failure injected each (bench/health/specs.py says "
-        "what each run is; `python bench/health/build.py` trains the runs it has no record of and regenerates this "
-        "section). Each label comes from outside the rules: the failure injected and its onset, which is the step of "
-        "the injected change, or for reward hacking the step at which true success starts its final fall (the mean "
+        f"The rules above, replayed over the tuning set: {len(records)} runs of the built-in sort task, on which "
+        f"every threshold was chosen: {len(m.healthy)} healthy runs and {len(m.sick) + len(m.unhurt)} runs with one "
+        "failure injected each (bench/health/specs.py says what each run is; `python bench/health/build.py` trains "
+        "the runs it has no record of and regenerates these sections). The held-out runs of other tasks, which no "
+        "threshold was chosen on, and TRL's own runs have their tables after this one. Each label comes from outside "
+        "the rules: the failure injected and its onset, which is the step of the injected change, or for reward "
+        "hacking the step at which true success starts its final fall (the mean "
         f"of `{SUCCESS}` over {SUCCESS_WINDOW} steps {SUCCESS_DROP:g} below its best so far and never back within "
         f"{SUCCESS_DROP / 2:g} of it, the last {2 * SUCCESS_WINDOW} steps at least {FINAL_DROP:g} below the best)."
         f"{left_out} Replaying a run's rows is what `rlhfkit doctor` does with its metrics.jsonl and what the trainer "
@@ -313,36 +438,15 @@ def render_markdown(records: Sequence[Record]) -> str:
         "warning on the way to the fall is what the rules are for), or by the trainer stopping it with an "
         "explanation; delays are in steps (PPO updates, GRPO optimizer steps) after the onset.",
         "",
-        f"- **Recall:** {len(flagged)} of {len(sick)} runs with a failure flagged ({recall:.0%}); failure modes "
-        f"with at least one rule that fires: {sum(any(v.flagged_at is not None for v in vs) for vs in by_mode.values())} "
-        f"of {len(by_mode)}.",
-        f"- **False alarms:** {len(alarms)} finding(s) over {len(healthy)} healthy runs "
-        f"({sum(f.severity == CRITICAL for f in alarms)} critical); "
-        f"{sum(len(v.false_alarms) for v in sick)} before the onset of a sick run.",
+        *_summary(m),
         "",
-        "| failure mode (what was injected) | runs | flagged | critical | first flag, steps after onset: median "
-        "(range) | first to flag (runs) |",
-        "|---|---|---|---|---|---|",
-    ]
-    for mode, vs in by_mode.items():
-        lines.append(
-            f"| **{mode}**: {modes[mode]} | {len(vs)} | {sum(v.flagged_at is not None for v in vs)} | "
-            f"{sum(v.critical_at is not None for v in vs)} | {_delays(vs)} | {_rules(vs)} |"
-        )
-    lines += [
+        *_mode_table(m),
         "",
         "### Every rule",
         "",
-        "| rule | runs with a failure where it fired (first) | healthy runs where it fired |",
-        "|---|---|---|",
+        *_every_rule(m),
     ]
-    fired_sick = Counter(rule for v in sick for rule in {f.rule for f in v.findings if f not in v.false_alarms})
-    firsts = Counter(v.flagged_by for v in sick if v.flagged_by)
-    fired_healthy = Counter(rule for v in healthy for rule in {f.rule for f in v.findings})
-    for rule in sorted(set(fired_sick) | set(fired_healthy) | {r for r in firsts if not r.startswith("the trainer")}):
-        lines.append(f"| `{rule}` | {fired_sick[rule]} ({firsts[rule]}) | {fired_healthy[rule]} |")
-    hacking = [v for v in verdicts if not v.record.healthy and v.record.onset_kind != "injected"]
-    if hacking:
+    if hacking := _hacking(m):
         lines += [
             "",
             "### Reward hacking against true success",
@@ -350,23 +454,9 @@ def render_markdown(records: Sequence[Record]) -> str:
             "The first flag of any rule, and the first `reward_overoptimised` finding (the rule that compares the "
             "score with true success), against the step at which true success starts its final fall.",
             "",
-            "| run | true success falls at | first flag | by | before the fall? | `reward_overoptimised` at |",
-            "|---|---|---|---|---|---|",
+            *hacking,
         ]
-        for v in hacking:
-            fall = v.record.onset if v.record.onset is not None else "never"
-            before = (
-                "-"
-                if v.flagged_at is None or v.record.onset is None
-                else ("yes" if v.delay <= 0 else f"no, {v.delay} later")
-            )
-            by = f"`{v.flagged_by}`" if v.flagged_by and not v.flagged_by.startswith("the trainer") else v.flagged_by
-            overopt = _first_by(v, "reward_overoptimised")
-            lines.append(
-                f"| {v.record.name} | {fall} | {v.flagged_at if v.flagged_at is not None else '-'} | {by or '-'} | "
-                f"{before} | {overopt if overopt is not None else '-'} |"
-            )
-    if any(v.record.mode in {m.mode for m in MARGINS} for v in sick):
+    if any(v.record.mode in {m.mode for m in MARGINS} for v in m.sick):
         lines += [
             "",
             "### Margins of the rules for the known misses",
@@ -388,20 +478,257 @@ def render_markdown(records: Sequence[Record]) -> str:
             "not a per-token collapse; `entropy_collapse` covers that against its start.",
             "- `kl_runaway`'s climb test needs a full window (60 observations), so it flags at the 60th update at the "
             "earliest. Healthy PPO runs' KL climbs too, as steadily (Mann-Kendall z up to about 6 over the same "
-            "window): what separates a runaway is the rate, in nats per token, not the steadiness. A KL penalty too weak for the learning "
-            "rate climbs the same way and is flagged too (the reward-hacking runs at kl_coef 0.01).",
+            "window): what separates a runaway is the rate, in nats per token, not the steadiness. A KL penalty too "
+            "weak for the learning rate climbs the same way and is flagged too (the reward-hacking runs at kl_coef "
+            "0.01).",
             "- `value_not_learning` sees only a value model that explains less than `value_explained_low` of the "
             "returns' variance: one that stops after learning more keeps its explained variance and is not flagged "
             "(the labelled runs freeze it at update 20, when it explains about 1%). It needs its window to fill with "
             "the stalled updates, some 45 to 50 after the freeze.",
         ]
-    lines += ["", "### Every run", "", "| run | onset | ended | findings (step rule severity) |", "|---|---|---|---|"]
-    for v in verdicts:
-        ended = v.record.ended.get("ended", "?")
-        if ended != "finished":
-            ended = f"{ended} at {v.record.ended.get('step')}"
-        shown = "; ".join(f"{f.step} `{f.rule}` {f.severity}" for f in v.findings[:6])
-        more = f"; and {len(v.findings) - 6} more" if len(v.findings) > 6 else ""
+    lines += ["", "### Every run", "", *_every_run(m)]
+    return lines
+
+
+def _side_by_side(tuning: Measured, heldout: Measured) -> list[str]:
+    """Per failure mode: the tuning set's recall and delay beside the held-out set's, and whether the mode's detection
+    holds off its tuning task."""
+    lines = [
+        "| failure mode | tuning (sort): flagged / runs | tuning: first flag after onset | held-out: flagged / runs | "
+        "held-out: first flag after onset | held-out: first to flag (runs) | holds on the held-out runs? |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for mode in sorted(set(tuning.by_mode) | set(heldout.by_mode)):
+        t, h = tuning.by_mode.get(mode, []), heldout.by_mode.get(mode, [])
+        t_flagged = sum(v.flagged_at is not None for v in t)
+        h_flagged = sum(v.flagged_at is not None for v in h)
+        if not h:
+            holds = "no held-out run"
+        elif h_flagged == len(h):
+            holds = "yes"
+        elif h_flagged == 0:
+            holds = "**no: holds only on its tuning task**"
+        else:
+            holds = f"**partly: {len(h) - h_flagged} of {len(h)} missed**"
+        lines.append(
+            f"| **{mode}** | {t_flagged} / {len(t)} | {_delays(t)} | {h_flagged} / {len(h)} | {_delays(h)} | "
+            f"{_rules(h) or '-'} | {holds} |"
+        )
+    t_all, h_all = len(tuning.flagged), len(heldout.flagged)
+    lines.append(
+        f"| **all** | {t_all} / {len(tuning.sick)} | {_delays(tuning.sick)} | {h_all} / {len(heldout.sick)} | "
+        f"{_delays(heldout.sick)} | | |"
+    )
+    return lines
+
+
+def _rules_side_by_side(tuning: Measured, heldout: Measured) -> list[str]:
+    t_sick, t_first, t_healthy = _rule_counts(tuning)
+    h_sick, h_first, h_healthy = _rule_counts(heldout)
+    lines = [
+        "| rule | tuning: runs with a failure where it fired (first) | tuning: healthy runs where it fired | "
+        "held-out: runs with a failure where it fired (first) | held-out: healthy runs where it fired |",
+        "|---|---|---|---|---|",
+    ]
+    rules = set(t_sick) | set(t_healthy) | set(h_sick) | set(h_healthy) | set(t_first) | set(h_first)
+    for rule in sorted(r for r in rules if not r.startswith("the trainer")):
+        flag = " **(holds only on its tuning task)**" if h_healthy[rule] and not t_healthy[rule] else ""
+        lines.append(
+            f"| `{rule}`{flag} | {t_sick[rule]} ({t_first[rule]}) | {t_healthy[rule]} | {h_sick[rule]} "
+            f"({h_first[rule]}) | {h_healthy[rule]} |"
+        )
+    return lines
+
+
+def _heldout_alarms(heldout: Measured) -> list[str]:
+    """The findings on held-out healthy runs: per run and rule, the first one's message (what the rule saw) and the
+    steps of the others."""
+    lines = []
+    for v in heldout.healthy:
+        for rule in dict.fromkeys(f.rule for f in v.findings):
+            first, *more = [f for f in v.findings if f.rule == rule]
+            again = f" (again at {', '.join(str(f.step) for f in more)})" if more else ""
+            lines.append(
+                f"- {v.record.name}, step {first.step}{again}: `{rule}` {first.severity}: {first.message} "
+                f"{_success_change(v.record)}"
+            )
+    return lines
+
+
+def _alarmed_runs(m: Measured) -> str:
+    """How many healthy runs have any finding, overall and per algorithm."""
+    per = []
+    for algorithm in sorted({v.record.algorithm for v in m.healthy}):
+        runs = [v for v in m.healthy if v.record.algorithm == algorithm]
+        per.append(f"{algorithm.upper()} {sum(bool(v.findings) for v in runs)} of {len(runs)}")
+    return f"{sum(bool(v.findings) for v in m.healthy)} of {len(m.healthy)} ({', '.join(per)})"
+
+
+def _success_levels(verdicts: Sequence[Verdict]) -> str:
+    pairs = [_success_ends(v.record) for v in verdicts]
+    pairs = [p for p in pairs if p is not None]
+    if not pairs:
+        return "not logged"
+    first, last = statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+    return f"{first:.3f} at the start, {last:.3f} at the end"
+
+
+def _success_ends(record: Record) -> tuple[float, float] | None:
+    values = [row[SUCCESS] for row in record.rows if SUCCESS in row]
+    if len(values) < 2 * SUCCESS_WINDOW:
+        return None
+    return statistics.fmean(values[:SUCCESS_WINDOW]), statistics.fmean(values[-SUCCESS_WINDOW:])
+
+
+def _success_change(record: Record) -> str:
+    """True success over the run: the mean of its first and of its last SUCCESS_WINDOW observations."""
+    evaluated = [row[EVAL_SUCCESS] for row in record.rows if EVAL_SUCCESS in row]
+    shown = f"`{EVAL_SUCCESS}` {evaluated[0]:.3f} -> {evaluated[-1]:.3f}" if len(evaluated) >= 2 else ""
+    ends = _success_ends(record)
+    if ends is None:
+        return f"(the run's true success: {shown})" if shown else ""
+    first, last = ends
+    evaluation = f"; {shown}" if shown else ""
+    return (
+        f"(the run's true success, `{SUCCESS}`: {first:.3f} over its first {SUCCESS_WINDOW} steps, {last:.3f} over its "
+        f"last{evaluation})"
+    )
+
+
+def _heldout_section(tuning_records: Sequence[Record], records: Sequence[Record]) -> list[str]:
+    tuning, m = measure(tuning_records), measure(records)
+    tasks = sorted({r.task for r in records})
+    left_out = (
+        f" {len(m.unhurt)} reward-hacking run(s) whose true success never fell count in no rate (listed below)."
+        if m.unhurt
+        else ""
+    )
+    lines = [
+        "## Held-out detection: tasks the thresholds never saw",
+        "",
+        f"The same rules, at the same thresholds (none was chosen or changed on these runs), replayed over "
+        f"{len(records)} runs of the built-in {' and '.join(tasks)} tasks: {len(m.healthy)} healthy runs (seeds, "
+        "learning rates, batch sizes, loss types, LoRA, 2 processes) and "
+        f"{len(m.sick) + len(m.unhurt)} runs with one of the tuning set's failures injected the same way. PPO on these "
+        "tasks is scored by the task's learned reward model alone (the built-in setting: no reward function), GRPO "
+        "by the task's rule-based rewards. Labels, flags and delays are counted as for the tuning set; most runs are "
+        "the failure runs' short length (120 PPO updates, 100 GRPO steps), so a healthy run here had fewer steps to "
+        f"raise a false alarm than a tuning one.{left_out}",
+        "",
+        *_summary(m),
+        f"- **Healthy runs with a finding:** {_alarmed_runs(m)}.",
+        f"- **True success in the healthy runs** (`{SUCCESS}`, means of the first and of the last {SUCCESS_WINDOW} "
+        f"steps, median over runs): held-out {_success_levels(m.healthy)}; tuning {_success_levels(tuning.healthy)}.",
+        "",
+        "### Tuning set and held-out set, side by side",
+        "",
+        "A mode whose held-out runs are not all flagged holds only on its tuning task, or only partly, and says so in "
+        "the last column.",
+        "",
+        *_side_by_side(tuning, m),
+        "",
+        "### Every rule, on both sets",
+        "",
+        "A rule that fires on held-out healthy runs but on no tuning healthy run is marked: its threshold holds only "
+        "on the task it was tuned on.",
+        "",
+        *_rules_side_by_side(tuning, m),
+    ]
+    if alarms := _heldout_alarms(m):
+        lines += ["", "### False alarms on the held-out healthy runs", "", *alarms]
+    lines += ["", "### Held-out failure modes", "", *_mode_table(m)]
+    if hacking := _hacking(m):
+        lines += ["", "### Held-out reward hacking against true success", "", *hacking]
+    if any(v.record.mode in {x.mode for x in MARGINS} for v in m.sick):
+        lines += [
+            "",
+            "### Margins of the rules for the known misses, on the held-out runs",
+            "",
+            *render_margins(records),
+        ]
+    lines += ["", "### What the held-out runs show", "", *HELD_OUT_NOTES]
+    lines += ["", "### Every held-out run", "", *_every_run(m)]
+    return lines
+
+
+# What the committed held-out records show, read from the tables above (written once they were trained; the thresholds
+# were not changed after).
+HELD_OUT_NOTES = [
+    "- **A regime the tuning set never had.** The default build's 70 supervised steps were sized for sort (45% greedy "
+    "success at the start); the reverse task starts at 13% greedy and about 2% sampled at temperature 0.7, addition at "
+    "about 1%, and neither PPO nor GRPO raised true success much in 100 to 320 steps (the line on true success "
+    "above). Their reward models rank the policy's own samples 88% (reverse) and 73% (addition) right, against 97% "
+    "for sort. So these runs test the rules on a mostly-wrong policy with sparse, noisy rewards.",
+    "- **`reward_overoptimised` on PPO against a reward model alone holds only on its tuning task.** It fires on "
+    "8 of the 10 held-out healthy PPO runs, all scored by the task's learned reward model (not at learning rate 5e-5 "
+    "or with LoRA, which move slower): `objective/scores` rises by 0.3 to 0.4 while `eval/task_success` stays at 1 to 2% (addition) or falls from 13% to 2 to 4% (reverse, greedy). "
+    "What it says is true of those runs (more reward-model score, no more true success: the over-optimisation "
+    "docs/builtin_task.md warns of with weak reward models, and on reverse a real loss of greedy success), but they "
+    "were labelled healthy before training, nothing injected, and the labels were not changed after: they count as "
+    "false alarms. GRPO, scored by the task's own rules, gives no such finding, and no held-out GRPO healthy run "
+    "gives any.",
+    "- **`value_not_learning` holds only on its tuning task**: on reverse PPO its absolute level (explained variance "
+    "below 0.05 with no upward trend over 60 updates) is met by healthy value models too, which have little to "
+    "learn when the score is a reward model's noise over mostly wrong answers; on sort a healthy value model passed "
+    "10% within 100 updates. A frozen value model is flagged by it 42 (addition) and 47 (reverse) updates after the "
+    "freeze, as on sort (46 to 48); on reverse `reward_overoptimised` (the false-alarm rule above) fires first.",
+    "- **Reward hacking cannot be labelled here**: its label is the step at which true success starts a lasting "
+    "fall of at least 0.1, and these runs start at 1 to 2%, with nowhere to fall. The hacked runs count in no rate; "
+    "the rules flag them anyway (the reward-hacking table above).",
+    "- **A low sampling temperature is not a failure the rules see on reverse GRPO**: at temperature 0.2 the "
+    "per-token entropy is about 0.39 nats over 5 to 6 tokens, 1.7 nats or more per completion (`sampling_nearly_greedy` "
+    "fires below ln 2, 0.69), because the policy is unsure of most answers; and true success rose (13% to 16%) where the "
+    "run sampling at 0.7 stayed at 2%. On addition PPO at kl_coef 0 the same temperature is flagged at update 2, by "
+    "`updates_too_large`, as on sort.",
+    "- Everything else holds as on sort: a learning rate far too high (critical within 3 steps), reward scale jumps, "
+    "non-finite rewards, truncation and zero spread (at the first full window), a reward scaled or a value model "
+    "diverging (at once), a steady KL climb at kl_coef 0 (`kl_far_from_reference` at update 45, `kl_runaway` at "
+    "60). A learning rate raised 20x mid-run on reverse GRPO is flagged 32 steps after the raise (3 to 12 on sort): "
+    "with success already near 0 the collapse shows only when the rewards stop varying.",
+    "- **Not in the set.** A chat-formatted task: the built-in tasks' checkers and rule-based rewards take plain-text "
+    "prompts and completions, their tokenizers carry no chat template and their SFT models never saw one, so a chat "
+    "variant needs a new build and rewards that read messages; the one chat-formatted built-in task is the agent "
+    "task, whose labelled runs come with the agent rules. Also left out to fit the set in an hour on two shared "
+    "cores: reward hacking of the learned reward model under kl_coef 0.01 (it needs the built-in 320 updates) and a "
+    "second run of a few modes (one run each for kl_runaway, value_diverges and stale_offpolicy).",
+]
+
+
+def _live(record: Record) -> list[tuple] | None:
+    """The findings HealthCallback reported live inside TRL's trainer, as (step, rule, severity); None: not kept."""
+    live = record.ended.get("live")
+    return None if live is None else [tuple(f) for f in live]
+
+
+def _trl_section(records: Sequence[Record]) -> list[str]:
+    m = measure(records)
+    lines = [
+        "## TRL's GRPOTrainer",
+        "",
+        f"{len(records)} runs of TRL 1.16's own GRPOTrainer on the built-in sort task (its SFT model, prompts and "
+        "rule-based rewards) for 60 steps of 8 prompts x 8 completions, learning rate 1e-4 decaying linearly, sampling "
+        "at 0.7, TRL's defaults otherwise (loss dapo, beta 0; bench/health/run_trl.py), healthy and with failures given "
+        "by TRL's own flags, a reward function or a change to the built trainer. Each run's rows are what `rlhfkit doctor` reads "
+        "from the TensorBoard files TRL wrote (`train/<name>` keys), replayed as for the other tables; "
+        "`HealthCallback`, attached to the trainer, ran the same rules live, and the last columns say whether it "
+        "found the same.",
+        "",
+        *_summary(m),
+        "",
+        "| run | onset | doctor (TensorBoard): first flag at, by | critical at | findings (step rule severity) | "
+        "HealthCallback live: the same findings? |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in m.verdicts:
+        found = [(f.step, f.rule, f.severity) for f in v.findings]
+        live = _live(v.record)
+        agrees = "not kept" if live is None else ("yes" if live == found else f"no: {len(live)} live")
+        if v.record.healthy:
+            flag = "-" if not v.findings else f"false alarm: {v.findings[0].step}, `{v.findings[0].rule}`"
+        else:
+            flag = f"{v.flagged_at}, `{v.flagged_by}`" if v.flagged_at is not None else "**not flagged**"
+        shown = "; ".join(f"{s} `{r}` {sev}" for s, r, sev in found[:5]) + ("; ..." if len(found) > 5 else "")
         onset = "-" if v.record.onset is None else v.record.onset
-        lines.append(f"| {v.record.name} | {onset} | {ended} | {shown or 'none'}{more} |")
-    return "\n".join(lines) + "\n"
+        critical = "-" if v.critical_at is None else v.critical_at
+        lines.append(f"| {v.record.name} | {onset} | {flag} | {critical} | {shown or 'none'} | {agrees} |")
+    return lines

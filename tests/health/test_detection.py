@@ -1,5 +1,6 @@
 """The measured detection of docs/health.md: labels from true success (success_fall), verdicts and the table on hand-made
-records, the claims the table makes on the committed run set, and a small subset of the set trained again."""
+records, the claims the table makes on the committed run set (the tuning set's; the held-out set's and TRL's tables are
+computed from their own records only), and a small subset of the set trained again."""
 
 import json
 from pathlib import Path
@@ -8,19 +9,42 @@ import pytest
 
 from bench.health import build
 from bench.health.specs import MODES, SPECS
+from rlhfkit import docs
 from rlhfkit.health import Thresholds
-from rlhfkit.health.detection import Record, load_records, render_markdown, success_fall, verdict
+from rlhfkit.health.detection import (
+    HELD_OUT,
+    TRL,
+    TUNING,
+    Record,
+    in_split,
+    load_records,
+    render_markdown,
+    success_fall,
+    verdict,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDS = load_records(ROOT / "bench" / "health" / "records")
+ALL_RECORDS = load_records(ROOT / "bench" / "health" / "records")
+RECORDS = in_split(ALL_RECORDS, TUNING)  # the sort task, on which the thresholds were chosen
 
 
 def success_rows(values, start=1):
     return [{"step": start + i, "rollout/task_success": v} for i, v in enumerate(values)]
 
 
-def record(name="r", mode="lr_fast", onset=1, onset_kind="injected", ended=None, rows=()):
-    return Record(name, "ppo", mode, f"{mode} injected", onset, onset_kind, ended or {"ended": "finished"}, list(rows))
+def record(name="r", mode="lr_fast", onset=1, onset_kind="injected", ended=None, rows=(), split=TUNING):
+    return Record(
+        name,
+        "ppo",
+        mode,
+        f"{mode} injected",
+        onset,
+        onset_kind,
+        ended or {"ended": "finished"},
+        list(rows),
+        "sort",
+        split,
+    )
 
 
 # --- labels -----------------------------------------------------------------------------------------------------------
@@ -45,48 +69,48 @@ def test_the_run_set_is_labelled_from_outside_the_rules():
     injected = [r for r in RECORDS if r.onset_kind == "injected" and not r.healthy]
     assert all(r.onset == SPECS[r.name].onset for r in injected)
     assert {r.mode for r in RECORDS} == {"healthy", *MODES}  # every failure mode has runs
-    assert {r.name for r in RECORDS} == set(SPECS)  # one record per spec, none stale
+    assert {r.name for r in ALL_RECORDS} == set(SPECS)  # one record per spec, none stale
 
 
-# --- verdicts and the table ---------------------------------------------------------------------------------------------
-
-
-def test_verdict_counts_findings_from_the_onset_and_trainer_stops():
-    nan_at_5 = [{"step": s, "loss": 0.1} for s in range(1, 5)] + [{"step": 5, "loss": float("nan")}]
-    v = verdict(record(onset=3, rows=nan_at_5))
-    assert (v.flagged_at, v.flagged_by, v.critical_at, v.delay) == (5, "nonfinite_metric", 5, 2)
-    # The same finding before an injected onset is a false alarm, and the run is not flagged.
-    v = verdict(record(onset=6, rows=nan_at_5))
-    assert [f.rule for f in v.false_alarms] == ["nonfinite_metric"] and v.flagged_at is None
-    # A trainer that refused the input at step 4 flagged it first.
-    v = verdict(record(onset=3, rows=nan_at_5, ended={"ended": "RewardFunctionError", "step": 4}))
-    assert (v.flagged_at, v.flagged_by, v.critical_at) == (4, "the trainer's reward check (exit 2)", 4)
-    # In a healthy run every finding is a false alarm.
-    v = verdict(record(mode="healthy", onset=None, rows=nan_at_5))
-    assert len(v.false_alarms) == 1 and v.flagged_at is None
-
-
-def test_table_of_hand_made_records():
+def test_each_split_has_its_own_table_computed_from_its_own_records_only():
     quiet = [{"step": s, "loss": 0.1} for s in range(1, 6)]
     nan = [*quiet, {"step": 6, "loss": float("nan")}]
     records = [
-        record("healthy-a", "healthy", None, rows=quiet),
-        record("healthy-b", "healthy", None, rows=nan),  # one critical false alarm
-        record("sick-a", onset=2, rows=nan),  # flagged 4 steps after its onset
-        record("sick-b", onset=2, rows=quiet),  # missed
-        record("hack-a", "reward_hacking", None, "true success falls", rows=nan),  # never hurt: in no rate
+        record("tuning-healthy", "healthy", None, rows=quiet),
+        record("tuning-sick", onset=2, rows=nan),
+        record("heldout-healthy", "healthy", None, rows=nan, split=HELD_OUT),  # a false alarm, held-out only
+        record("heldout-sick-a", "truncated", onset=2, rows=quiet, split=HELD_OUT),  # missed
+        record("heldout-sick-b", "truncated", onset=2, rows=nan, split=HELD_OUT),
+        record(
+            "trl-sick",
+            onset=2,
+            rows=nan,
+            split=TRL,
+            ended={"ended": "finished", "live": [[6, "nonfinite_metric", "critical"]]},
+        ),
     ]
     text = render_markdown(records)
-    assert (
-        "- **Recall:** 1 of 2 runs with a failure flagged (50%); failure modes with at least one rule that fires: 1 of 1."
-        in text
-    )
-    assert (
-        "- **False alarms:** 1 finding(s) over 2 healthy runs (1 critical); 0 before the onset of a sick run." in text
-    )
-    assert "| **lr_fast**: lr_fast injected | 2 | 1 | 1 | 4 | `nonfinite_metric` (1) |" in text
-    assert "1 reward-hacking run(s) whose true success never fell" in text
-    assert "| hack-a | never | 6 | `nonfinite_metric` | - | - |" in text
+    tuning, rest = text.split("## Held-out detection", 1)
+    heldout, trl = rest.split("## TRL's GRPOTrainer", 1)
+    assert "- **Recall:** 1 of 1 runs with a failure flagged (100%)" in tuning
+    assert "- **False alarms:** 0 finding(s) over 1 healthy runs (0 critical)" in tuning
+    assert "heldout-" not in tuning and "trl-" not in tuning
+    assert "- **Recall:** 1 of 2 runs with a failure flagged (50%)" in heldout
+    assert "- **False alarms:** 1 finding(s) over 1 healthy runs (1 critical)" in heldout
+    # side by side: the tuning set's lr_fast beside no held-out run, the held-out set's truncation beside no tuning run
+    assert "| **lr_fast** | 1 / 1 | 4 | 0 / 0 | - | - | no held-out run |" in heldout
+    assert "| **truncated** | 0 / 0 | - | 1 / 2 | 4 | `nonfinite_metric` (1) | **partly: 1 of 2 missed** |" in heldout
+    assert "| `nonfinite_metric` **(holds only on its tuning task)** | 1 (1) | 0 | 1 (1) | 1 |" in heldout
+    assert "tuning-" not in heldout.split("### Held-out failure modes")[1] and "trl-" not in heldout
+    assert "- **Recall:** 1 of 1 runs with a failure flagged (100%)" in trl
+    assert "| trl-sick | 2 | 6, `nonfinite_metric` | 6 | 6 `nonfinite_metric` critical | yes |" in trl
+
+
+def test_docs_health_md_is_fresh():
+    """docs/health.md is what `make docs` renders from the committed records (all three splits)."""
+    (page,) = [p for p in docs.PAGES if p.path == "docs/health.md"]
+    current = (ROOT / page.path).read_text(encoding="utf-8")
+    assert docs.expected(page, current) == current, "docs/health.md is stale: run `make docs`"
 
 
 # --- what docs/health.md claims of the committed run set ----------------------------------------------------------------
