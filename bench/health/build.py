@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.health.specs import MODES, SPECS, Spec  # noqa: E402
 from rlhfkit.health.detection import success_fall  # noqa: E402
+from rlhfkit.health.sources import read_source  # noqa: E402
 
 HERE = ROOT / "bench" / "health"
 RUNS = HERE / ".runs"
@@ -52,7 +53,11 @@ WALL_CLOCK = (
 def selected(patterns: list[str]) -> list[Spec]:
     if not patterns:
         return list(SPECS.values())
-    return [spec for spec in SPECS.values() if any(spec.name.startswith(p) or spec.mode == p for p in patterns)]
+    # In the patterns' order (then the specs'): `--only trl held-out` trains TRL's runs first.
+    out = {}
+    for p in patterns:
+        out |= {s.name: s for s in SPECS.values() if s.name.startswith(p) or s.mode == p or s.split == p}
+    return list(out.values())
 
 
 def train(spec: Spec, out: Path | None = None) -> tuple[Spec, float, int]:
@@ -85,10 +90,17 @@ def record(spec: Spec, out: Path | None = None) -> dict:
     its logged rows."""
     out = out or RUNS / spec.name
     rows = []
-    if (out / "metrics.jsonl").exists():
-        for line in (out / "metrics.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            rows.append({k: _rounded(v) for k, v in row.items() if not k.startswith(WALL_CLOCK)})
+    if spec.algorithm == "trl-grpo":  # what rlhfkit doctor reads from TRL's TensorBoard files
+        logged = read_source(out).rows if any(out.rglob("events.out.tfevents*")) else []
+    elif (out / "metrics.jsonl").exists():
+        logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    else:
+        logged = []
+    # TensorBoard's float32 values are kept as read: rounded, a borderline finding of the replay could differ from
+    # the one HealthCallback made live on the same values.
+    keep = (lambda v: v) if spec.algorithm == "trl-grpo" else _rounded
+    for row in logged:
+        rows.append({k: keep(v) for k, v in row.items() if not k.startswith(WALL_CLOCK)})
     outcome_file = out / "outcome.json"
     outcome = json.loads(outcome_file.read_text()) if outcome_file.exists() else {"ended": "crashed"}
     onset = success_fall(rows) if spec.onset == "success_fall" else spec.onset
@@ -97,6 +109,8 @@ def record(spec: Spec, out: Path | None = None) -> dict:
     return {
         "name": spec.name,
         "algorithm": spec.algorithm,
+        "task": spec.task,
+        "split": spec.split,
         "mode": spec.mode,
         "description": MODES.get(
             spec.mode, "healthy settings: " + (json.dumps(spec.flags) if spec.flags else "the built-in ones")
@@ -120,7 +134,12 @@ def write_record(rec: dict) -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", nargs="*", default=[], help="Spec names, name prefixes or failure modes.")
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=[],
+        help="Spec names, name prefixes, failure modes or splits (tuning, held-out, trl).",
+    )
     parser.add_argument("--rebuild", action="store_true", help="Train the selected runs again.")
     parser.add_argument("--table", action="store_true", help="Only regenerate and print the table.")
     parser.add_argument(

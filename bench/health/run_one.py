@@ -22,6 +22,15 @@ def command_line(spec, output_dir: str) -> list[str]:
     return argv
 
 
+def use_builtin_task(task: str) -> None:
+    """Make the trainer builder's built-in task `task` (its assets, settings and rewards) instead of the default one:
+    what ``rlhfkit quickstart --task`` chooses, for a spec's run without model flags."""
+    import rlhfkit.trainers.build as build
+
+    assets = build.builtin_assets
+    build.builtin_assets = lambda preset="default", **kwargs: assets(preset, **{**kwargs, "task": task})
+
+
 def main(name: str, output_dir: str) -> int:
     import torch
 
@@ -34,6 +43,7 @@ def main(name: str, output_dir: str) -> int:
 
     torch.set_num_threads(1)  # two runs side by side on two cores
     spec = SPECS[name]
+    use_builtin_task(spec.task)
     config_cls = PPOConfig if spec.algorithm == "ppo" else GRPOConfig
     args, explicit = parse_config(config_cls, command_line(spec, output_dir), f"rlhfkit {spec.algorithm}")
     trainer = build_trainer(args, explicit)
@@ -49,7 +59,8 @@ def main(name: str, output_dir: str) -> int:
         outcome = {"ended": type(e).__name__, "step": trainer.run.progress.step + 1, "message": str(e)}
     if trainer.accelerator.is_main_process:
         Path(output_dir, "outcome.json").write_text(json.dumps(outcome, indent=1) + "\n")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    # The trainer may have closed its process group when training ended: then there is nothing to wait for.
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and torch.distributed.is_initialized():
         trainer.accelerator.wait_for_everyone()
     return 0
 

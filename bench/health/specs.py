@@ -1,7 +1,15 @@
-"""The labelled run set: healthy runs of the built-in task, and runs with one failure injected each.
+"""The labelled run set: healthy runs of the built-in tasks, and runs with one failure injected each.
 
-Every run is ``rlhfkit ppo`` or ``rlhfkit grpo`` on the built-in task (its built-in settings, then the spec's flags),
-optionally with an injection from inject.py. Its label is ground truth, never the rules' verdict:
+Every run is ``rlhfkit ppo`` or ``rlhfkit grpo`` on a built-in task (its built-in settings, then the spec's flags),
+optionally with an injection from inject.py, or TRL 1.16's own GRPOTrainer on the sort task (run_trl.py). Each run
+belongs to one split (``split``), so the detection table is computed per split:
+
+* "tuning": the sort task, on which every threshold of rlhfkit/health/rules.py was chosen;
+* "held-out": the reverse and addition tasks (PPO scored by the task's learned reward model alone, GRPO by its
+  rule-based rewards), which the thresholds never saw and must not be tuned on;
+* "trl": TRL's GRPOTrainer, read from its TensorBoard files and by HealthCallback inside it.
+
+Its label is ground truth, never the rules' verdict:
 
 * ``mode``: "healthy", or the failure injected (MODES);
 * ``onset``: the step the failure starts: the step of the injected change, or for reward hacking the step at which
@@ -49,6 +57,8 @@ class Spec(NamedTuple):
     injection: tuple = ()  # (name in inject.INJECTIONS, {settings}) or ()
     onset: int | str = 1  # the step the failure starts, or "success_fall" (labels.success_fall)
     processes: int = 1
+    task: str = "sort"  # the built-in task (rlhfkit/tasks/registry.py)
+    split: str = "tuning"  # "tuning", "held-out" or "trl" (the module's docstring)
 
 
 def _healthy() -> list[Spec]:
@@ -243,4 +253,154 @@ def _sick() -> list[Spec]:
     return out
 
 
-SPECS: dict[str, Spec] = {spec.name: spec for spec in (*_healthy(), *_sick())}
+# ---------------------------------------------------------------------------------------------------------------------
+# Held-out: the reverse and addition tasks, never used to choose a threshold
+# ---------------------------------------------------------------------------------------------------------------------
+
+HELDOUT_TASKS = {"reverse": "rev", "addition": "add"}  # task -> its short name in run names
+
+
+def _heldout(mode, algorithm, task, variant, flags, seed, injection=(), onset=1, processes=1) -> Spec:
+    name = f"heldout-{mode}-{HELDOUT_TASKS[task]}-{algorithm}-{variant}-s{seed}"
+    return Spec(name, algorithm, mode, seed, flags, injection, onset, processes, task, "held-out")
+
+
+def _heldout_healthy() -> list[Spec]:
+    """Healthy runs of the held-out tasks across seeds, learning rates, batch sizes, loss types, LoRA and 2 processes.
+    Most at the short length of the failure runs (to fit the set's time), PPO's defaults of seed 0 at the built-in
+    length."""
+    ppo = [
+        ("default", {}, "reverse", 0),
+        ("default", {}, "addition", 0),
+        ("default", PPO_SHORT, "reverse", 1),
+        ("default", PPO_SHORT, "addition", 1),
+        ("lr5e-5", {**PPO_SHORT, "learning_rate": 5e-5}, "reverse", 2),
+        ("kl0.3", {**PPO_SHORT, "kl_coef": 0.3}, "addition", 2),
+        (
+            "batch32",
+            {**PPO_SHORT, "per_device_train_batch_size": 32, "local_rollout_forward_batch_size": 32},
+            "reverse",
+            1,
+        ),
+        ("minibatch2", {**PPO_SHORT, "gradient_accumulation_steps": 2, "num_mini_batches": 2}, "addition", 0),
+        ("lora", {**PPO_SHORT, "use_peft": True, "learning_rate": 3e-4}, "reverse", 0),
+    ]
+    grpo = [
+        ("default", GRPO_SHORT, "reverse", 0),
+        ("default", GRPO_SHORT, "addition", 0),
+        ("loss-dr_grpo", {**GRPO_SHORT, "loss_type": "dr_grpo"}, "reverse", 2),
+        ("loss-bnpo", {**GRPO_SHORT, "loss_type": "bnpo"}, "addition", 2),
+        ("lr5e-5", {**GRPO_SHORT, "learning_rate": 5e-5}, "addition", 1),
+        ("beta0.04", {**GRPO_SHORT, "beta": 0.04}, "reverse", 0),
+        ("iterations2", {**GRPO_SHORT, "num_iterations": 2}, "addition", 1),
+        ("temperature1", {**GRPO_SHORT, "temperature": 1.0}, "reverse", 2),
+        ("lora", {**GRPO_SHORT, "use_peft": True, "learning_rate": 1e-3}, "addition", 0),
+    ]
+    specs = [
+        _heldout("healthy", algorithm, task, variant, flags, seed)
+        for algorithm, variants in (("ppo", ppo), ("grpo", grpo))
+        for variant, flags, task, seed in variants
+    ]
+    two = {"per_device_train_batch_size": 32}
+    specs.append(_heldout("healthy", "ppo", "addition", "2proc", {**PPO_SHORT, **two}, 0, processes=2))
+    specs.append(_heldout("healthy", "grpo", "reverse", "2proc", {**GRPO_SHORT, **two}, 0, processes=2))
+    return specs
+
+
+def _heldout_sick() -> list[Spec]:
+    """The failure modes of _sick() that apply, injected the same way into runs of the held-out tasks (one or two runs
+    each, to fit the set in about an hour on two shared cores). Reward hacking uses pays_for_repeats (exploitable on
+    any text); checks_only_order is the sort task's own flaw, and the learned reward model's hack under kl_coef 0.01
+    needs the built-in length (320 updates, 9 minutes here), left out for time. Truncation cuts below the task's
+    answers (reverse: 3-6 letters, 4 tokens; addition: 2-3 digits, 2 tokens)."""
+    fast = {"total_episodes": 128, "per_device_train_batch_size": 16, "local_rollout_forward_batch_size": 16}
+    runs = [
+        ("lr_fast", "ppo", "reverse", "lr0.5", {**fast, "learning_rate": 0.5}, 0, (), 1),
+        ("lr_fast", "ppo", "addition", "lr0.5", {**fast, "learning_rate": 0.5}, 1, (), 1),
+        ("lr_fast", "grpo", "reverse", "lr0.5", {"max_steps": 20, "learning_rate": 0.5}, 1, (), 1),
+        ("lr_fast", "grpo", "addition", "lr0.5", {"max_steps": 20, "learning_rate": 0.5}, 0, (), 1),
+        (
+            "lr_slow", "ppo", "addition", "lr1e-3@30", PPO_SHORT, 0,
+            ("learning_rate_from", {"step": 30, "learning_rate": 1e-3}), 30,
+        ),
+        (
+            "lr_slow", "grpo", "reverse", "lr2e-3@30", GRPO_SHORT, 0,
+            ("learning_rate_from", {"step": 30, "learning_rate": 2e-3}), 30,
+        ),
+        (
+            "reward_hacking", "ppo", "addition", "repeats-kl0",
+            {**PPO_SHORT, "kl_coef": 0.0, "reward_funcs": ["bench.health.rewards:pays_for_repeats"]}, 0, (),
+            "success_fall",
+        ),
+        (
+            "reward_hacking", "grpo", "reverse", "repeats",
+            {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:pays_for_repeats"]}, 0, (), "success_fall",
+        ),
+        (
+            "reward_hacking", "grpo", "addition", "repeats",
+            {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:pays_for_repeats"]}, 1, (), "success_fall",
+        ),
+        ("entropy_collapse", "ppo", "addition", "t0.2", {**PPO_SHORT, "temperature": 0.2, "kl_coef": 0.0}, 0, (), 1),
+        ("entropy_collapse", "grpo", "reverse", "t0.2", {**GRPO_SHORT, "temperature": 0.2}, 0, (), 1),
+        ("kl_runaway", "ppo", "addition", "kl0", {"total_episodes": 12800, "kl_coef": 0.0}, 1, (), 1),
+        (
+            "value_diverges", "ppo", "reverse", "vlr1000@20", PPO_SHORT, 0,
+            ("value_learning_rate_from", {"step": 20, "factor": 1000.0}), 20,
+        ),
+        ("value_frozen", "ppo", "reverse", "frozen@20", PPO_SHORT, 1, ("value_frozen_from", {"step": 20}), 20),
+        ("value_frozen", "ppo", "addition", "frozen@20", PPO_SHORT, 0, ("value_frozen_from", {"step": 20}), 20),
+        ("truncated", "ppo", "reverse", "len4", {**PPO_SHORT, "response_length": 4}, 0, (), 1),
+        ("truncated", "grpo", "addition", "len2", {**GRPO_SHORT, "max_completion_length": 2}, 0, (), 1),
+        (
+            "zero_spread", "grpo", "addition", "always1",
+            {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:always_one"]}, 0, (), 1,
+        ),
+        (
+            "zero_spread", "grpo", "reverse", "never", {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:never"]},
+            1, (), 1,
+        ),
+        (
+            "reward_scale", "ppo", "addition", "x1000@20", PPO_SHORT, 0,
+            ("scale_rewards_from", {"step": 20, "factor": 1000.0}), 20,
+        ),
+        (
+            "reward_scale", "grpo", "reverse", "x1000@20", {**GRPO_SHORT, "scale_rewards": "none"}, 0,
+            ("scale_rewards_from", {"step": 20, "factor": 1000.0}), 20,
+        ),
+        (
+            "nonfinite_reward", "ppo", "reverse", "inf@20", PPO_SHORT, 0,
+            ("reward_value_from", {"step": 20, "value": float("inf")}), 20,
+        ),
+        (
+            "nonfinite_reward", "grpo", "addition", "overflow@20", GRPO_SHORT, 0,
+            ("reward_value_from", {"step": 20, "value": 1e308}), 20,
+        ),
+        ("eos_missing", "ppo", "addition", "unk", PPO_SHORT, 0, ("stop_token", {"token_id": 2}), 1),
+        ("eos_missing", "grpo", "reverse", "unk", GRPO_SHORT, 0, ("stop_token", {"token_id": 2}), 1),
+        (
+            "logprob_mismatch", "ppo", "reverse", "t1.0", PPO_SHORT, 0,
+            ("sample_at_temperature", {"temperature": 1.0}), 1,
+        ),
+        (
+            "logprob_mismatch", "grpo", "addition", "t1.0", {**GRPO_SHORT, "temperature": 0.7}, 0,
+            ("sample_at_temperature", {"temperature": 1.0}), 1,
+        ),
+        ("wrong_reference", "ppo", "addition", "noise0.3", PPO_SHORT, 0, ("noisy_reference", {"std": 0.3}), 1),
+        (
+            "wrong_reference", "grpo", "reverse", "noise0.3", {**GRPO_SHORT, "beta": 0.04}, 0,
+            ("noisy_reference", {"std": 0.3}), 1,
+        ),
+        (
+            "stale_offpolicy", "grpo", "addition", "s4-lr5e-4@30",
+            {**GRPO_SHORT, "async_generation": True, "max_staleness": 4}, 0,
+            ("learning_rate_from", {"step": 30, "learning_rate": 5e-4}), 30,
+        ),
+    ]  # fmt: skip
+    return [
+        _heldout(mode, algorithm, task, variant, flags, seed, injection, onset)
+        for mode, algorithm, task, variant, flags, seed, injection, onset in runs
+    ]
+
+
+SPLITS = ("tuning", "held-out", "trl")
+SPECS: dict[str, Spec] = {spec.name: spec for spec in (*_healthy(), *_sick(), *_heldout_healthy(), *_heldout_sick())}

@@ -70,6 +70,57 @@ def test_the_run_set_is_labelled_from_outside_the_rules():
     assert all(r.onset == SPECS[r.name].onset for r in injected)
     assert {r.mode for r in RECORDS} == {"healthy", *MODES}  # every failure mode has runs
     assert {r.name for r in ALL_RECORDS} == set(SPECS)  # one record per spec, none stale
+    assert all((r.split, r.task) == (SPECS[r.name].split, SPECS[r.name].task) for r in ALL_RECORDS)
+
+
+def test_the_held_out_runs_are_of_tasks_no_threshold_was_chosen_on():
+    """Every threshold was chosen on the sort task: the tuning split is sort alone, the held-out split never sort."""
+    assert {r.task for r in RECORDS} == {"sort"}
+    heldout = in_split(ALL_RECORDS, HELD_OUT)
+    assert {r.task for r in heldout} == {"reverse", "addition"}
+    assert sum(r.healthy for r in heldout) >= 20 and sum(not r.healthy for r in heldout) >= 30
+    assert {r.algorithm for r in heldout if r.healthy} == {"ppo", "grpo"}
+
+
+# --- verdicts and the table ---------------------------------------------------------------------------------------------
+
+
+def test_verdict_counts_findings_from_the_onset_and_trainer_stops():
+    nan_at_5 = [{"step": s, "loss": 0.1} for s in range(1, 5)] + [{"step": 5, "loss": float("nan")}]
+    v = verdict(record(onset=3, rows=nan_at_5))
+    assert (v.flagged_at, v.flagged_by, v.critical_at, v.delay) == (5, "nonfinite_metric", 5, 2)
+    # The same finding before an injected onset is a false alarm, and the run is not flagged.
+    v = verdict(record(onset=6, rows=nan_at_5))
+    assert [f.rule for f in v.false_alarms] == ["nonfinite_metric"] and v.flagged_at is None
+    # A trainer that refused the input at step 4 flagged it first.
+    v = verdict(record(onset=3, rows=nan_at_5, ended={"ended": "RewardFunctionError", "step": 4}))
+    assert (v.flagged_at, v.flagged_by, v.critical_at) == (4, "the trainer's reward check (exit 2)", 4)
+    # In a healthy run every finding is a false alarm.
+    v = verdict(record(mode="healthy", onset=None, rows=nan_at_5))
+    assert len(v.false_alarms) == 1 and v.flagged_at is None
+
+
+def test_table_of_hand_made_records():
+    quiet = [{"step": s, "loss": 0.1} for s in range(1, 6)]
+    nan = [*quiet, {"step": 6, "loss": float("nan")}]
+    records = [
+        record("healthy-a", "healthy", None, rows=quiet),
+        record("healthy-b", "healthy", None, rows=nan),  # one critical false alarm
+        record("sick-a", onset=2, rows=nan),  # flagged 4 steps after its onset
+        record("sick-b", onset=2, rows=quiet),  # missed
+        record("hack-a", "reward_hacking", None, "true success falls", rows=nan),  # never hurt: in no rate
+    ]
+    text = render_markdown(records)
+    assert (
+        "- **Recall:** 1 of 2 runs with a failure flagged (50%); failure modes with at least one rule that fires: 1 of 1."
+        in text
+    )
+    assert (
+        "- **False alarms:** 1 finding(s) over 2 healthy runs (1 critical); 0 before the onset of a sick run." in text
+    )
+    assert "| **lr_fast**: lr_fast injected | 2 | 1 | 1 | 4 | `nonfinite_metric` (1) |" in text
+    assert "1 reward-hacking run(s) whose true success never fell" in text
+    assert "| hack-a | never | 6 | `nonfinite_metric` | - | - |" in text
 
 
 def test_each_split_has_its_own_table_computed_from_its_own_records_only():
