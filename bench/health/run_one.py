@@ -1,6 +1,7 @@
 """Train one run of the labelled set: ``python bench/health/run_one.py NAME OUTPUT_DIR``, from the repository root
 (under ``accelerate launch`` for a spec with 2 processes). Writes the run directory and OUTPUT_DIR/outcome.json: how
-the run ended (finished, stopped by the trainer, or refused with an input error, and at which step)."""
+the run ended (finished, stopped by the trainer, or refused with an input error, and at which step). A TRL run
+(algorithm "trl-grpo") is run_trl.py's."""
 
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ def main(name: str, output_dir: str) -> int:
 
     torch.set_num_threads(1)  # two runs side by side on two cores
     spec = SPECS[name]
+    if spec.algorithm == "trl-grpo":
+        from bench.health.run_trl import run
+
+        return run(spec, output_dir)
     use_builtin_task(spec.task)
     config_cls = PPOConfig if spec.algorithm == "ppo" else GRPOConfig
     args, explicit = parse_config(config_cls, command_line(spec, output_dir), f"rlhfkit {spec.algorithm}")

@@ -402,5 +402,40 @@ def _heldout_sick() -> list[Spec]:
     ]
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# TRL 1.16's GRPOTrainer on the sort task (run_trl.py): read from its TensorBoard files and by HealthCallback
+# ---------------------------------------------------------------------------------------------------------------------
+
+# TRL's settings beside the built-in task's GRPO (run_trl.py): 8 prompts x 8 completions per step, 60 steps.
+TRL_STEPS = 60
+
+
+def _trl() -> list[Spec]:
+    """TRL runs, healthy and with the failures TRL's own flags (or a reward function) can carry. Flags are TRL
+    GRPOConfig fields; injections are run_trl.py's."""
+    runs = [
+        ("healthy", "default", {}, 0, (), 1),
+        ("healthy", "default", {}, 1, (), 1),
+        ("healthy", "beta0.04", {"beta": 0.04}, 2, (), 1),
+        ("healthy", "lr5e-5", {"learning_rate": 5e-5}, 0, (), 1),
+        ("healthy", "loss-grpo", {"loss_type": "grpo"}, 1, (), 1),
+        ("lr_fast", "lr0.5", {"learning_rate": 0.5, "max_steps": 20}, 0, (), 1),
+        ("lr_fast", "lr0.5", {"learning_rate": 0.5, "max_steps": 20}, 1, (), 1),
+        ("entropy_collapse", "t0.2", {"temperature": 0.2}, 0, (), 1),
+        ("zero_spread", "always1", {"reward_funcs": ["bench.health.rewards:always_one"]}, 0, (), 1),
+        ("truncated", "len4", {"max_completion_length": 4}, 0, (), 1),
+        ("reward_scale", "x1000@20", {"scale_rewards": "none"}, 0, ("scale_rewards_from", {"step": 20}), 20),
+        ("wrong_reference", "noise0.3", {"beta": 0.04}, 0, ("noisy_reference", {"std": 0.3}), 1),
+        ("lr_slow", "lr2e-3@20", {}, 0, ("learning_rate_from", {"step": 20, "learning_rate": 2e-3}), 20),
+        ("nonfinite_reward", "overflow@20", {}, 0, ("reward_value_from", {"step": 20, "value": 1e308}), 20),
+    ]
+    return [
+        Spec(f"trl-{mode}-grpo-{variant}-s{seed}", "trl-grpo", mode, seed, flags, injection, onset, split="trl")
+        for mode, variant, flags, seed, injection, onset in runs
+    ]
+
+
 SPLITS = ("tuning", "held-out", "trl")
-SPECS: dict[str, Spec] = {spec.name: spec for spec in (*_healthy(), *_sick(), *_heldout_healthy(), *_heldout_sick())}
+SPECS: dict[str, Spec] = {
+    spec.name: spec for spec in (*_healthy(), *_sick(), *_heldout_healthy(), *_heldout_sick(), *_trl())
+}

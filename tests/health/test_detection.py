@@ -273,3 +273,25 @@ def test_a_frozen_value_model_is_a_real_failure():
         assert explained(frozen, 60, 120) < 0.03 < 0.1 < explained(healthy, 100, 120), seed
         success = [row["rollout/task_success"] for row in frozen.rows if "rollout/task_success" in row]
         assert sum(success[-20:]) / 20 > sum(success[:20]) / 20 + 0.05, seed
+
+
+# --- TRL's GRPOTrainer in the labelled set ------------------------------------------------------------------------------
+
+
+def test_trl_runs_are_read_from_tensorboard_and_the_callback_found_the_same_live():
+    """Each TRL run's rows are what rlhfkit doctor reads from TRL's TensorBoard files (train/<name> keys read as the
+    bare names); HealthCallback inside TRL's trainer reported exactly the findings the replay of those rows gives."""
+    trl = in_split(ALL_RECORDS, TRL)
+    assert sum(r.healthy for r in trl) >= 3 and sum(not r.healthy for r in trl) >= 5
+    for r in trl:
+        assert r.rows and all(not key.startswith("train/") for row in r.rows for key in row), r.name
+        replayed = [[f.step, f.rule, f.severity] for f in verdict(r).findings]
+        assert r.ended["live"] == replayed, r.name
+
+
+def test_trl_runs_healthy_quiet_and_sick_flagged():
+    verdicts = [verdict(r) for r in in_split(ALL_RECORDS, TRL)]
+    assert {v.record.name: v.findings for v in verdicts if v.record.healthy} == {
+        v.record.name: [] for v in verdicts if v.record.healthy
+    }
+    assert [v.record.name for v in verdicts if not v.record.healthy and v.flagged_at is None] == []
