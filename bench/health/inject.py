@@ -10,6 +10,7 @@ import functools
 
 import torch
 
+from bench.health.agents import INJECTIONS as AGENT_INJECTIONS
 from rlhfkit.rewards import RewardModelFunction
 
 
@@ -167,3 +168,4 @@ INJECTIONS = {
         value_frozen_from,
     )
 }
+INJECTIONS.update(AGENT_INJECTIONS)  # the agent task's (bench/health/agents.py)

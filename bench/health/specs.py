@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from bench.health.agents import MODES as AGENT_MODES
+from bench.health.agents import RUNS as AGENT_RUNS
+
 # The failure modes, in the order of the detection table, with what was injected.
 MODES = {
     "lr_fast": "learning rate far too high (0.5): the policy is destroyed within a few updates",
@@ -42,6 +45,7 @@ MODES = {
     "stale_offpolicy": "asynchronous generation 4 updates behind the trainer (--max_staleness 4) and the learning rate "
     "raised to 5e-4 from step 30: the batches come from a policy far from the trainer's and the run collapses",
 }
+MODES.update(AGENT_MODES)  # the agent task's failures (bench/health/agents.py)
 
 # The shorter length of most failure runs: long enough for a slow failure to show, short enough for the set.
 PPO_SHORT = {"total_episodes": 7680}  # 120 updates of 64
@@ -435,7 +439,17 @@ def _trl() -> list[Spec]:
     ]
 
 
-SPLITS = ("tuning", "held-out", "trl")
+def _agents() -> list[Spec]:
+    """The agent task's runs (bench/health/agents.py: its failures and their rules), its own split: healthy GRPO and
+    PPO at the built-in settings, and each way an agent run goes wrong."""
+    return [
+        Spec(f"{base}-s{seed}", algorithm, mode, seed, flags, injection, 1, task="agent", split="agents")
+        for base, (mode, algorithm, flags, injection, seeds) in AGENT_RUNS.items()
+        for seed in seeds
+    ]
+
+
+SPLITS = ("tuning", "held-out", "trl", "agents")
 SPECS: dict[str, Spec] = {
-    spec.name: spec for spec in (*_healthy(), *_sick(), *_heldout_healthy(), *_heldout_sick(), *_trl())
+    spec.name: spec for spec in (*_healthy(), *_sick(), *_heldout_healthy(), *_heldout_sick(), *_trl(), *_agents())
 }

@@ -32,6 +32,7 @@ from rlhfkit.health.monitor import Finding, replay
 from rlhfkit.health.rules import (
     CRITICAL,
     GRPO_KL,
+    INFO,
     PPO_KL,
     History,
     Thresholds,
@@ -41,7 +42,14 @@ from rlhfkit.health.rules import (
 )
 
 HEALTHY = "healthy"
-TUNING, HELD_OUT, TRL = "tuning", "held-out", "trl"  # the splits of the labelled set
+TUNING, HELD_OUT, TRL, AGENTS = "tuning", "held-out", "trl", "agents"  # the splits of the labelled set
+# The agent rules, and the failure of the agent task's labelled runs each was written for.
+AGENT_RULES = {
+    "tools_unused": "tools_never_called",
+    "tool_failing": "tool_failures",
+    "turn_cap": "turn_cap_reached",
+    "tools_abandoned": "tool_use_abandoned",
+}
 # Reward hacking's onset, from true success alone (success_fall): levels are means of SUCCESS over SUCCESS_WINDOW steps.
 SUCCESS, SUCCESS_WINDOW, SUCCESS_DROP, FINAL_DROP = "rollout/task_success", 10, 0.05, 0.1
 EVAL_SUCCESS = "eval/task_success"  # the task's checker on the test split (greedy), logged every few steps
@@ -141,6 +149,8 @@ class Verdict(NamedTuple):
 
 def verdict(record: Record, thresholds: Thresholds | None = None) -> Verdict:
     _, findings = replay(record.rows, thresholds)
+    # Info findings (a solved task's converged entropy) flag nothing and are no false alarm: warnings and criticals.
+    findings = [f for f in findings if f.severity != INFO]
     if record.healthy:
         return Verdict(record, findings, findings, None, None, None)
     onset = record.onset if record.onset is not None else 1
@@ -404,12 +414,49 @@ def render_markdown(records: Sequence[Record]) -> str:
     """The "Measured detection" sections of docs/health.md (text, ending with a newline): the tuning set's table, then
     the held-out set's beside it and TRL's runs, each computed from its own split's records only."""
     lines = _tuning_section(in_split(records, TUNING))
-    heldout, trl = in_split(records, HELD_OUT), in_split(records, TRL)
+    heldout, trl, agents = in_split(records, HELD_OUT), in_split(records, TRL), in_split(records, AGENTS)
     if heldout:
         lines += ["", *_heldout_section(in_split(records, TUNING), heldout)]
     if trl:
         lines += ["", *_trl_section(trl)]
+    if agents:
+        lines += ["", *_agents_section(agents)]
     return "\n".join(lines) + "\n"
+
+
+def _agents_section(records: Sequence[Record]) -> list[str]:
+    """The agent task's runs: each agent rule against the failure it was written for, and every other rule's findings
+    on healthy agent runs (none is a false alarm the rules may have)."""
+    m = measure(records)
+    lines = [
+        "## Agent runs",
+        "",
+        f"{len(records)} runs of the built-in agent task (multiplication with a calculator tool, "
+        "[agent-task.md](agent-task.md)) at its built-in settings, GRPO and PPO: "
+        f"{len(m.healthy)} healthy and {len(m.sick)} with one agent failure each (bench/health/agents.py). The agent "
+        "rules were written for these failures and their thresholds chosen before these runs were trained; the other "
+        "rules are as tuned on the sort task. A healthy agent run solves the task within about ten steps, after which "
+        "its policy is nearly deterministic: entropy_collapse, sampling_nearly_greedy and reward_zero_std say so as "
+        "info (the task was solved), which is neither a flag nor a false alarm.",
+        "",
+        *_summary(m),
+        "",
+        *_mode_table(m),
+        "",
+        "| agent rule | failure it is for | its runs it flagged | first finding, steps after onset | healthy agent runs "
+        "where it fired |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, rule in AGENT_RULES.items():
+        runs = m.by_mode.get(mode, [])
+        firsts = [_first_by(v, rule) for v in runs]
+        steps = [f - (v.record.onset or 1) for f, v in zip(firsts, runs) if f is not None]
+        fired_healthy = sum(any(f.rule == rule for f in v.findings) for v in m.healthy)
+        shown = ", ".join(str(d) for d in steps) or "-"
+        lines.append(
+            f"| `{rule}` | {mode} | {len(steps)} of {len(runs)} | {shown} | {fired_healthy} of {len(m.healthy)} |"
+        )
+    return [*lines, "", "### Every agent run", "", *_every_run(m)]
 
 
 def _tuning_section(records: Sequence[Record]) -> list[str]:

@@ -8,10 +8,13 @@ from pathlib import Path
 import pytest
 
 from bench.health import build
+from bench.health.agents import MODES as AGENT_MODES
 from bench.health.specs import MODES, SPECS
 from rlhfkit import docs
 from rlhfkit.health import Thresholds
 from rlhfkit.health.detection import (
+    AGENT_RULES,
+    AGENTS,
     HELD_OUT,
     TRL,
     TUNING,
@@ -68,7 +71,9 @@ def test_the_run_set_is_labelled_from_outside_the_rules():
     assert hacks and all(r.onset_kind == "true success falls" and r.onset == success_fall(r.rows) for r in hacks)
     injected = [r for r in RECORDS if r.onset_kind == "injected" and not r.healthy]
     assert all(r.onset == SPECS[r.name].onset for r in injected)
-    assert {r.mode for r in RECORDS} == {"healthy", *MODES}  # every failure mode has runs
+    # every failure mode has runs: the agent task's in its own split
+    assert {r.mode for r in RECORDS} == {"healthy", *MODES} - set(AGENT_MODES)
+    assert {r.mode for r in in_split(ALL_RECORDS, AGENTS)} == {"healthy", *AGENT_MODES}
     assert {r.name for r in ALL_RECORDS} == set(SPECS)  # one record per spec, none stale
     assert all((r.split, r.task) == (SPECS[r.name].split, SPECS[r.name].task) for r in ALL_RECORDS)
 
@@ -176,7 +181,7 @@ def test_healthy_runs_of_the_set_give_no_finding():
 def test_every_failure_mode_is_flagged_and_recall_is_at_least_90_percent():
     sick = [verdict(r) for r in RECORDS if not r.healthy and not r.unhurt]
     flagged = {v.record.mode for v in sick if v.flagged_at is not None}
-    assert flagged == set(MODES)
+    assert flagged == set(MODES) - set(AGENT_MODES)  # the agent task's modes: their own split's test
     assert sum(v.flagged_at is not None for v in sick) >= 0.9 * len(sick)
 
 
@@ -295,3 +300,13 @@ def test_trl_runs_healthy_quiet_and_sick_flagged():
         v.record.name: [] for v in verdicts if v.record.healthy
     }
     assert [v.record.name for v in verdicts if not v.record.healthy and v.flagged_at is None] == []
+
+
+def test_each_agent_rule_flags_the_failure_it_is_for_and_no_healthy_agent_run():
+    # The agent task's labelled runs: a healthy run solves the task and its converged entropy is info, not a flag.
+    agents = [verdict(r) for r in in_split(ALL_RECORDS, AGENTS)]
+    healthy = [v for v in agents if v.record.healthy]
+    assert len(healthy) >= 6 and not [f for v in healthy for f in v.findings]
+    for mode, rule in AGENT_RULES.items():
+        runs = [v for v in agents if v.record.mode == mode]
+        assert len(runs) >= 3 and all(any(f.rule == rule for f in v.findings) for v in runs), mode
