@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import string
 
 import torch
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from rlhfkit.sampling.decoders import Generated
+from rlhfkit.tasks.chat_tokenizer import PRINTABLE
+from rlhfkit.tasks.tokenizer import char_tokenizer
 
 PAD, START, END = "<pad>", "<|im_start|>", "<|im_end|>"
 TOOL_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -57,21 +57,7 @@ RESPONSE_TEMPLATE = {
 def tool_chat_tokenizer() -> PreTrainedTokenizerFast:
     """One token per printable ASCII character or newline; <pad>, <|im_start|>, <|im_end|> (the EOS) special; the
     tool tags whole tokens, kept in decoded text as Qwen's are."""
-    chars = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
-    vocab = {token: i for i, token in enumerate([PAD, START, END, *TOOL_TOKENS, *chars])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
-    backend.add_special_tokens([PAD, START, END])
-    backend.add_tokens(list(TOOL_TOKENS))
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD,
-        eos_token=END,
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
-        model_max_length=1024,
-    )
+    tokenizer = char_tokenizer((PAD, START, END), TOOL_TOKENS, PRINTABLE, PAD, END, model_max_length=1024)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.response_template = RESPONSE_TEMPLATE
     return tokenizer

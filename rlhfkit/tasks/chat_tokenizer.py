@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import string
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from .tokenizer import char_tokenizer
+
 PAD, START, END = "<pad>", "<|im_start|>", "<|im_end|>"
+# Printable ASCII and newline, one token each (no tab, carriage return or form feeds).
+PRINTABLE = "".join(sorted(set(string.printable) - set("\t\r\x0b\x0c")))
 TOOL_CALL, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE, TOOL_RESPONSE_END = "<tool_response>", "</tool_response>"
 # A call's fixed JSON around its argument, one token each side, as a BPE tokenizer would merge such frequent text:
@@ -72,21 +75,7 @@ def build_chat_tokenizer(model_max_length: int = 256) -> PreTrainedTokenizerFast
     """One token per printable ASCII character or newline (anything else is <pad>'s id, never produced by the task);
     <pad>, <|im_start|> and <|im_end|> (the EOS) special; the tool tags and the call's JSON whole tokens, kept in
     decoded text as Qwen's tool tags are. No BOS; left padding, as generation needs."""
-    chars = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
-    vocab = {token: i for i, token in enumerate([PAD, START, END, *WORD_TOKENS, *chars])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char a piece
-    backend.decoder = decoders.Fuse()  # join pieces without spaces
-    backend.add_special_tokens([PAD, START, END])
-    backend.add_tokens(list(WORD_TOKENS))
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD,
-        eos_token=END,
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
-        model_max_length=model_max_length,
-    )
+    tokenizer = char_tokenizer((PAD, START, END), WORD_TOKENS, PRINTABLE, PAD, END, model_max_length)
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.response_template = RESPONSE_TEMPLATE
     return tokenizer
