@@ -123,3 +123,17 @@ def test_builtin_assets_honours_cache_env_and_waits_for_another_builder(tmp_path
     assert not messages  # reused
     with pytest.raises(ValueError, match="unknown preset"):
         builtin_assets("huge")
+
+
+def test_default_preset_gives_each_task_its_budgets():
+    from dataclasses import replace
+
+    from rlhfkit.tasks.build import PRESETS, TASK_BUDGETS, build_preset
+
+    assert build_preset("default", "sort") == PRESETS["default"]
+    for task, budgets in TASK_BUDGETS.items():
+        cfg = build_preset("default", task)
+        assert {k: getattr(cfg, k) for k in budgets} == budgets and cfg.sft_steps != PRESETS["default"].sft_steps
+        assert build_preset("test", task) == PRESETS["test"]  # the test preset stays fast
+    custom = replace(PRESETS["default"], sft_steps=7)
+    assert build_preset(custom, "addition") is custom  # a preset passed in is used as given
