@@ -11,7 +11,8 @@
 ``--task agent`` is the agent task (tasks/agent.py): multiplication with a calculator tool. Both algorithms train
 multi-turn episodes with the tool and score them with the task's correctness rule (it has no reward model); the judge
 is the task's checker on greedy episodes of both models, their tools run, and agent_eval.json adds each model's
-accuracy and tool calls per episode (docs/agent-task.md).
+accuracy and tool calls per episode (docs/agent-task.md). ``--task reverse-chat`` is the reverse task asked in a
+conversation: its prompts are messages that the trainers and the judge render with the chat template.
 
 It ends with the win rates, the report's path and the command that opens the Trackio dashboard. The algorithm's flags
 given on the command line (``rlhfkit quickstart --total_episodes 2048``, ``rlhfkit quickstart --algorithm grpo
@@ -200,7 +201,11 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
         conversations = load_dataset_column(assets.prompts, "test")
         comparison, episodes = judge_episodes(run_dir, assets.sft, task, conversations)
     else:
-        prompts = load_eval_prompts(assets.prompts, split="test")
+        prompts = (
+            rendered_prompts(assets.prompts, assets.tokenizer)
+            if task.chat  # conversations, judged as the models read them
+            else load_eval_prompts(assets.prompts, split="test")
+        )
         judges = [TaskJudge.from_dir(assets.root), RewardModelJudge.from_path(assets.reward)]
         comparison = compare_judges(run_dir, assets.sft, judges, prompts, max_new_tokens=task.max_new_tokens)
 
@@ -242,6 +247,17 @@ def cmd_quickstart(argv: Sequence[str]) -> int:
     if "trackio" in trainer.run.report_to:
         print(f"Dashboard: trackio show --project {args.project}")
     return 0
+
+
+def rendered_prompts(path: str, tokenizer_path: str, split: str = "test") -> list[str]:
+    """A chat task's conversational prompts (a dataset saved with save_to_disk) as the trainers render them for the
+    policy: the chat template with the generation prompt (data.prompt_text). The task's checker reads the user's
+    message back out of them, and the reward model scores them plus a completion, as in PPO."""
+    from rlhfkit.data import prompt_text
+    from rlhfkit.models import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path, flag="task")
+    return [prompt_text(p, tokenizer) for p in load_dataset_column(path, split)]
 
 
 def load_dataset_column(path: str, split: str, column: str = "prompt") -> list:

@@ -145,6 +145,7 @@ TASK = AgentTask(
     {"correctness": correctness},
     corrupt,
     max_new_tokens=96,
+    chat=True,
     tools=(calculator,),
     max_tool_calling_iterations=2,
 )

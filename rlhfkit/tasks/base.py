@@ -27,6 +27,8 @@ class Task:
     reward_funcs: name -> f(prompts, completions, **kwargs) -> list[float] (TRL's convention).
     corrupt(prompt, answer, rng) -> str: one plausible wrong completion (near-miss negatives for the reward model).
     max_new_tokens: a completion length that fits the longest answer plus EOS with a little slack.
+    chat: whether prompts are conversations (``[{"role": "user", "content": ...}]``) that the chat tokenizer's template
+        renders (tasks/chat_tokenizer.py); False: text prompts the model reads as written.
 
     task.json names the checker and the rewards by reference ("module:function", :attr:`refs`), so a task.json
     written by another version, or by hand, is honoured as written (registry.load_task).
@@ -39,6 +41,7 @@ class Task:
     reward_funcs: dict[str, RewardFunc]
     corrupt: Callable[[str, str, random.Random], str]
     max_new_tokens: int
+    chat: bool = False
 
     @property
     def refs(self) -> dict[str, str]:
@@ -84,21 +87,28 @@ class AnswerRules(NamedTuple):
         return {"correctness": self.correctness, "partial_credit": self.partial_credit}
 
 
-def answer_rules(answer: Callable[[str], str], module: str) -> AnswerRules:
+def answer_rules(answer: Callable[[str], str], module: str, reply: Callable | None = None) -> AnswerRules:
     """check: the stripped completion equals the answer; correctness: 1.0/0.0; partial_credit: `positional_credit`.
+
+    reply(completion) -> str | None: the answer text a completion gives (None: it gives none, which is wrong and earns
+    no credit); without it the completion is that text (the text tasks). The chat task reads an assistant message's
+    content with it.
 
     The task module binds them to module-level names of the same names, so each carries that module's name
     (`module`) and task.json can reference it as "module:function".
     """
+    given = reply or (lambda completion: completion)
 
     def check(prompt: str, completion: str) -> bool:
-        return completion.strip() == answer(prompt)
+        text = given(completion)
+        return text is not None and text.strip() == answer(prompt)
 
     def correctness(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
         return [float(check(p, c)) for p, c in zip(prompts, completions, strict=True)]
 
     def partial_credit(prompts: list[str], completions: list[str], **kwargs) -> list[float]:
-        return [positional_credit(c, answer(p)) for p, c in zip(prompts, completions, strict=True)]
+        texts = [given(c) for c in completions]
+        return [0.0 if t is None else positional_credit(t, answer(p)) for p, t in zip(prompts, texts, strict=True)]
 
     rules = AnswerRules(check, correctness, partial_credit)
     for function in rules:

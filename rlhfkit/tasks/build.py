@@ -1,6 +1,8 @@
 """Build the built-in task's assets offline: tokenizer, SFT model, reward model, prompts and task.json (the layout
 is tasks/layout.py's). The SFT model is a LlamaForCausalLM after a supervised warm start; the reward model a
-LlamaForSequenceClassification with 1 label, initialised from it.
+LlamaForSequenceClassification with 1 label, initialised from it. A chat task (Task.chat: reverse-chat) gets the chat
+tokenizer (tasks/chat_tokenizer.py) and conversational prompts; both models learn on the conversation as its template
+renders it (model_inputs), the text the trainers generate from and PPO's reward model scores.
 
 Reward-model loss (per batch of P pairs, r = score at the last non-pad token):
     L = mean_p[-log sigmoid(r_chosen - r_rejected)]                                   (Bradley-Terry)
@@ -27,10 +29,11 @@ import torch
 import torch.nn.functional as F
 from filelock import FileLock
 
-from rlhfkit.data import progress_bars_hidden
+from rlhfkit.data import progress_bars_hidden, prompt_text
 from rlhfkit.sampling import right_pad
 
 from .agent_build import AGENT_PRESETS, build_agent
+from .chat_tokenizer import build_chat_tokenizer
 from .fitting import fit, model_config, seed_everything, torch_threads
 from .generation import evaluate_success, generate_completions
 from .layout import Assets, ensure_replaceable, install
@@ -218,7 +221,24 @@ def train_reward_model(sft_model, tokenizer, pairs, preset: BuildPreset, seed: i
     return rm
 
 
-def _write_assets(tmp: Path, tokenizer, sft, rm, train_examples, test_examples, meta: dict) -> None:
+def model_inputs(task, tokenizer, prompts: list[str]) -> list[str]:
+    """The text a model reads for each of `prompts`: a chat task's user message rendered by the tokenizer's chat
+    template with the generation prompt, as the trainers render a conversation (data.prompt_text); a text task's
+    prompt as it is. The SFT demonstrations, the reward model's pairs and the measurements are all built on it, so the
+    models learn exactly the token ids the trainers give them."""
+    if not task.chat:
+        return prompts
+    return [prompt_text(conversation(p), tokenizer) for p in prompts]
+
+
+def conversation(prompt: str) -> list[dict]:
+    """A chat task's prompt as the dataset holds it: one user message."""
+    return [{"role": "user", "content": prompt}]
+
+
+def _write_assets(tmp: Path, tokenizer, sft, rm, train_prompts, test_prompts, meta: dict, task) -> None:
+    """The prompts dataset holds a text task's prompts as text and a chat task's as conversations (one user message
+    each, TRL's conversational format), with their answers."""
     from datasets import Dataset, DatasetDict
 
     assets = Assets(tmp)
@@ -226,10 +246,11 @@ def _write_assets(tmp: Path, tokenizer, sft, rm, train_examples, test_examples, 
     for path, model in ((assets.sft, sft), (assets.reward, rm)):
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
+    as_prompt = conversation if task.chat else (lambda p: p)
     DatasetDict(
         {
-            split: Dataset.from_dict({"prompt": [p for p, _ in ex], "answer": [a for _, a in ex]})
-            for split, ex in (("train", train_examples), ("test", test_examples))
+            split: Dataset.from_dict({"prompt": [as_prompt(p) for p in ps], "answer": [task.answer(p) for p in ps]})
+            for split, ps in (("train", train_prompts), ("test", test_prompts))
         }
     ).save_to_disk(assets.prompts)
     assets.task_file.write_text(json.dumps(meta, indent=2) + "\n")
@@ -271,13 +292,13 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     seed_everything(seed)
     rng = random.Random(seed)
-    tokenizer = build_tokenizer()
+    tokenizer = build_chat_tokenizer() if spec.chat else build_tokenizer()
 
-    # 1. prompts: train and test disjoint
-    train_prompts = spec.make_prompts(cfg.n_train_prompts, rng)
-    test_prompts = spec.make_prompts(cfg.n_test_prompts, rng, exclude=set(train_prompts))
+    # 1. prompts: train and test disjoint; `saved` as the prompts dataset holds them, the rest as the models read them
+    saved = spec.make_prompts(cfg.n_train_prompts, rng)
+    saved_test = spec.make_prompts(cfg.n_test_prompts, rng, exclude=set(saved))
+    train_prompts, test_prompts = model_inputs(spec, tokenizer, saved), model_inputs(spec, tokenizer, saved_test)
     train_examples = [(p, spec.answer(p)) for p in train_prompts]
-    test_examples = [(p, spec.answer(p)) for p in test_prompts]
     log(f"[build-tiny] task {spec.name}, preset {preset_name}, seed {seed}: {len(train_prompts)} train prompts")
 
     # 2. supervised warm start
@@ -359,7 +380,7 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
     tmp = out_dir.with_name(f".{out_dir.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with progress_bars_hidden():
-            _write_assets(tmp, tokenizer, sft, rm, train_examples, test_examples, meta)
+            _write_assets(tmp, tokenizer, sft, rm, saved, saved_test, meta, spec)
         install(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rlhfkit.errors import ConfigError
 
-from . import addition, agent, reverse, sort
+from . import addition, agent, reverse, reverse_chat, sort
 from .base import Task, import_ref
 from .layout import Assets
 
-TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK, agent.TASK)}
+TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK, agent.TASK, reverse_chat.TASK)}
 DEFAULT_TASK = "sort"
 
 
