@@ -52,6 +52,7 @@ MISMATCH_KL, MASKED_FRAC = M.OFF_POLICY_MISMATCH_KL.name, M.OFF_POLICY_MASKED_FR
 STALENESS = M.ASYNC_STALENESS_MEAN.name
 PPO_SCORES_STD, GRPO_REWARD_STD = M.OBJECTIVE_SCORES_STD.name, M.REWARD_STD.name
 VAR_EXPLAINED, RETURNS_VAR = M.VAL_VAR_EXPLAINED.name, M.RETURNS_VAR.name
+VPRED, VALUES_MEAN = M.VAL_VPRED.name, M.VAL_MEAN.name
 # Over-optimisation: the score the policy is trained on (PPO: the reward model's / functions' score; GRPO: the total
 # reward) against the task's true success (its checker), on sampled (rollout/) or greedy eval (eval/) completions.
 PPO_SCORES, TRUE_SUCCESS = M.OBJECTIVE_SCORES.name, (M.ROLLOUT_TASK_SUCCESS.name, M.EVAL_TASK_SUCCESS.name)
@@ -98,14 +99,17 @@ class Thresholds:
     value_clipfrac_warning: float = _knob(
         0.15, f"`{VALUE_CLIPFRAC}` level (median of smooth_window) at which the value model moves too fast."
     )
-    value_explained_low: float = _knob(
-        0.05, f"`{VAR_EXPLAINED}` level (median of smooth_window) below which the value model explains almost nothing."
+    value_still: float = _knob(
+        4e-6,
+        f"`{VPRED}` within this fraction of the returns' spread (sqrt of `{RETURNS_VAR}`) of `{VALUES_MEAN}`, median "
+        "of smooth_window: the value model's predictions did not move in its updates (a frozen one: about 1e-6, "
+        "float rounding; the nearest healthy run 1.5e-5).",
     )
-    value_trend_window: int = _knob(60, f"Latest observations of `{VAR_EXPLAINED}` whose trend is tested.")
-    value_trend_z: float = _knob(
-        2.0,
-        f"`{VAR_EXPLAINED}` with a Mann-Kendall trend statistic (z) below this over value_trend_window is not getting "
-        "better (2: no rise at the one-sided 2.3% level).",
+    value_policy_moved: float = _knob(
+        1e-10,
+        f"... while `{APPROXKL}` (median of smooth_window) is at least this: the policy moved in the same updates. With "
+        "one optimizer step per update neither moves before its step (float rounding, about 1e-14), and there is "
+        "nothing to tell; a LoRA policy's smallest was 5e-9.",
     )
     # Policy update size.
     clipfrac_high: float = _knob(0.3, f"`{CLIPFRAC}` level that counts as high.")
@@ -246,7 +250,7 @@ class Thresholds:
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
         windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
-        windows += (self.kl_trend_window, self.value_trend_window)
+        windows += (self.kl_trend_window,)
         return max(*windows, self.reward_history, self.reward_scale_window + 1, self.tools_unused_observations)
 
     def start_length(self) -> int:
@@ -439,37 +443,38 @@ def check_value_clipping(h: History, t: Thresholds) -> Hit | None:
     )
 
 
-class ValueTrend(NamedTuple):
-    level: float  # val/var_explained, median of smooth_window
-    z: float  # its Mann-Kendall z over value_trend_window
-    returns_var: float  # returns/var, median of smooth_window
+class ValueMovement(NamedTuple):
+    moved: float  # |val/vpred - val/mean| / sqrt(returns/var), median of smooth_window
+    policy: float  # policy/approxkl_avg, median of smooth_window
 
 
-def value_trend(h: History, t: Thresholds) -> ValueTrend | None:
-    """What value_not_learning reads, once the row carries val/var_explained and its window is full."""
-    level, returns_var = _level(h, VAR_EXPLAINED, t.smooth_window), _level(h, RETURNS_VAR, t.smooth_window)
-    window = h.values(VAR_EXPLAINED)[-t.value_trend_window :]
-    if VAR_EXPLAINED not in h.row or level is None or returns_var is None or len(window) < t.value_trend_window:
+def value_movement(h: History, t: Thresholds) -> ValueMovement | None:
+    """How far the value model's predictions moved within its updates: |val/vpred - val/mean| (the mean prediction
+    during the update's optimizer steps against the rollout's) over the returns' spread, and how far the policy moved
+    in the same updates; None until the window is full or without returns' variance."""
+    n = t.smooth_window
+    vpred, values, returns_var = h.values(VPRED)[-n:], h.values(VALUES_MEAN)[-n:], h.values(RETURNS_VAR)[-n:]
+    policy = h.values(APPROXKL)[-n:]
+    if VPRED not in h.row or min(len(vpred), len(values), len(returns_var), len(policy)) < n or min(returns_var) <= 0:
         return None
-    return ValueTrend(level, mann_kendall_z(window), returns_var)
+    moves = [abs(a - b) / math.sqrt(v) for a, b, v in zip(vpred, values, returns_var, strict=True)]
+    return ValueMovement(statistics.median(moves), statistics.median(policy))
 
 
 def check_value_learning(h: History, t: Thresholds) -> Hit | None:
-    """The value model explains almost none of the returns' variance (while they have some) and does not get better:
-    the level of val/var_explained below value_explained_low, and no upward trend over value_trend_window
-    observations (Mann-Kendall z below value_trend_z). A value model that learns slowly (a LoRA critic, a small
-    learning rate) still rises in most pairs of its window, which the rank statistic sees however small the rise."""
-    trend = value_trend(h, t)
-    # No returns' variance: nothing to explain (val/var_explained is 0 by definition).
-    if trend is None or trend.level >= t.value_explained_low or trend.returns_var <= 0 or trend.z >= t.value_trend_z:
+    """The value model stopped learning: its predictions during the update (val/vpred) equal the rollout's
+    (val/mean) to float rounding, over smooth_window updates in which the policy moved. Its parameters are not
+    trained (a learning rate scheduled to 0, parameters frozen or missing from the optimizer, no gradient). With
+    one optimizer step per update neither model moves before its step, and the rule is silent."""
+    found = value_movement(h, t)
+    if found is None or found.moved >= t.value_still or not found.policy >= t.value_policy_moved:
         return None
     return Hit(
         WARNING,
-        {VAR_EXPLAINED: trend.level},
-        f"{VAR_EXPLAINED} = {_g(trend.level)} (median of the last {t.smooth_window} updates) and not rising over the "
-        f"last {t.value_trend_window} (Mann-Kendall z = {trend.z:.1f}): the value model explains almost none of the "
-        f"returns' variance ({RETURNS_VAR} = {_g(trend.returns_var)}) and is not learning to.",
-        {VAR_EXPLAINED: t.value_explained_low},
+        {VPRED: h.row[VPRED], VALUES_MEAN: h.row[VALUES_MEAN]},
+        f"{VPRED} - {VALUES_MEAN} is {_g(found.moved)} of the returns' spread (median of the last {t.smooth_window} "
+        f"updates) while the policy moved ({APPROXKL} median {_g(found.policy)}): the value model's predictions do "
+        "not change when it is updated.",
     )
 
 
@@ -1077,17 +1082,15 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "value_not_learning",
-        (VAR_EXPLAINED, RETURNS_VAR),
+        (VPRED, VALUES_MEAN, RETURNS_VAR, APPROXKL),
         (WARNING,),
-        f"median of the last $smooth_window observations of `{VAR_EXPLAINED}` < $value_explained_low while "
-        f"`{RETURNS_VAR}` > 0, and no upward trend over its last $value_trend_window observations (Mann-Kendall z "
-        "< $value_trend_z)",
-        "The value model explains almost none of the returns' variance and is not getting better, so GAE's "
-        "advantages are the returns minus a near-constant and carry their full noise: its learning stopped (a "
-        "learning rate scheduled to 0, parameters frozen or missing from the optimizer, a value head that gets no "
-        "gradient) or is far too slow for the run. Check that the value model's parameters are trained and its "
-        "learning rate (vf_coef scales its loss, not Adam's step); a healthy value model's val/var_explained rises "
-        "over the first hundred updates, slowly with LoRA.",
+        f"median of the last $smooth_window observations of |`{VPRED}` - `{VALUES_MEAN}`| / sqrt(`{RETURNS_VAR}`) < "
+        f"$value_still while the median of `{APPROXKL}` >= $value_policy_moved",
+        "The value model's predictions during the update are the ones it made at the rollout: its weights do not "
+        "change, so its values never learn the returns and GAE's advantages keep their full noise (a learning rate "
+        "scheduled to 0, value-model parameters frozen or missing from the optimizer, a value head that gets no "
+        "gradient). Check that the value model's parameters are trained and that its learning rate is above 0 "
+        "(vf_coef scales its loss, not Adam's step).",
         check_value_learning,
     ),
     Rule(
