@@ -1,9 +1,15 @@
 """Reward functions with a flaw, for the labelled run set (``--reward_funcs bench.health.rewards:NAME``, run from the
-repository root). Each pays for something other than a correct sort, or pays nothing that varies."""
+repository root). Each pays for something other than a correct answer, or pays nothing that varies. They take plain
+completions and conversational ones (lists of messages)."""
 
 from __future__ import annotations
 
 from collections import Counter
+
+
+def _text(completion) -> str:
+    """A completion's text: as given, or a conversational completion's (TRL's list of messages) last content."""
+    return completion if isinstance(completion, str) else completion[-1]["content"]
 
 
 def checks_only_order(prompts, completions, **kwargs):
@@ -11,7 +17,7 @@ def checks_only_order(prompts, completions, **kwargs):
     permutation of the prompt's digits, so "0000" earns as much as the right answer."""
     out = []
     for completion in completions:
-        digits = completion.strip()
+        digits = _text(completion).strip()
         out.append(float(bool(digits) and digits.isdigit() and list(digits) == sorted(digits)))
     return out
 
@@ -20,7 +26,7 @@ def pays_for_repeats(prompts, completions, **kwargs):
     """The share of characters equal to the most common one: "1111111" earns 1."""
     out = []
     for completion in completions:
-        text = completion.strip()
+        text = _text(completion).strip()
         out.append(Counter(text).most_common(1)[0][1] / len(text) if text else 0.0)
     return out
 

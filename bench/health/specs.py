@@ -261,7 +261,8 @@ def _sick() -> list[Spec]:
 # Held-out: the reverse and addition tasks, never used to choose a threshold
 # ---------------------------------------------------------------------------------------------------------------------
 
-HELDOUT_TASKS = {"reverse": "rev", "addition": "add"}  # task -> its short name in run names
+# task -> its short name in run names; reverse-chat is reverse asked as a conversation (TRL's conversational format)
+HELDOUT_TASKS = {"reverse": "rev", "addition": "add", "reverse-chat": "rchat"}
 
 
 def _heldout(mode, algorithm, task, variant, flags, seed, injection=(), onset=1, processes=1) -> Spec:
@@ -288,6 +289,14 @@ def _heldout_healthy() -> list[Spec]:
         ),
         ("minibatch2", {**PPO_SHORT, "gradient_accumulation_steps": 2, "num_mini_batches": 2}, "addition", 0),
         ("lora", {**PPO_SHORT, "use_peft": True, "learning_rate": 3e-4}, "reverse", 0),
+        # Seeds 3-5 (detection.LATE_SEEDS): trained after value_not_learning was rewritten, so that its false alarms
+        # are measured on runs nobody had looked at when it was written.
+        ("default", PPO_SHORT, "reverse", 3),
+        ("default", PPO_SHORT, "addition", 3),
+        ("epochs1", {**PPO_SHORT, "num_ppo_epochs": 1}, "reverse", 4),
+        ("epochs4", {**PPO_SHORT, "num_ppo_epochs": 4}, "addition", 4),
+        ("kl0.05", {**PPO_SHORT, "kl_coef": 0.05}, "reverse", 5),
+        ("lora", {**PPO_SHORT, "use_peft": True, "learning_rate": 3e-4}, "addition", 5),
     ]
     grpo = [
         ("default", GRPO_SHORT, "reverse", 0),
@@ -305,6 +314,15 @@ def _heldout_healthy() -> list[Spec]:
         for algorithm, variants in (("ppo", ppo), ("grpo", grpo))
         for variant, flags, task, seed in variants
     ]
+    chat = [  # the chat-formatted task, trained after value_not_learning was rewritten too
+        ("ppo", "default", PPO_SHORT, 0),
+        ("ppo", "default", PPO_SHORT, 1),
+        ("ppo", "lr5e-5", {**PPO_SHORT, "learning_rate": 5e-5}, 2),
+        ("grpo", "default", GRPO_SHORT, 0),
+        ("grpo", "default", GRPO_SHORT, 1),
+        ("grpo", "loss-dr_grpo", {**GRPO_SHORT, "loss_type": "dr_grpo"}, 2),
+    ]
+    specs += [_heldout("healthy", a, "reverse-chat", v, flags, seed) for a, v, flags, seed in chat]
     two = {"per_device_train_batch_size": 32}
     specs.append(_heldout("healthy", "ppo", "addition", "2proc", {**PPO_SHORT, **two}, 0, processes=2))
     specs.append(_heldout("healthy", "grpo", "reverse", "2proc", {**GRPO_SHORT, **two}, 0, processes=2))
@@ -398,6 +416,30 @@ def _heldout_sick() -> list[Spec]:
             "stale_offpolicy", "grpo", "addition", "s4-lr5e-4@30",
             {**GRPO_SHORT, "async_generation": True, "max_staleness": 4}, 0,
             ("learning_rate_from", {"step": 30, "learning_rate": 5e-4}), 30,
+        ),
+        # The chat-formatted task. Its EOS is <|im_end|> (id 2), so the missing EOS is <tool_call> (id 3), a token
+        # its model never writes; truncation at 2 tokens cuts every answer (3-6 letters).
+        ("lr_fast", "ppo", "reverse-chat", "lr0.5", {**fast, "learning_rate": 0.5}, 0, (), 1),
+        ("lr_fast", "grpo", "reverse-chat", "lr0.5", {"max_steps": 20, "learning_rate": 0.5}, 1, (), 1),
+        (
+            "reward_hacking", "grpo", "reverse-chat", "repeats",
+            {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:pays_for_repeats"]}, 0, (), "success_fall",
+        ),
+        ("entropy_collapse", "grpo", "reverse-chat", "t0.2", {**GRPO_SHORT, "temperature": 0.2}, 0, (), 1),
+        ("value_frozen", "ppo", "reverse-chat", "frozen@20", PPO_SHORT, 0, ("value_frozen_from", {"step": 20}), 20),
+        ("truncated", "grpo", "reverse-chat", "len2", {**GRPO_SHORT, "max_completion_length": 2}, 0, (), 1),
+        (
+            "zero_spread", "grpo", "reverse-chat", "never",
+            {**GRPO_SHORT, "reward_funcs": ["bench.health.rewards:never"]}, 0, (), 1,
+        ),
+        (
+            "reward_scale", "ppo", "reverse-chat", "x1000@20", PPO_SHORT, 0,
+            ("scale_rewards_from", {"step": 20, "factor": 1000.0}), 20,
+        ),
+        ("eos_missing", "ppo", "reverse-chat", "tool_call", PPO_SHORT, 0, ("stop_token", {"token_id": 3}), 1),
+        (
+            "wrong_reference", "grpo", "reverse-chat", "noise0.3", {**GRPO_SHORT, "beta": 0.04}, 0,
+            ("noisy_reference", {"std": 0.3}), 1,
         ),
     ]  # fmt: skip
     return [

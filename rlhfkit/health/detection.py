@@ -38,7 +38,7 @@ from rlhfkit.health.rules import (
     Thresholds,
     completion_entropy,
     kl_climb,
-    value_trend,
+    value_movement,
 )
 
 HEALTHY = "healthy"
@@ -74,6 +74,7 @@ class Record(NamedTuple):
     rows: list[dict[str, Any]]  # the logged rows, as in metrics.jsonl (a TRL run's: as doctor reads its TensorBoard)
     task: str = "sort"  # the built-in task it trained on
     split: str = TUNING  # TUNING, HELD_OUT or TRL
+    seed: int | None = None
 
     @property
     def healthy(self) -> bool:
@@ -188,11 +189,9 @@ def _kl_rise(h: History, t: Thresholds) -> float | None:
     return None
 
 
-def _value_z(h: History, t: Thresholds) -> float | None:
-    trend = value_trend(h, t)
-    if trend is None or trend.level >= t.value_explained_low or trend.returns_var <= 0:
-        return None
-    return trend.z
+def _value_moved(h: History, t: Thresholds) -> float | None:
+    found = value_movement(h, t)
+    return found.moved if found is not None and found.policy >= t.value_policy_moved else None
 
 
 class Margin(NamedTuple):
@@ -217,8 +216,8 @@ MARGINS = (
         "kl_trend_z", "kl_trend_rise", False, True, _kl_rise,
     ),
     Margin(
-        "value_not_learning", "value_frozen", "Mann-Kendall z of val/var_explained over the trend window, where its "
-        "level < value_explained_low", "value_trend_z", True, False, _value_z,
+        "value_not_learning", "value_frozen", "movement of the value model's predictions in its updates, "
+        "|val/vpred - val/mean| / sqrt(returns/var), where the policy moved", "value_still", True, True, _value_moved,
     ),
 )  # fmt: skip
 
@@ -528,10 +527,12 @@ def _tuning_section(records: Sequence[Record]) -> list[str]:
             "window): what separates a runaway is the rate, in nats per token, not the steadiness. A KL penalty too "
             "weak for the learning rate climbs the same way and is flagged too (the reward-hacking runs at kl_coef "
             "0.01).",
-            "- `value_not_learning` sees only a value model that explains less than `value_explained_low` of the "
-            "returns' variance: one that stops after learning more keeps its explained variance and is not flagged "
-            "(the labelled runs freeze it at update 20, when it explains about 1%). It needs its window to fill with "
-            "the stalled updates, some 45 to 50 after the freeze.",
+            "- `value_not_learning` sees a value model whose weights do not change: a learning rate scheduled to 0, "
+            "frozen parameters, no gradient. One that still learns, only too slowly for the run, is not a failure it "
+            "can tell from a healthy value model with little to explain: the rule it had until the held-out runs "
+            "(explained variance below 0.05 with no upward trend over 60 updates) fired on 5 of the 10 "
+            "held-out healthy PPO runs of reverse and addition (the held-out section says more). With one optimizer step per update (one PPO "
+            "epoch, one mini-batch) neither model moves before its step, and the rule cannot tell.",
         ]
     lines += ["", "### Every run", "", *_every_run(m)]
     return lines
@@ -602,6 +603,24 @@ def _heldout_alarms(heldout: Measured) -> list[str]:
     return lines
 
 
+# Held-out healthy runs of these seeds were trained after the last change to a rule (value_not_learning, rewritten
+# when the first held-out runs showed its false alarms): the rules were never read against them before.
+LATE_SEEDS = (3, 4, 5)
+
+
+def _late_runs(m: Measured) -> list[str]:
+    late = [v for v in m.healthy if v.record.seed in LATE_SEEDS]
+    if not late:
+        return []
+    found = sorted({f.rule for v in late for f in v.findings})
+    which = f": {', '.join(f'`{r}`' for r in found)}" if found else ""
+    return [
+        f"- **Healthy runs trained after the last change to a rule** (seeds {LATE_SEEDS[0]} to {LATE_SEEDS[-1]}, "
+        f"whose rows no rule was ever read against before): {sum(bool(v.findings) for v in late)} of {len(late)} "
+        f"with a finding{which}."
+    ]
+
+
 def _alarmed_runs(m: Measured) -> str:
     """How many healthy runs have any finding, overall and per algorithm."""
     per = []
@@ -642,6 +661,11 @@ def _success_change(record: Record) -> str:
     )
 
 
+def _listed(names: Sequence[str]) -> str:
+    """ "a", "a and b", "a, b and c"."""
+    return " and ".join(filter(None, (", ".join(names[:-1]), names[-1]))) if names else ""
+
+
 def _heldout_section(tuning_records: Sequence[Record], records: Sequence[Record]) -> list[str]:
     tuning, m = measure(tuning_records), measure(records)
     tasks = sorted({r.task for r in records})
@@ -653,8 +677,10 @@ def _heldout_section(tuning_records: Sequence[Record], records: Sequence[Record]
     lines = [
         "## Held-out detection: tasks the thresholds never saw",
         "",
-        f"The same rules, at the same thresholds (none was chosen or changed on these runs), replayed over "
-        f"{len(records)} runs of the built-in {' and '.join(tasks)} tasks: {len(m.healthy)} healthy runs (seeds, "
+        f"The same rules, at the same thresholds (no threshold was chosen on these runs; one rule, "
+        "`value_not_learning`, was rewritten after the first of them showed its false alarms, and the healthy runs of "
+        f"seeds {LATE_SEEDS[0]} to {LATE_SEEDS[-1]} were trained after that), replayed over "
+        f"{len(records)} runs of the built-in {_listed(tasks)} tasks: {len(m.healthy)} healthy runs (seeds, "
         "learning rates, batch sizes, loss types, LoRA, 2 processes) and "
         f"{len(m.sick) + len(m.unhurt)} runs with one of the tuning set's failures injected the same way. PPO on these "
         "tasks is scored by the task's learned reward model alone (the built-in setting: no reward function), GRPO "
@@ -664,6 +690,7 @@ def _heldout_section(tuning_records: Sequence[Record], records: Sequence[Record]
         "",
         *_summary(m),
         f"- **Healthy runs with a finding:** {_alarmed_runs(m)}.",
+        *_late_runs(m),
         f"- **True success in the healthy runs** (`{SUCCESS}`, means of the first and of the last {SUCCESS_WINDOW} "
         f"steps, median over runs): held-out {_success_levels(m.healthy)}; tuning {_success_levels(tuning.healthy)}.",
         "",
@@ -698,46 +725,46 @@ def _heldout_section(tuning_records: Sequence[Record], records: Sequence[Record]
     return lines
 
 
-# What the committed held-out records show, read from the tables above (written once they were trained; the thresholds
-# were not changed after).
+# What the committed held-out records show, read from the tables above (written once they were trained; no threshold
+# was changed after, and value_not_learning's rewrite came before the runs of LATE_SEEDS and of reverse-chat). A test
+# (tests/health/test_detection.py) checks the numbers quoted here against the records.
 HELD_OUT_NOTES = [
-    "- **A regime the tuning set never had.** The default build's 70 supervised steps were sized for sort (45% greedy "
-    "success at the start); the reverse task starts at 13% greedy and about 2% sampled at temperature 0.7, addition at "
-    "about 1%, and neither PPO nor GRPO raised true success much in 100 to 320 steps (the line on true success "
-    "above). Their reward models rank the policy's own samples 88% (reverse) and 73% (addition) right, against 97% "
-    "for sort. So these runs test the rules on a mostly-wrong policy with sparse, noisy rewards.",
-    "- **`reward_overoptimised` on PPO against a reward model alone holds only on its tuning task.** It fires on "
-    "8 of the 10 held-out healthy PPO runs, all scored by the task's learned reward model (not at learning rate 5e-5 "
-    "or with LoRA, which move slower): `objective/scores` rises by 0.3 to 0.4 while `eval/task_success` stays at 1 to 2% (addition) or falls from 13% to 2 to 4% (reverse, greedy). "
-    "What it says is true of those runs (more reward-model score, no more true success: the over-optimisation "
-    "docs/builtin_task.md warns of with weak reward models, and on reverse a real loss of greedy success), but they "
-    "were labelled healthy before training, nothing injected, and the labels were not changed after: they count as "
-    "false alarms. GRPO, scored by the task's own rules, gives no such finding, and no held-out GRPO healthy run "
-    "gives any.",
-    "- **`value_not_learning` holds only on its tuning task**: on reverse PPO its absolute level (explained variance "
-    "below 0.05 with no upward trend over 60 updates) is met by healthy value models too, which have little to "
-    "learn when the score is a reward model's noise over mostly wrong answers; on sort a healthy value model passed "
-    "10% within 100 updates. A frozen value model is flagged by it 42 (addition) and 47 (reverse) updates after the "
-    "freeze, as on sort (46 to 48); on reverse `reward_overoptimised` (the false-alarm rule above) fires first.",
-    "- **Reward hacking cannot be labelled here**: its label is the step at which true success starts a lasting "
-    "fall of at least 0.1, and these runs start at 1 to 2%, with nowhere to fall. The hacked runs count in no rate; "
-    "the rules flag them anyway (the reward-hacking table above).",
-    "- **A low sampling temperature is not a failure the rules see on reverse GRPO**: at temperature 0.2 the "
-    "per-token entropy is about 0.39 nats over 5 to 6 tokens, 1.7 nats or more per completion (`sampling_nearly_greedy` "
-    "fires below ln 2, 0.69), because the policy is unsure of most answers; and true success rose (13% to 16%) where the "
-    "run sampling at 0.7 stayed at 2%. On addition PPO at kl_coef 0 the same temperature is flagged at update 2, by "
-    "`updates_too_large`, as on sort.",
-    "- Everything else holds as on sort: a learning rate far too high (critical within 3 steps), reward scale jumps, "
-    "non-finite rewards, truncation and zero spread (at the first full window), a reward scaled or a value model "
-    "diverging (at once), a steady KL climb at kl_coef 0 (`kl_far_from_reference` at update 45, `kl_runaway` at "
-    "60). A learning rate raised 20x mid-run on reverse GRPO is flagged 32 steps after the raise (3 to 12 on sort): "
-    "with success already near 0 the collapse shows only when the rewards stop varying.",
-    "- **Not in the set.** A chat-formatted task: the built-in tasks' checkers and rule-based rewards take plain-text "
-    "prompts and completions, their tokenizers carry no chat template and their SFT models never saw one, so a chat "
-    "variant needs a new build and rewards that read messages; the one chat-formatted built-in task is the agent "
-    "task, whose labelled runs come with the agent rules. Also left out to fit the set in an hour on two shared "
-    "cores: reward hacking of the learned reward model under kl_coef 0.01 (it needs the built-in 320 updates) and a "
-    "second run of a few modes (one run each for kl_runaway, value_diverges and stale_offpolicy).",
+    "- **The held-out builds were fixed before these runs.** The first held-out runs used builds with sort's budgets, "
+    "on which reverse started at 13% greedy success and addition at 1%, with reward models no better than plain "
+    "sampling at picking a right answer; their healthy PPO runs raised the reward model's score without raising true "
+    "success, and `reward_overoptimised` flagged 8 of 10, rightly, on runs labelled healthy. Each task now has its "
+    "own budgets (docs/builtin_task.md: reverse 56%, addition 40%, reverse-chat 77% greedy at the start, reward "
+    "models that beat sampling at best-of-8), and every held-out run was trained again on them.",
+    "- **`value_not_learning` was rewritten after the first held-out runs.** Its old form, explained variance below "
+    "0.05 with no upward trend over 60 updates, fires on 5 of the 10 healthy PPO runs of reverse and addition here "
+    "(replayed with the old rule: heldout-healthy-add-ppo-2proc-s0, -add-ppo-default-s0 and -s1, -add-ppo-kl0.3-s2, "
+    "-rev-ppo-batch32-s1), whose value models have little to explain: whether a sampled answer is right is barely "
+    "predictable from its first tokens. The new form looks for the failure itself, a value model whose predictions "
+    "do not move in its updates while the policy's do. It flags every frozen value model 2 updates after the freeze "
+    "(46 to 48 before), on sort and here, and no healthy run. The healthy runs of seeds 3 to 5 (among them one PPO "
+    "epoch per update, where nothing moves before the step and the rule must stay silent, and 4 epochs) and all "
+    "of reverse-chat's runs were trained after the change. What it gave up: a value model that learns, only too "
+    "slowly, is no longer flagged; no rule found one that the healthy runs here do not resemble.",
+    "- **A chat-formatted task** (reverse-chat: TRL's conversational prompts and completions, the chat template, "
+    "<|im_end|> as EOS) behaves as the text tasks do for the rules. Its healthy PPO runs against the reward model "
+    "raise sampled success (13-14% to 19-20% over 120 updates) while greedy success falls from 77% to 69-72%: the "
+    "runs train and sample at temperature 0.7 and greedy decoding is not what they optimise. No rule reads that as "
+    "a failure, and none should by its label: nothing was injected.",
+    "- **Reward hacking is labelled now**: the runs start where the healthy ones do (40-77% greedy success before "
+    "training) and pays_for_repeats drives true success to 0-1% (the fall starts 10-14 steps in); each is flagged, "
+    "by `reward_overoptimised` or `reward_zero_std`, before its fall is complete.",
+    "- **A low sampling temperature** is flagged by `sampling_nearly_greedy` on all three held-out tasks now (the "
+    "miss of the first held-out runs, reverse GRPO at temperature 0.2, came from a model unsure of most answers, "
+    "which kept 1.7 nats per completion).",
+    "- Everything else holds as on sort: a learning rate far too high (critical within 4 steps), reward scale jumps, "
+    "non-finite rewards, truncation, zero spread and a missing EOS (at the first full window), a value model "
+    "diverging (at once), a steady KL climb at kl_coef 0 (`kl_runaway` at 60, its first full window).",
+    "- **The one finding before an onset** is `off_policy_mismatch` on addition's stale_offpolicy run at step 21 "
+    "(0.23 nats/token): the staleness of 4 it warns of is part of the injected failure from step 1, and only the "
+    "learning rate's raise at step 30 is labelled its onset. No healthy run has a finding.",
+    "- **Not in the set**, to fit it in about an hour on two shared cores: reward hacking of the learned reward model "
+    "under kl_coef 0.01 (it needs the built-in 320 updates) and a second run of a few modes (one run each for "
+    "kl_runaway, value_diverges and stale_offpolicy).",
 ]
 
 

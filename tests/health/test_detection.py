@@ -16,6 +16,7 @@ from rlhfkit.health.detection import (
     AGENT_RULES,
     AGENTS,
     HELD_OUT,
+    LATE_SEEDS,
     TRL,
     TUNING,
     Record,
@@ -82,9 +83,43 @@ def test_the_held_out_runs_are_of_tasks_no_threshold_was_chosen_on():
     """Every threshold was chosen on the sort task: the tuning split is sort alone, the held-out split never sort."""
     assert {r.task for r in RECORDS} == {"sort"}
     heldout = in_split(ALL_RECORDS, HELD_OUT)
-    assert {r.task for r in heldout} == {"reverse", "addition"}
+    assert {r.task for r in heldout} == {"reverse", "addition", "reverse-chat"}
     assert sum(r.healthy for r in heldout) >= 20 and sum(not r.healthy for r in heldout) >= 30
     assert {r.algorithm for r in heldout if r.healthy} == {"ppo", "grpo"}
+
+
+def _means(record, metric, n=10):
+    values = [row[metric] for row in record.rows if metric in row]
+    return sum(values[:n]) / n, sum(values[-n:]) / n
+
+
+def test_the_held_out_set_meets_the_issue_and_its_notes_hold():
+    """What docs/health.md's held-out section says of its records: every healthy run quiet (those trained after
+    value_not_learning's rewrite among them), at least 90% of the sick runs flagged, the reward hacks labelled by
+    true success falling from a level it could fall from, and reverse-chat's healthy PPO runs gaining sampled success
+    while their greedy success falls."""
+    heldout = in_split(ALL_RECORDS, HELD_OUT)
+    verdicts = [verdict(r) for r in heldout]
+    assert [(v.record.name, [f.rule for f in v.findings]) for v in verdicts if v.record.healthy and v.findings] == []
+    late = [r.name for r in heldout if r.healthy and r.seed in LATE_SEEDS]
+    assert len(late) == 6 and "heldout-healthy-rev-ppo-epochs1-s4" in late
+    sick = [v for v in verdicts if not v.record.healthy and not v.record.unhurt]
+    assert len(sick) >= 30 and sum(v.flagged_at is not None for v in sick) >= 0.9 * len(sick)
+    hacks = [r for r in heldout if r.mode == "reward_hacking"]
+    assert hacks and all(r.onset is not None and 10 <= r.onset <= 14 for r in hacks)
+    assert all(
+        _means(r, "eval/task_success", 1)[0] >= 0.39 and _means(r, "rollout/task_success")[1] <= 0.01 for r in hacks
+    )
+    chat_ppo = [r for r in heldout if r.healthy and r.task == "reverse-chat" and r.name.endswith(("-s0", "-s1"))]
+    chat_ppo = [r for r in chat_ppo if r.algorithm == "ppo"]
+    assert len(chat_ppo) == 2
+    for r in chat_ppo:
+        (sampled_start, sampled_end), (greedy_start, greedy_end) = (
+            _means(r, "rollout/task_success"),
+            _means(r, "eval/task_success", 1),
+        )
+        assert 0.12 <= sampled_start < 0.16 and 0.18 < sampled_end <= 0.21, r.name
+        assert abs(greedy_start - 0.77) < 0.005 and 0.68 < greedy_end < 0.72, r.name
 
 
 # --- verdicts and the table ---------------------------------------------------------------------------------------------
@@ -239,7 +274,7 @@ def test_a_spec_trained_again_gets_its_records_verdict(name, tmp_path):
     [
         ("entropy_collapse", "sampling_nearly_greedy", 4),  # the first full smooth_window
         ("kl_runaway", "kl_runaway", 59),  # the first full kl_trend_window
-        ("value_frozen", "value_not_learning", 50),
+        ("value_frozen", "value_not_learning", 5),  # the median of smooth_window turns
     ],
 )
 def test_the_known_misses_are_flagged_first_by_their_rules(mode, rule, longest):
@@ -250,14 +285,15 @@ def test_the_known_misses_are_flagged_first_by_their_rules(mode, rule, longest):
 
 def test_the_rules_for_the_known_misses_stay_quiet_on_healthy_runs_with_tighter_thresholds():
     """The margins table's nearest healthy runs: the completion entropy never below 0.945 nats (threshold ln 2), the
-    KL's climb never above 0.176 nats/token over the window (0.25), the explained variance's trend never below z 4.66
-    while it is under 0.05 (2)."""
-    tighter = Thresholds(completion_entropy_low=0.9, kl_trend_rise=0.2, value_trend_z=4.0)
+    KL's climb never above 0.176 nats/token over the window (0.25), the value model's predictions never moving less than
+    2.07e-5 of the returns' spread (4e-6); on the held-out runs 1.54e-5."""
+    tighter = Thresholds(completion_entropy_low=0.9, kl_trend_rise=0.2, value_still=1e-5)
     rules = {"sampling_nearly_greedy", "kl_runaway", "value_not_learning"}
-    healthy = [r for r in RECORDS if r.healthy]
+    healthy = [r for r in [*RECORDS, *in_split(ALL_RECORDS, HELD_OUT)] if r.healthy]
     assert [(r.name, f.step, f.rule) for r in healthy for f in verdict(r, tighter).findings if f.rule in rules] == []
     text = render_markdown(RECORDS)
     assert "| `kl_runaway` (kl_runaway) |" in text and "0.176 (0.70x the threshold; healthy-ppo-kl0.1-s0" in text
+    assert "2.07e-05 (5.17x the threshold; healthy-ppo-lora-s0" in text
 
 
 def test_a_frozen_value_model_is_a_real_failure():
