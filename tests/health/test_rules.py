@@ -354,7 +354,6 @@ def test_value_not_learning_is_silent_when_nothing_could_move():
     assert replay([{k: v for k, v in row.items() if k != "val/vpred"} for row in _values([0.0] * 20)]) == []
 
 
-
 def test_value_loss_critical_at_once_needs_100x_the_first_and_an_absolute_floor():
     # The lr-0.5 run: 1.31 at the first update, 1518 at the second.
     assert replay(series("loss/value_avg", [1.31, 1518.0])) == [(2, "value_loss_spike", CRITICAL)]
