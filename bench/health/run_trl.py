@@ -34,37 +34,31 @@ TRL_SETTINGS = {
 }
 
 
-def scale_rewards_from(trainer, rewards: list, step: int, factor: float = 1000.0) -> list:
-    """Every reward multiplied by `factor` from optimizer step `step` on (TRL passes its TrainerState to reward
-    functions; during step k its global_step is k - 1)."""
+def _changed_from(rewards: list, step: int, change) -> list:
+    """`rewards` whose values pass through change(values) from optimizer step `step` on (TRL passes its TrainerState
+    to reward functions; during step k its global_step is k - 1)."""
 
     def wrap(source):
         @functools.wraps(source)
-        def scaled(prompts, completions, trainer_state=None, **kwargs):
+        def changed(prompts, completions, trainer_state=None, **kwargs):
             values = source(prompts, completions, **kwargs)
             if trainer_state is None or trainer_state.global_step + 1 < step:
                 return values
-            return [v * factor for v in values]
+            return change(values)
 
-        return scaled
+        return changed
 
     return [wrap(source) for source in rewards]
+
+
+def scale_rewards_from(trainer, rewards: list, step: int, factor: float = 1000.0) -> list:
+    """Every reward multiplied by `factor` from optimizer step `step` on."""
+    return _changed_from(rewards, step, lambda values: [v * factor for v in values])
 
 
 def reward_value_from(trainer, rewards: list, step: int, value: float) -> list:
     """Every reward function returns `value` from optimizer step `step` on (1e308: an overflow in a grader)."""
-
-    def wrap(source):
-        @functools.wraps(source)
-        def broken(prompts, completions, trainer_state=None, **kwargs):
-            values = source(prompts, completions, **kwargs)
-            if trainer_state is None or trainer_state.global_step + 1 < step:
-                return values
-            return [value] * len(values)
-
-        return broken
-
-    return [wrap(source) for source in rewards]
+    return _changed_from(rewards, step, lambda values: [value] * len(values))
 
 
 def learning_rate_from(trainer, rewards: list, step: int, learning_rate: float) -> list:

@@ -191,7 +191,7 @@ def _kl_rise(h: History, t: Thresholds) -> float | None:
 
 def _value_moved(h: History, t: Thresholds) -> float | None:
     found = value_movement(h, t)
-    return found.moved if found is not None and found.policy >= t.value_policy_moved else None
+    return found.moved if found is not None else None
 
 
 class Margin(NamedTuple):

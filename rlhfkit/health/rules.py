@@ -51,7 +51,7 @@ LOGP_GAP = M.SAMPLING_LOGP_DIFFERENCE_MEAN.name
 MISMATCH_KL, MASKED_FRAC = M.OFF_POLICY_MISMATCH_KL.name, M.OFF_POLICY_MASKED_FRAC.name
 STALENESS = M.ASYNC_STALENESS_MEAN.name
 PPO_SCORES_STD, GRPO_REWARD_STD = M.OBJECTIVE_SCORES_STD.name, M.REWARD_STD.name
-VAR_EXPLAINED, RETURNS_VAR = M.VAL_VAR_EXPLAINED.name, M.RETURNS_VAR.name
+RETURNS_VAR = M.RETURNS_VAR.name
 VPRED, VALUES_MEAN = M.VAL_VPRED.name, M.VAL_MEAN.name
 # Over-optimisation: the score the policy is trained on (PPO: the reward model's / functions' score; GRPO: the total
 # reward) against the task's true success (its checker), on sampled (rollout/) or greedy eval (eval/) completions.
@@ -451,14 +451,16 @@ class ValueMovement(NamedTuple):
 def value_movement(h: History, t: Thresholds) -> ValueMovement | None:
     """How far the value model's predictions moved within its updates: |val/vpred - val/mean| (the mean prediction
     during the update's optimizer steps against the rollout's) over the returns' spread, and how far the policy moved
-    in the same updates; None until the window is full or without returns' variance."""
+    in the same updates; None until the window is full, without returns' variance, or while the policy did not move
+    either (one optimizer step per update: neither moves before its step, and there is nothing to tell)."""
     n = t.smooth_window
     vpred, values, returns_var = h.values(VPRED)[-n:], h.values(VALUES_MEAN)[-n:], h.values(RETURNS_VAR)[-n:]
     policy = h.values(APPROXKL)[-n:]
     if VPRED not in h.row or min(len(vpred), len(values), len(returns_var), len(policy)) < n or min(returns_var) <= 0:
         return None
     moves = [abs(a - b) / math.sqrt(v) for a, b, v in zip(vpred, values, returns_var, strict=True)]
-    return ValueMovement(statistics.median(moves), statistics.median(policy))
+    found = ValueMovement(statistics.median(moves), statistics.median(policy))
+    return found if found.policy >= t.value_policy_moved else None
 
 
 def check_value_learning(h: History, t: Thresholds) -> Hit | None:
@@ -467,7 +469,7 @@ def check_value_learning(h: History, t: Thresholds) -> Hit | None:
     trained (a learning rate scheduled to 0, parameters frozen or missing from the optimizer, no gradient). With
     one optimizer step per update neither model moves before its step, and the rule is silent."""
     found = value_movement(h, t)
-    if found is None or found.moved >= t.value_still or not found.policy >= t.value_policy_moved:
+    if found is None or found.moved >= t.value_still:
         return None
     return Hit(
         WARNING,
