@@ -65,19 +65,25 @@ class HealthMonitor:
         self.history = History(self.thresholds.history_length(), self.thresholds.start_length())
         self._states = {rule.name: _RuleState() for rule in self.rules}
 
+    @property
+    def windowed(self) -> Thresholds:
+        """The thresholds with their windows in observations of this run's logging interval (Thresholds.for_interval):
+        a run logged every 10 steps holds a tenth as many rows in a window of the same steps."""
+        return self.thresholds.for_interval(self.history.interval)
+
     def observe(self, step: int, scalars: Mapping[str, Any]) -> list[Finding]:
         """Add one logged row (non-numeric values are ignored) and return the new findings, if any."""
         self.history.add(step, scalars)
-        new = []
+        thresholds, new = self.windowed, []
         for rule in self.rules:
             if not rule.applies_to(self.history.row):
                 continue
-            hit = rule.check(self.history, self.thresholds)
+            hit = rule.check(self.history, thresholds)
             state = self._states[rule.name]
             if hit is None:
                 state.firing = None
                 state.quiet += 1
-                if state.quiet >= self.thresholds.quiet_observations:
+                if state.quiet >= thresholds.quiet_observations:
                     state.reported = None  # the episode is over; the next hit is news again
                 continue
             state.firing, state.quiet = hit.severity, 0

@@ -6,7 +6,10 @@ Rules are data (a list of :class:`Rule` with a plain check function); every thre
 :class:`Thresholds`, so calibrating a rule never means editing a check.
 
 Windows count *observations of the metric*, not steps: rows at eval steps carry only ``eval/*`` keys
-and GRPO rows may lack rollout metrics, so "the last 5 values of ``val/ratio``" skips those rows.
+and GRPO rows may lack rollout metrics, so "the last 5 values of ``val/ratio``" skips those rows. A window's
+length is set in steps of a run that logs every step; a run that logs every k steps (TRL's ``logging_steps``)
+logs the mean of those k steps in each row, so its windows hold a k-th as many observations
+(:meth:`Thresholds.for_interval`): a window means the same stretch of training whatever the logging interval.
 Non-finite values are kept out of the windows (one NaN would turn every median into NaN); the
 ``nonfinite_metric`` and ``value_loss_spike`` rules look at them directly.
 
@@ -24,7 +27,7 @@ import math
 import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, NamedTuple
 
 from rlhfkit.metrics import registry as M
@@ -152,6 +155,11 @@ class Thresholds:
     entropy_critical_fraction: float = _knob(
         0.05, "A single entropy observation below this fraction of the run's first is critical (needs no window)."
     )
+    entropy_rise_factor: float = _knob(
+        2.0,
+        "Per-token entropy level (median of smooth_window) at this many times its start level (median of its first "
+        "smooth_window): the policy is going random.",
+    )
     completion_entropy_low: float = _knob(
         round(math.log(2), 4),
         "Entropy of a whole completion (nats: the per-token entropy times the mean completion length, medians of "
@@ -181,11 +189,45 @@ class Thresholds:
         0.75, "The reward's level this many spreads (its median std) below its best level is a collapse."
     )
     reward_history: int = _knob(50, "Observations of the reward and of true success whose levels are compared.")
+    reward_fall_z: float = _knob(
+        3.0,
+        "The reward has fallen when its level (median of smooth_window) is this many noise units below its best level "
+        "over reward_history observations (a noise unit: the step-to-step noise of the reward, the root mean square "
+        "of its successive differences over sqrt(2), times sqrt(2 / smooth_window)): a flat, noisy reward's dips are "
+        "not falls.",
+    )
     # GRPO.
     clipped_ratio_warning: float = _knob(0.5, f"`{CLIPPED}` level that is a warning.")
-    clipped_ratio_critical: float = _knob(0.9, f"`{CLIPPED}` level that is critical.")
+    clipped_ratio_critical: float = _knob(
+        0.9, f"`{CLIPPED}` level that is critical when held over clipped_sustained and the reward falls."
+    )
+    clipped_sustained: int = _knob(
+        20, f"Observations over which `{CLIPPED}` (median) must stay at clipped_ratio_critical to be critical."
+    )
+    clipped_recovering: float = _knob(
+        0.1,
+        f"`{CLIPPED}` level this far below its highest level so far: the model is learning to stop (a starting model "
+        "that rambles), which is no finding.",
+    )
     zero_std_warning: float = _knob(0.5, f"`{ZERO_STD}` level that is a warning.")
-    zero_std_critical: float = _knob(0.95, f"`{ZERO_STD}` level that is critical: nearly nothing left to learn from.")
+    zero_std_critical: float = _knob(
+        0.95,
+        f"`{ZERO_STD}` level that is critical when held over zero_std_sustained near the reward's lowest level: "
+        "nearly nothing left to learn from.",
+    )
+    zero_std_sustained: int = _knob(
+        20, f"Observations over which `{ZERO_STD}` (median) must stay at zero_std_critical to be critical."
+    )
+    reward_top: float = _knob(
+        0.67,
+        "The reward's level at or above this position in the range of its observations so far (0: the lowest, 1: the "
+        f"highest): groups without spread are solved ones, `{ZERO_STD}` reports info (nothing left to learn).",
+    )
+    reward_bottom: float = _knob(
+        0.33,
+        "The reward's level at or below this position in its range (or a reward that never moved): groups without "
+        "spread are failed ones, no learning signal.",
+    )
     clip_region_warning: float = _knob(0.2, f"`{CLIP_REGION}` level that is a warning.")
     # Sampling against training.
     logprob_gap_warning: float = _knob(
@@ -247,15 +289,40 @@ class Thresholds:
                 "<= ratio_critical_high"
             )
 
+    def for_interval(self, interval: int) -> Thresholds:
+        """These thresholds for a run that logs every `interval` steps: each window of WINDOWS holds
+        ceil(window / interval) observations (at least one), since each row is the mean of `interval` steps."""
+        if interval <= 1:
+            return self
+        return replace(self, **{name: max(1, math.ceil(getattr(self, name) / interval)) for name in WINDOWS})
+
     def history_length(self) -> int:
         """How many recent observations of each metric the rules can look at."""
         windows = (self.smooth_window, self.value_loss_window + 1, 2 * self.kl_window, self.kl_coef_window + 1)
         windows += (self.kl_trend_window,)
+        windows += (self.clipped_sustained, self.zero_std_sustained)
         return max(*windows, self.reward_history, self.reward_scale_window + 1, self.tools_unused_observations)
 
     def start_length(self) -> int:
         """How many first observations of each metric the rules can look at (their start levels)."""
         return max(self.smooth_window, self.overopt_window)
+
+
+# The thresholds that count observations of a metric logged every step (Thresholds.for_interval).
+WINDOWS: tuple[str, ...] = (
+    "smooth_window",
+    "quiet_observations",
+    "value_loss_window",
+    "kl_window",
+    "kl_trend_window",
+    "kl_coef_window",
+    "overopt_window",
+    "reward_history",
+    "reward_scale_window",
+    "tools_unused_observations",
+    "clipped_sustained",
+    "zero_std_sustained",
+)
 
 
 def parse_thresholds(spec: Thresholds | Mapping[str, Any] | str | None) -> Thresholds:
@@ -310,7 +377,10 @@ def _is_number(value: Any) -> bool:
 
 
 class History:
-    """What the rules may look at: the latest row, and per metric its recent and its first finite values."""
+    """What the rules may look at: the latest row, per metric its recent and its first finite values and the range
+    of all of them, and the run's logging interval."""
+
+    GAPS = 20  # step gaps between training rows from which the logging interval is taken
 
     def __init__(self, maxlen: int, first_n: int):
         self.step: int | None = None
@@ -319,6 +389,9 @@ class History:
         self._recent: dict[str, deque[float]] = {}
         self._first: dict[str, list[float]] = {}
         self._count: dict[str, int] = {}
+        self._range: dict[str, tuple[float, float]] = {}
+        self._last_training_step: int | None = None
+        self._gaps: list[int] = []
 
     def add(self, step: int, scalars: Mapping[str, Any]) -> None:
         self.step = step
@@ -331,6 +404,26 @@ class History:
             first = self._first.setdefault(name, [])
             if len(first) < self._first_n:
                 first.append(value)
+            low, high = self._range.get(name, (value, value))
+            self._range[name] = (min(low, value), max(high, value))
+        if any(not name.startswith("eval/") for name in self.row):  # an evaluation's row says nothing of the interval
+            if (
+                self._last_training_step is not None
+                and step > self._last_training_step
+                and len(self._gaps) < self.GAPS
+            ):
+                self._gaps.append(step - self._last_training_step)
+            self._last_training_step = step
+
+    @property
+    def interval(self) -> int:
+        """Steps between logged training rows (the median of the first gaps; 1 until there is one): TRL's
+        logging_steps, rlhfkit's 1."""
+        return statistics.median_low(self._gaps) if self._gaps else 1
+
+    def range(self, name: str) -> tuple[float, float] | None:
+        """The lowest and the highest finite observation of `name` in the run, or None before the first."""
+        return self._range.get(name)
 
     def values(self, name: str) -> list[float]:
         """Recent finite observations of `name`, oldest first (at most `maxlen`)."""
@@ -568,10 +661,28 @@ def kl_climb(h: History, name: str, t: Thresholds) -> KLClimb | None:
     return KLClimb(theil_sen_slope(values) * w / length, mann_kendall_z(values), length)
 
 
+def _may_climb(h: History, name: str, t: Thresholds) -> bool:
+    """Whether the last kl_trend_window observations of a KL metric span enough to climb by kl_trend_rise, a cheap
+    necessary condition for kl_climb's test (which takes all pairs of the window, w^2 / 2 of them). If the median
+    slope s of the pairs is at least kl_trend_rise / w (per token), half the pairs have a slope of at least s; fewer
+    than that are less than floor(w / 4) apart, so one pair at least floor(w / 4) apart rises by floor(w / 4) * s or
+    more, and the window's range is at least that."""
+    w = t.kl_trend_window
+    values = h.values(name)[-w:]
+    if len(values) < w:
+        return False
+    length = 1.0
+    if name == PPO_KL:
+        length = min(h.values(RESPONSE_LENGTH)[-w:], default=0.0)  # the median length is at least the shortest
+    return max(values) - min(values) >= (w // 4) * t.kl_trend_rise * length / w
+
+
 def _kl_climb_hit(h: History, name: str, t: Thresholds) -> Hit | None:
     """A steady climb: over the last kl_trend_window observations, the KL's Theil-Sen slope times the window is at
     least kl_trend_rise nats/token, and its Mann-Kendall z at least kl_trend_z (a rise that stands out of the noise;
     a level shift that holds for half the window passes too)."""
+    if not _may_climb(h, name, t):
+        return None
     climb = kl_climb(h, name, t)
     if climb is None or climb.rise < t.kl_trend_rise or climb.z < t.kl_trend_z:
         return None
@@ -667,6 +778,47 @@ def _entropy_collapse(h: History, t: Thresholds) -> Hit | None:
     if not collapsed:
         return None
     return Hit(severity, collapsed, "; ".join(parts) + ".", limits)
+
+
+def check_entropy_rising(h: History, t: Thresholds) -> Hit | None:
+    """The policy going random: a per-token entropy's level (median of smooth_window) at entropy_rise_factor times
+    its start level (median of its first smooth_window, observations not shared with the level); critical when the
+    trained-on score falls with it (reward_fall). The per-token entropies only: a sequence's grows with its length."""
+    n = t.smooth_window
+    for name, _ in TOKEN_ENTROPIES:
+        first = h.first(name)
+        if name not in h.row or len(first) < n or h.count(name) < 2 * n:
+            continue
+        start, level = statistics.median(first[:n]), _level(h, name, n)
+        if level is None or start <= 0 or level < t.entropy_rise_factor * start:
+            continue
+        rose = f"{name} rose to {_g(level)} (median of the last {n} observations), {level / start:.1f}x its start level {_g(start)}"
+        fall = reward_fall(h, t)
+        if fall is None:
+            return Hit(
+                WARNING, {name: level}, rose + ": the policy is spreading its probability over more tokens.",
+                {name: t.entropy_rise_factor * start},
+            )  # fmt: skip
+        return Hit(
+            CRITICAL,
+            {name: level, fall.name: fall.now},
+            f"{rose}, while {fall.name} fell from {_g(fall.before)} to {_g(fall.now)}: the policy is going random.",
+            {name: t.entropy_rise_factor * start},
+        )
+    return None
+
+
+def check_kl_not_measured(h: History, t: Thresholds) -> Hit | None:
+    """`kl` exactly 0 in every observation so far (at least smooth_window): the run has no KL term (beta = 0, TRL's
+    default), so nothing was measured for the KL rules to judge. Said once, as info."""
+    if h.count(GRPO_KL) < t.smooth_window or h.range(GRPO_KL) != (0.0, 0.0):
+        return None
+    return Hit(
+        INFO,
+        {GRPO_KL: 0.0},
+        f"{GRPO_KL} is exactly 0 in all {h.count(GRPO_KL)} observations: the run has no KL term (beta = 0), so the "
+        "policy's distance from the reference is not measured and the KL rules have nothing to judge.",
+    )
 
 
 class CompletionEntropy(NamedTuple):
@@ -774,24 +926,63 @@ def check_overoptimisation(h: History, t: Thresholds) -> Hit | None:
 
 
 def check_reward_collapse(h: History, t: Thresholds) -> Hit | None:
-    """The trained-on score's level (median of smooth_window observations) reward_collapse_spreads spreads below its
-    best level over the last reward_history observations; the spread is the median of the score's std so far."""
-    score_name = _score_name(h)
-    spread_name = PPO_SCORES_STD if score_name == PPO_SCORES else GRPO_REWARD_STD
-    n, values, spreads = t.smooth_window, h.values(score_name)[-t.reward_history :], h.values(spread_name)
-    if score_name not in h.row or len(values) < 2 * n or not spreads:
+    """The trained-on score fell and stayed down: its level (median of smooth_window observations) is
+    reward_collapse_spreads spreads (the median of the score's std so far) below its level before (reward_fall: the
+    median of the earlier observations of the last reward_history), and reward_fall_z noise units of its level."""
+    spread_name = PPO_SCORES_STD if _score_name(h) == PPO_SCORES else GRPO_REWARD_STD
+    spreads, fall = h.values(spread_name), reward_fall(h, t)
+    if fall is None or fall.name not in h.row or not spreads:
         return None
-    levels = [statistics.median(values[i - n : i]) for i in range(n, len(values) + 1)]
-    best, spread = max(levels), statistics.median(spreads)
-    if spread > 0 and levels[-1] <= best - t.reward_collapse_spreads * spread:
+    spread = statistics.median(spreads)
+    if spread > 0 and fall.now <= fall.before - t.reward_collapse_spreads * spread:
         return Hit(
             WARNING,
-            {score_name: levels[-1]},
-            f"{score_name} fell to {_g(levels[-1])} (median of {n} observations) from a best level of {_g(best)}: "
-            f"{(best - levels[-1]) / spread:.1f} times its typical spread {_g(spread)}.",
-            {score_name: best - t.reward_collapse_spreads * spread},
+            {fall.name: fall.now},
+            f"{fall.name} fell to {_g(fall.now)} (median of {t.smooth_window} observations) from {_g(fall.before)} (its "
+            f"median before, over the last {t.reward_history}): {(fall.before - fall.now) / spread:.1f} times its "
+            f"typical spread {_g(spread)} and {(fall.before - fall.now) / fall.noise:.1f} times the noise of its level.",
+            {
+                fall.name: min(
+                    fall.before - t.reward_collapse_spreads * spread, fall.before - t.reward_fall_z * fall.noise
+                )
+            },
         )
     return None
+
+
+class RewardFall(NamedTuple):
+    name: str  # the score the policy is trained on
+    before: float  # its level before: the median of its earlier observations in the last reward_history
+    now: float  # its latest level (median of smooth_window)
+    noise: float  # the noise unit of a difference of two levels
+
+
+def reward_fall(h: History, t: Thresholds) -> RewardFall | None:
+    """The trained-on score's fall: its latest level (median of smooth_window) reward_fall_z noise units or more below
+    its level before (the median of the earlier observations of the last reward_history); None otherwise. The level
+    before is a median, not the best level: the best of many noisy levels sits high by chance, and a flat, noisy
+    reward would fall from it again and again."""
+    name, n = _score_name(h), t.smooth_window
+    values = h.values(name)[-t.reward_history :]
+    if len(values) < 2 * n:
+        return None
+    noise = _noise(values, n)
+    fall = RewardFall(name, statistics.median(values[:-n]), statistics.median(values[-n:]), noise)
+    return fall if noise > 0 and fall.before - fall.now >= t.reward_fall_z * noise else None
+
+
+def reward_position(h: History, t: Thresholds) -> float | None:
+    """Where the trained-on score's level (median of smooth_window) lies in the range of all its observations so
+    far: 0 at the lowest, 1 at the highest. None before smooth_window observations, or for a score that never moved
+    (a constant reward has no range: nothing tells its top from its bottom)."""
+    name = _score_name(h)
+    level, bounds = _level(h, name, t.smooth_window), h.range(name)
+    if level is None or bounds is None:
+        return None
+    low, high = bounds
+    if high - low <= 1e-9 * max(1.0, abs(high)):
+        return None
+    return (level - low) / (high - low)
 
 
 def _level(h: History, name: str, n: int) -> float | None:
@@ -876,17 +1067,33 @@ def check_tool_use_abandoned(h: History, t: Thresholds) -> Hit | None:
 
 
 def check_clipped_completions(h: History, t: Thresholds) -> Hit | None:
-    level = _level(h, CLIPPED, t.smooth_window)
-    if level is None or level < t.clipped_ratio_warning:
+    """Completions cut at the length limit, judged with their trend and the reward: a share that falls from its
+    highest level is a model learning to stop (a starting model often rambles), no finding; a share held high is a
+    warning; held at clipped_ratio_critical over clipped_sustained observations while the reward falls, critical."""
+    n, m = t.smooth_window, max(t.smooth_window, t.clipped_sustained)
+    level, held, levels = _level(h, CLIPPED, n), _level(h, CLIPPED, m), _levels(h.values(CLIPPED), n)
+    if level is None or held is None or min(level, held) < t.clipped_ratio_warning:
         return None
-    severity = CRITICAL if level >= t.clipped_ratio_critical else WARNING
-    return Hit(
-        severity,
-        {CLIPPED: level},
-        f"{level:.0%} of completions (median of the last {t.smooth_window} steps) ended at the length limit "
-        "without EOS.",
-        {CLIPPED: t.clipped_ratio_critical if severity == CRITICAL else t.clipped_ratio_warning},
+    if level <= max(levels) - t.clipped_recovering:
+        return None  # falling from its highest level: the model is learning to stop
+    fall = reward_fall(h, t)
+    message = (
+        f"{level:.0%} of completions (median of the last {n} observations; {held:.0%} over the last {m}) ended at the "
+        "length limit without EOS, and the share is not falling"
     )
+    if held >= t.clipped_ratio_critical and fall is not None:
+        return Hit(
+            CRITICAL,
+            {CLIPPED: level, fall.name: fall.now},
+            f"{message}, while {fall.name} fell from {_g(fall.before)} to {_g(fall.now)}: the cut answers cost reward.",
+            {CLIPPED: t.clipped_ratio_critical},
+        )
+    return Hit(WARNING, {CLIPPED: level}, message + ".", {CLIPPED: t.clipped_ratio_warning})
+
+
+def _levels(values: list[float], n: int) -> list[float]:
+    """The median of each run of n consecutive values, oldest first (the values themselves for fewer)."""
+    return [statistics.median(values[i - n : i]) for i in range(n, len(values) + 1)] or values
 
 
 def check_zero_std(h: History, t: Thresholds) -> Hit | None:
@@ -894,18 +1101,51 @@ def check_zero_std(h: History, t: Thresholds) -> Hit | None:
 
 
 def _zero_std(h: History, t: Thresholds) -> Hit | None:
-    level = _level(h, ZERO_STD, t.smooth_window)
+    """Groups without reward spread, judged by where the reward stands in the range it has covered in this run: near
+    its top the groups are all solved (info: nothing left to learn); near its bottom, or with a reward that never
+    moved, they are all failed (a warning: no learning signal; critical when held at zero_std_critical over
+    zero_std_sustained observations); between the two, a warning."""
+    n = t.smooth_window
+    level = _level(h, ZERO_STD, n)
     if level is None or level < t.zero_std_warning:
         return None
-    severity, limit = (
-        (CRITICAL, t.zero_std_critical) if level >= t.zero_std_critical else (WARNING, t.zero_std_warning)
+    score = _score_name(h)
+    said = (
+        f"in {level:.0%} of prompt groups (median of the last {n} observations) every completion got the same reward"
+    )
+    if h.count(score) < max(n, t.zero_std_sustained):  # too few observations of the reward to know its range
+        return Hit(
+            WARNING, {ZERO_STD: level}, f"{said}: those groups have zero advantage and teach nothing.",
+            {ZERO_STD: t.zero_std_warning},
+        )  # fmt: skip
+    position = reward_position(h, t)
+    if position is not None and position >= t.reward_top:
+        return Hit(
+            INFO,
+            {ZERO_STD: level},
+            f"{said}, with {score} near the top of its range in this run ({position:.0%} of the way from its lowest "
+            "to its highest observation): the groups are solved, and there is nothing left to learn from them.",
+            {ZERO_STD: t.zero_std_warning},
+        )
+    where = (
+        f"{score} has not moved in this run"
+        if position is None
+        else f"{score} is {position:.0%} of the way from its lowest to its highest observation in this run"
+    )
+    failed = position is None or position <= t.reward_bottom
+    held = _level(h, ZERO_STD, max(n, t.zero_std_sustained))
+    critical = failed and held is not None and held >= t.zero_std_critical
+    meaning = (
+        "the groups fail alike, so there is no learning signal"
+        if failed
+        else "those groups have zero advantage and teach nothing"
     )
     return Hit(
-        severity,
+        CRITICAL if critical else WARNING,
         {ZERO_STD: level},
-        f"in {level:.0%} of prompt groups (median of the last {t.smooth_window} steps) every completion got the "
-        "same reward: those groups have zero advantage and teach nothing.",
-        {ZERO_STD: limit},
+        f"{said} ({where}): {meaning}"
+        + (f", held over the last {t.zero_std_sustained} observations." if critical else "."),
+        {ZERO_STD: t.zero_std_critical if critical else t.zero_std_warning},
     )
 
 
@@ -1215,6 +1455,34 @@ RULES: tuple[Rule, ...] = (
         check_entropy,
     ),
     Rule(
+        "entropy_rising",
+        tuple(name for name, _ in TOKEN_ENTROPIES),
+        (WARNING, CRITICAL),
+        f"median of the last $smooth_window observations of `{M.ENTROPY.name}` (GRPO) or `{M.POLICY_ENTROPY_AVG.name}` "
+        "(PPO) at or above $entropy_rise_factor times the median of its first $smooth_window (warning); critical when "
+        f"the trained-on score (`{PPO_SCORES}` or `{GRPO_REWARD}`) falls with it: its level (median of the last "
+        "$smooth_window) $reward_fall_z noise units below its median over the earlier observations of the last "
+        "$reward_history",
+        "The policy is going random: it spreads its probability over more and more tokens, and the completions turn "
+        "into noise. An entropy bonus set too high (entropy_coef, verl's entropy_coeff) pays for exactly that; so does "
+        "an update that pushes probability off every sampled token (all advantages negative, a learning rate too "
+        "high, a sign error in a custom loss), or numerical trouble in bf16/fp16 logits. Lower or remove the entropy "
+        "bonus, lower learning_rate, check the advantages' sign and the samples, and resume from a checkpoint taken "
+        "before the rise.",
+        check_entropy_rising,
+    ),
+    Rule(
+        "kl_not_measured",
+        (GRPO_KL,),
+        (INFO,),
+        f"`{GRPO_KL}` exactly 0 in every observation so far (at least $smooth_window)",
+        "The run trains without a KL penalty (beta = 0, TRL's default since 0.19), so its KL to the reference is not "
+        "computed and logged as 0: no KL rule can tell whether the policy ran far from where it started. That is a "
+        "choice, not a fault; watch the entropy, the completion lengths and the samples instead, or set beta > 0 to "
+        "measure it.",
+        check_kl_not_measured,
+    ),
+    Rule(
         "sampling_nearly_greedy",
         tuple(name for name, _ in TOKEN_ENTROPIES),
         (INFO, WARNING),
@@ -1251,8 +1519,10 @@ RULES: tuple[Rule, ...] = (
         (PPO_SCORES, GRPO_REWARD),
         (WARNING,),
         f"the median of the last $smooth_window observations of `{PPO_SCORES}` (PPO) or `{GRPO_REWARD}` (GRPO) "
-        "is $reward_collapse_spreads or more times its typical spread (the median of its std so far) below its best "
-        "such median over the last $reward_history observations",
+        "is $reward_collapse_spreads or more times its typical spread (the median of its std so far), and "
+        "$reward_fall_z or more noise units, below its median over the earlier observations of the last "
+        "$reward_history (a noise unit: the root mean square of its successive differences over sqrt(2), times "
+        "sqrt(2 / $smooth_window))",
         "The score the policy is trained on fell and stayed down: the updates are destroying what the policy had "
         "learned (a learning rate too high, a broken reward). Lower learning_rate, check the reward sources, and "
         "resume from a checkpoint taken before the fall.",
@@ -1262,21 +1532,32 @@ RULES: tuple[Rule, ...] = (
         "completions_clipped",
         (CLIPPED,),
         (WARNING, CRITICAL),
-        f"median of the last $smooth_window observations of `{CLIPPED}` >= $clipped_ratio_warning "
-        "(warning) or >= $clipped_ratio_critical (critical)",
+        f"median of the last $smooth_window observations of `{CLIPPED}` and its median over the last "
+        "$clipped_sustained both >= $clipped_ratio_warning, and the share not falling (the level not "
+        "$clipped_recovering or more below its highest so far: a starting model that rambles and learns to stop is "
+        "no finding) (warning); critical when the median over the last $clipped_sustained is >= "
+        "$clipped_ratio_critical while the trained-on score falls (its level $reward_fall_z noise units below its "
+        "median over the earlier observations of the last $reward_history)",
         "Many completions hit max_completion_length before the EOS token, so they are cut mid-answer and scored "
-        "that way. Raise max_completion_length, or teach the model to stop: a warm start on examples that end "
-        "with EOS, or mask_truncated_completions=True so cut completions do not count in the loss.",
+        "that way, and the share does not fall as training goes on. Raise max_completion_length, or teach the model "
+        "to stop: a warm start on examples that end with EOS, or mask_truncated_completions=True so cut completions "
+        "do not count in the loss. Critical when the cut answers cost reward: the score falls while nearly every "
+        "completion is cut.",
         check_clipped_completions,
     ),
     Rule(
         "reward_zero_std",
         (ZERO_STD,),
         (INFO, WARNING, CRITICAL),
-        f"median of the last $smooth_window observations of `{ZERO_STD}` >= $zero_std_warning (warning) or >= "
-        f"$zero_std_critical (critical); info instead while `{TRUE_SUCCESS[0]}` >= $solved_success",
+        f"median of the last $smooth_window observations of `{ZERO_STD}` >= $zero_std_warning, read with where the "
+        f"trained-on score's level stands in the range of its observations so far (once it has $zero_std_sustained): "
+        "at or above $reward_top of the way up, the groups are solved (info: nothing left to learn); at or below "
+        "$reward_bottom, or a score that never moved, they fail alike (warning: no learning signal; critical when the "
+        "median over the last $zero_std_sustained is >= $zero_std_critical); between, a warning; info also while "
+        f"`{TRUE_SUCCESS[0]}` >= $solved_success",
         "In many groups all completions got the same reward, so their group-relative advantages are zero and they "
-        "teach nothing: the prompts are too easy or too hard for the model, the reward cannot tell completions "
+        "teach nothing. Near the reward's top that is a task solved: nothing is left to learn from those prompts. "
+        "Near its bottom there is no learning signal at all: the prompts are too hard for the model, the reward cannot tell completions "
         "apart, or sampling is so nearly deterministic (a low temperature, a collapsed entropy) that a group's "
         "completions are the same text. Match the prompts' difficulty to the model (drop prompts that are always "
         "or never solved), give partial credit in the reward, raise the temperature or num_generations.",

@@ -258,20 +258,77 @@ def test_sampling_nearly_greedy_on_the_entropy_of_a_whole_completion(entropy, le
     assert replay(series(entropy, [0.05] * 20)) == []
 
 
-def test_completions_clipped_warns_then_escalates():
-    # Median of the last 5: 0.6 from the 5th observation; 0.95 once three of the last five are 0.95.
-    stream = series("completions/clipped_ratio", [0.6] * 5 + [0.95] * 5)
-    assert replay(stream) == [(5, "completions_clipped", WARNING), (8, "completions_clipped", CRITICAL)]
-    assert replay(series("completions/clipped_ratio", [0.4] * 20)) == []
-    (f,) = findings(series("completions/clipped_ratio", [0.6] * 5))
+def test_completions_clipped_warns_when_held_and_not_falling():
+    # The median of the last 5 and of the last 20 both reach 0.6 at the 20th observation.
+    assert replay(series("completions/clipped_ratio", [0.6] * 20)) == [(20, "completions_clipped", WARNING)]
+    assert replay(series("completions/clipped_ratio", [0.4] * 40)) == []
+    (f,) = findings(series("completions/clipped_ratio", [0.6] * 20))
     assert "60% of completions" in f.message and "max_completion_length" in f.advice
 
 
-def test_reward_zero_std_warns_from_half_of_the_groups_and_is_critical_near_all():
+def test_completions_clipped_is_quiet_while_a_rambling_start_learns_to_stop():
+    """Every completion cut at first, then fewer and fewer (a starting model that rambles): the level falls more
+    than clipped_recovering below its highest, so no finding, though it stays above the warning level for 20 steps."""
+    falling = [1.0] * 5 + [1.0 - 0.02 * i for i in range(1, 30)]
+    assert replay(series("completions/clipped_ratio", falling)) == []
+
+
+def test_completions_clipped_is_critical_only_when_held_and_the_reward_falls():
+    """All completions cut for 40 steps. A reward that rises meanwhile (the model still learns): a warning. A reward
+    alternating 0.9/1.0 that drops to 0.2 from step 30: critical once the median of the last 5 rewards is 0.2 (step
+    33), far more than 3 noise units (successive differences of 0.1 and one of 0.75: about 0.07 a unit) below the
+    median 0.95 of the observations before."""
+    rising = [{"completions/clipped_ratio": 1.0, "reward": 0.02 * i, "reward_std": 0.3} for i in range(40)]
+    assert only("completions_clipped", replay(rising)) == [(20, "completions_clipped", WARNING)]
+    rewards = [0.9 + 0.1 * (i % 2) for i in range(29)] + [0.2] * 11
+    falling = [{"completions/clipped_ratio": 1.0, "reward": r, "reward_std": 0.3} for r in rewards]
+    assert only("completions_clipped", replay(falling)) == [
+        (20, "completions_clipped", WARNING),
+        (32, "completions_clipped", CRITICAL),
+    ]
+
+
+def _zero_std_rows(rewards, zero_std):
+    return [{"reward": r, "reward_std": 0.0, "frac_reward_zero_std": z} for r, z in zip(rewards, zero_std)]
+
+
+def test_reward_zero_std_warns_from_half_of_the_groups():
     assert replay(series("frac_reward_zero_std", [0.5] * 5)) == [(5, "reward_zero_std", WARNING)]
     assert replay(series("frac_reward_zero_std", [0.45] * 20)) == []
-    stream = series("frac_reward_zero_std", [0.6] * 5 + [1.0] * 3)
-    assert replay(stream) == [(5, "reward_zero_std", WARNING), (8, "reward_zero_std", CRITICAL)]  # median 1 at 8
+
+
+def test_reward_zero_std_with_a_reward_that_never_moved_is_no_signal_critical_when_held():
+    """Every completion earns the same (1, or 0) from the start: the reward has no range, so nothing says the groups
+    are solved; a warning at 5, critical once the median of the last 20 is at least 0.95 (the 20th)."""
+    for value in (0.0, 1.0):
+        found = replay(_zero_std_rows([value] * 25, [1.0] * 25))
+        assert only("reward_zero_std", found) == [(5, "reward_zero_std", WARNING), (20, "reward_zero_std", CRITICAL)]
+        assert "no learning signal" in findings(_zero_std_rows([value] * 25, [1.0] * 25))[-1].message
+
+
+def test_reward_zero_std_near_the_rewards_top_is_a_solved_task():
+    """The reward climbs from 0 to 1 over 30 steps while more and more groups are all right, then stays at 1 with
+    every group without spread. At the 23rd step 3 of the last 5 shares are 0.8; the reward's level (median of the
+    last 5: 20/30) is 91% of the way up its range so far (0 to 22/30): info, and it stays info to the end."""
+    rewards = [i / 30 for i in range(30)] + [1.0] * 20
+    zero_std = [0.4] * 20 + [0.8] * 10 + [1.0] * 20
+    found = findings(_zero_std_rows(rewards, zero_std))
+    assert [(f.step, f.rule, f.severity) for f in found] == [(23, "reward_zero_std", INFO)]
+    assert "91% of the way" in found[0].message and "nothing left to learn" in found[0].message
+    monitor = HealthMonitor()
+    for step, row in enumerate(_zero_std_rows(rewards, zero_std), start=1):
+        monitor.observe(step, row)
+    assert monitor.firing() == {"reward_zero_std": INFO}
+
+
+def test_reward_zero_std_near_the_rewards_bottom_is_no_signal():
+    """The reward fell from 1 to 0 and stays there with every group without spread (from step 21): a warning once 3
+    of the last 5 groups' shares are 1 (the 23rd), critical once 11 of the last 20 are (the 31st), the reward's level
+    at the bottom of its range."""
+    rewards = [1.0 - i / 20 for i in range(20)] + [0.0] * 25
+    zero_std = [0.3] * 20 + [1.0] * 25
+    found = only("reward_zero_std", replay(_zero_std_rows(rewards, zero_std)))
+    assert found == [(23, "reward_zero_std", WARNING), (31, "reward_zero_std", CRITICAL)]
 
 
 def test_clip_ratio_high():
@@ -463,12 +520,45 @@ def test_reward_scale_jump_against_the_previous_ten(name):
     assert replay(series(name, [0.5] * 9 + [500.0])) == []  # 9 previous observations: too few
 
 
-def test_reward_collapse_in_spreads_below_the_best_level():
+def test_reward_collapse_in_spreads_below_its_level_before():
     """GRPO: reward 1.0 for 10 steps, then 0.35, with reward_std 0.8 throughout: the median of the last 5 falls to
-    0.35, 0.65 below the best level 1.0, more than 0.75 spreads (0.6) -> fires at the 13th step (3 of the last 5)."""
+    0.35, 0.65 below its median before (1.0), more than 0.75 spreads (0.6) and 3 noise units (one successive
+    difference of 0.65 in 14: 0.078 a unit) -> fires at the 13th step (3 of the last 5)."""
     rows = [{"reward": r, "reward_std": 0.8} for r in [1.0] * 10 + [0.35] * 5]
     assert replay(rows) == [(13, "reward_collapse", WARNING)]
     assert replay([{"reward": r, "reward_std": 0.8} for r in [1.0] * 10 + [0.5] * 5]) == []  # 0.5 spreads
+
+
+def test_a_flat_noisy_reward_is_no_collapse():
+    """A reward that only wobbles (Gaussian noise of sd 0.4 around -0.26, within-group std 0.8, 400 steps, as a real
+    Wordle run logged): its dips below the best level are noise, and the rule stays quiet."""
+    rng = random.Random(0)
+    rows = [{"reward": -0.26 + rng.gauss(0, 0.4), "reward_std": 0.8} for _ in range(400)]
+    assert only("reward_collapse", replay(rows)) == []
+
+
+def test_entropy_rising_warns_and_is_critical_when_the_reward_falls():
+    """GRPO entropy 0.5 for 20 steps, then 6.0 (the policy going random). With a reward that holds at 0.9/1.0: a
+    warning once the median of the last 5 entropies is 6 (the 23rd). With a reward that drops to 0 at the same
+    step: critical at the 23rd (the reward's median of 5 is 0, far below its median 0.95 before)."""
+    entropy = [0.5] * 20 + [6.0] * 10
+    held = [{"entropy": e, "reward": 0.9 + 0.1 * (i % 2)} for i, e in enumerate(entropy)]
+    assert only("entropy_rising", replay(held)) == [(23, "entropy_rising", WARNING)]
+    rewards = [0.9 + 0.1 * (i % 2) for i in range(20)] + [0.0] * 10
+    falling = [{"entropy": e, "reward": r} for e, r in zip(entropy, rewards)]
+    assert only("entropy_rising", replay(falling)) == [(23, "entropy_rising", CRITICAL)]
+    ppo = [{"policy/entropy_avg": e, "objective/scores": r} for e, r in zip(entropy, rewards)]
+    assert only("entropy_rising", replay(ppo)) == [(23, "entropy_rising", CRITICAL)]
+    # Not a rise of a sequence's entropy (it grows with the length), and not a rise under twice the start.
+    assert replay(series("objective/entropy", [0.5] * 20 + [6.0] * 10)) == []
+    assert only("entropy_rising", replay(series("entropy", [0.5] * 20 + [0.95] * 10))) == []
+
+
+def test_kl_not_measured_is_said_once_as_info():
+    found = findings(series("kl", [0.0] * 40))
+    assert [(f.step, f.rule, f.severity) for f in found] == [(5, "kl_not_measured", INFO)]
+    assert "beta = 0" in found[0].message
+    assert replay(series("kl", [0.0] * 4 + [0.001] + [0.0] * 30)) == []  # measured, and near 0
 
 
 def test_every_rule_is_exercised_by_this_file():
@@ -480,11 +570,26 @@ def test_every_rule_is_exercised_by_this_file():
 
 
 def test_windows_count_observations_not_rows():
-    # 20 observations of objective/kl spread over 60 rows (eval rows in between): fires at the 20th observation.
+    # 20 observations of objective/kl, each step also logging an evaluation in a row of its own (rows with eval/*
+    # keys only): fires at the 20th observation.
     rows = []
-    for _ in range(20):
-        rows += [{"objective/kl": -0.1}, {"eval/task_success": 0.5}, {"eval/scores": 0.1}]
-    assert replay(rows) == [(58, "kl_negative", WARNING)]
+    for step in range(1, 21):
+        rows += [(step, {"objective/kl": -0.1}), (step, {"eval/task_success": 0.5}), (step, {"eval/scores": 0.1})]
+    monitor = HealthMonitor()
+    found = [(f.step, f.rule) for step, row in rows for f in monitor.observe(step, row)]
+    assert found == [(20, "kl_negative")]
+
+
+def test_windows_span_the_same_steps_whatever_the_logging_interval():
+    """A run logging every 10 steps (each row the mean of 10 steps, as TRL's logging_steps) holds a tenth as many
+    observations in each window: kl_negative's 20-step window is 2 rows, so it fires at step 20, as the run logging
+    every step does."""
+    every_step, every_10 = HealthMonitor(), HealthMonitor()
+    first = [f.step for step in range(1, 41) for f in every_step.observe(step, {"objective/kl": -0.1})]
+    tenth = [f.step for step in range(10, 401, 10) for f in every_10.observe(step, {"objective/kl": -0.1})]
+    assert first == [20] and tenth == [20]
+    assert every_10.history.interval == 10 and every_10.windowed.kl_window == 2
+    assert every_10.windowed.smooth_window == 1 and Thresholds().for_interval(1) == Thresholds()
 
 
 def test_healthy_grpo_like_stream_is_quiet():
