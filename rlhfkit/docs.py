@@ -16,6 +16,8 @@ from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 HEALTH_RECORDS = ROOT / "bench" / "health" / "records"  # the labelled run set's records (bench/health/build.py)
+# Real runs other people published, read in place beside the repository, and what their repositories say of them.
+WILD_RUNS, WILD_LABELS = ROOT.parent / "shared" / "wild-runs", ROOT / "bench" / "health" / "wild_runs.json"
 
 
 class Page(NamedTuple):
@@ -31,10 +33,14 @@ def _metrics() -> str:
 
 
 def _health() -> str:
+    from rlhfkit.health import wild
     from rlhfkit.health.detection import load_records
     from rlhfkit.health.docs import render_markdown
 
-    return render_markdown(records=load_records(HEALTH_RECORDS))
+    if not WILD_RUNS.is_dir():
+        raise FileNotFoundError(f"docs/health.md's real-runs table reads {WILD_RUNS}, which is absent")
+    section = wild.render(wild.load_labels(WILD_LABELS), WILD_RUNS)
+    return render_markdown(records=load_records(HEALTH_RECORDS), wild=section)
 
 
 def _trl_flags() -> str:
@@ -49,6 +55,12 @@ def _grpo_config_table() -> str:
     return render_grpo_config_table()
 
 
+def _doctor_frameworks() -> str:
+    from rlhfkit.health.frameworks import render_markdown
+
+    return render_markdown()
+
+
 def _trl_defaults() -> str:
     from rlhfkit.config.trl_defaults import render_table
 
@@ -61,6 +73,7 @@ PAGES = (
     Page("docs/trl-flags.md", _trl_flags),
     Page("docs/algorithms/grpo.md", _grpo_config_table, section="trl-grpo-config"),
     Page("docs/migrating-from-trl.md", _trl_defaults, section="trl-defaults"),
+    Page("docs/doctor-frameworks.md", _doctor_frameworks),
 )
 
 

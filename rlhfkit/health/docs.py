@@ -32,12 +32,17 @@ they cry wolf, is measured on a labelled set of runs: the last section.
 - **Fast failures need no window.** A single observation far outside any sane range (an approxkl of
   whole nats, a value loss 100x its first, entropy at a twentieth of its first, a KL of nats per token,
   a reward spread 100x its recent median) is critical at once. Windows are for slow trends.
-- **Windows count observations of the metric**, not steps, and hold only finite values: "the last 5
+- **Windows count observations of the metric**, not rows, and hold only finite values: "the last 5
   observations of `val/ratio`" skips rows without it. A NaN or infinity is reported by
   `nonfinite_metric` (and by `value_loss_spike` for the value loss) instead of entering a window.
+- **Windows span the same training whatever the logging interval.** Each window below is given for a
+  run that logs every step. A run that logs every k steps (TRL's `logging_steps`; the interval is the
+  median gap between its first training rows) logs the mean of k steps in each row, so its windows hold
+  ceil(window / k) observations, at least one: a 20-step window is 2 rows of a run logged every 10.
 - **Severities.** `critical`: the run is broken or about to be; `--health stop` ends it with a
   checkpoint and the explanation. `warning`: likely trouble worth a look now. `info`: worth knowing,
-  no action needed (no built-in rule uses it yet).
+  no action needed: a solved task's converged entropy, groups without spread at the reward's top, a run
+  without a KL term. Info findings are neither flags nor false alarms in the tables below.
 - **Once per episode.** A rule that keeps firing is reported when it starts, again if it escalates from
   warning to critical, and again after it has stayed quiet for `quiet_observations` evaluations.
 - **Logged scalars.** `health/warnings` and `health/critical`: how many rules fire at that severity at
@@ -91,9 +96,9 @@ def _rule_section(rule: Rule, t: Thresholds) -> list[str]:
     ]
 
 
-def render_markdown(rules: tuple[Rule, ...] = RULES, records: Sequence[Record] = ()) -> str:
+def render_markdown(rules: tuple[Rule, ...] = RULES, records: Sequence[Record] = (), wild: Sequence[str] = ()) -> str:
     """The text of docs/health.md: the rules, their thresholds and, given the labelled run set's records, what they
-    catch (detection.render_markdown)."""
+    catch (detection.render_markdown); given `wild`, the real runs' section's lines (wild.render)."""
     t = Thresholds()
     lines = [_INTRO, "## Rules", "", "| Rule | Reads | Severity |", "|---|---|---|"]
     for rule in rules:
@@ -106,4 +111,6 @@ def render_markdown(rules: tuple[Rule, ...] = RULES, records: Sequence[Record] =
     for f in fields(Thresholds):
         lines.append(f"| `{f.name}` | {f.default:g} | {f.metadata['help']} |")
     text = "\n".join(lines) + "\n"
-    return text + "\n" + detection.render_markdown(records) if records else text
+    if records:
+        text += "\n" + detection.render_markdown(records)
+    return text + "\n" + "\n".join(wild) + "\n" if wild else text

@@ -197,8 +197,9 @@ def test_each_split_has_its_own_table_computed_from_its_own_records_only():
     assert "| trl-sick | 2 | 6, `nonfinite_metric` | 6 | 6 `nonfinite_metric` critical | yes |" in trl
 
 
+@pytest.mark.skipif(not docs.WILD_RUNS.is_dir(), reason=f"the real-runs table reads {docs.WILD_RUNS}, absent here")
 def test_docs_health_md_is_fresh():
-    """docs/health.md is what `make docs` renders from the committed records (all three splits)."""
+    """docs/health.md is what `make docs` renders from the committed records (all three splits) and the real runs."""
     (page,) = [p for p in docs.PAGES if p.path == "docs/health.md"]
     current = (ROOT / page.path).read_text(encoding="utf-8")
     assert docs.expected(page, current) == current, "docs/health.md is stale: run `make docs`"

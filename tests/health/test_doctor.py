@@ -1,5 +1,6 @@
-"""doctor(): replay a run directory's metrics.jsonl or a TRL run's TensorBoard events; cmd_doctor(): table with the
-evidence, exit status, errors."""
+"""doctor(): replay a run directory's metrics.jsonl or a TRL run's TensorBoard events; cmd_doctor(): the summary of
+what was read (reader, rows and steps, mapped names, notes, rules without their metrics), table with the evidence,
+exit status, errors."""
 
 import json
 import math
@@ -11,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.health import CRITICAL, WARNING, Thresholds, cmd_doctor, doctor, resume_monitor
+from rlhfkit.health import CRITICAL, RULES, WARNING, Thresholds, cmd_doctor, doctor, resume_monitor
+from rlhfkit.health.doctor import rules_without_metrics, summary, summary_lines
+from rlhfkit.health.sources import Source
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTHY_PPO = Path(__file__).with_name("healthy_ppo_metrics.jsonl")
@@ -76,10 +79,10 @@ def test_cmd_doctor_no_findings_exit_0(tmp_path, capsys):
 def test_cmd_doctor_warnings_only_exit_0_critical_exit_1(tmp_path, capsys):
     assert cmd_doctor([str(write_run(tmp_path / "warn", [1.0, 3.0]))]) == 0
     out = capsys.readouterr().out
-    assert "ratio_far_from_one" in out and "0 critical, 1 warning finding(s)" in out and "What to try" in out
+    assert "ratio_far_from_one" in out and "0 critical, 1 warning, 0 info finding(s)" in out and "What to try" in out
     assert cmd_doctor([str(write_run(tmp_path / "crit", [1.0, 3.0, 20.0]))]) == 1
     out = capsys.readouterr().out
-    assert "1 critical, 1 warning finding(s)" in out and "Still firing at the last row: ratio_far_from_one" in out
+    assert "1 critical, 1 warning, 0 info finding(s)" in out and "Still firing at the last row: ratio_far_from_one" in out
 
 
 def test_cmd_doctor_on_trl_tensorboard_events_shows_the_evidence_of_each_finding(tmp_path, capsys, monkeypatch):
@@ -109,10 +112,28 @@ def test_cmd_doctor_mentions_the_torn_line(tmp_path, capsys):
     assert "skipped unreadable line(s) 5" in capsys.readouterr().out
 
 
-def test_cmd_doctor_json_output(tmp_path, capsys):
-    assert cmd_doctor([str(write_run(tmp_path / "run", [1.0, 3.0])), "--json"]) == 0
-    (line,) = capsys.readouterr().out.splitlines()
+def test_cmd_doctor_json_output_the_summary_then_one_finding_per_line(tmp_path, capsys):
+    run = str(write_run(tmp_path / "run", [1.0, 3.0]))
+    assert cmd_doctor([run, "--json"]) == 0
+    first, line = capsys.readouterr().out.splitlines()
     assert json.loads(line)["rule"] == "ratio_far_from_one" and json.loads(line)["step"] == 2
+    facts = json.loads(first)["summary"]
+    assert facts == {
+        "run": run,
+        "source": "metrics.jsonl",
+        "reader": "metrics.jsonl",
+        "rows": 3,
+        "steps": {"first": 0, "last": 2, "count": 3},
+        "skipped_lines": [],
+        "framework": None,
+        "mapped": {},
+        "notes": [],
+        "rules_without_metrics": facts["rules_without_metrics"],
+        "findings": {"critical": 0, "warning": 1, "info": 0},
+    }
+    assert (
+        "ratio_far_from_one" not in facts["rules_without_metrics"] and "kl_runaway" in facts["rules_without_metrics"]
+    )
 
 
 def test_cmd_doctor_thresholds_flag(tmp_path, capsys):
@@ -127,7 +148,7 @@ def test_cmd_doctor_thresholds_flag(tmp_path, capsys):
 def test_cmd_doctor_missing_directory_or_metrics_exit_2(tmp_path, capsys):
     missing = tmp_path / "nope"
     assert cmd_doctor([str(missing)]) == 2
-    assert capsys.readouterr().err == f"rlhfkit doctor: error: run directory {str(missing)!r} does not exist\n"
+    assert capsys.readouterr().err == f"rlhfkit doctor: error: {str(missing)!r} does not exist\n"
     (tmp_path / "empty").mkdir()
     assert cmd_doctor([str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
@@ -149,6 +170,56 @@ def test_cmd_doctor_in_a_subprocess(tmp_path):
     result = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, env=env)
     assert result.returncode == 1, result.stderr
     assert "ratio_far_from_one" in result.stdout and "critical" in result.stdout
+
+
+def test_cmd_doctor_prints_the_summary_above_the_findings(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")
+    entries = [{"reward": 0.5, "kl": 0.001, "completion_length": None, "step": s} for s in (10, 20, 30)]
+    entries[1]["kl"] = 5.0
+    entries.append({"train_runtime": 100.0, "train_loss": 0.01, "train_samples_per_second": 2.0, "step": 30})
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": entries}))
+    assert cmd_doctor([str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    head = out.split("Health findings")[0].splitlines()
+    idle = rules_without_metrics([{"reward": 1, "kl": 1}])
+    assert head == [
+        f"rlhfkit doctor {tmp_path}: 3 rows up to step 30 ({tmp_path / 'trainer_state.json'})",
+        "Read with the trainer_state reader: 3 rows, steps 10..30 (3 steps).",
+        "Note: the final summary row at step 30 is not a training row, left out (train_runtime 100, train_loss 0.01, "
+        "train_samples_per_second 2).",
+        "Note: null or non-numeric values left out: completion_length (3 rows).",
+        f"Not run, no metric they read in this run ({len(idle)} of {len(RULES)} rules): {', '.join(idle)}.",
+        head[-1],  # the table's title line
+    ]
+    assert out.index("kl_far_from_reference") > out.index("Not run")
+
+
+def test_the_summary_names_the_metrics_mapped_from_other_frameworks_names():
+    rows = [{"step": 1, "reward": 0.5, "kl": 0.01}, {"step": 3, "reward": 0.6, "kl": 0.02}]
+    mapped = {"reward": "critic/score/mean", "kl": "critic/kl", "entropy": "entropy"}  # the same name: not shown
+    source = Source(rows, "verl console log x.log", [7], "verl_log", mapped, ["a note"], "verl")
+    facts = summary("x.log", doctor(None, source=source))
+    assert facts["mapped"] == {"reward": "critic/score/mean", "kl": "critic/kl"} and facts["framework"] == "verl"
+    assert facts["steps"] == {"first": 1, "last": 3, "count": 2} and facts["skipped_lines"] == [7]
+    lines = summary_lines(facts)
+    assert lines[:3] == [
+        "Read with the verl_log reader: 2 rows, steps 1..3 (2 steps).",
+        "Metrics mapped from the run's names (verl): reward <- critic/score/mean, kl <- critic/kl.",
+        "Note: a note.",
+    ]
+
+
+def test_rules_without_metrics_are_those_whose_metrics_no_row_holds():
+    assert "nonfinite_metric" not in rules_without_metrics([])  # it reads every metric: it always runs
+    assert rules_without_metrics([]) == [rule.name for rule in RULES if rule.metrics]
+    idle = rules_without_metrics([{"step": 1, "reward": 0.5}, {"step": 2, "val/ratio": 1.0}])
+    assert "reward_collapse" not in idle and "ratio_far_from_one" not in idle and "kl_runaway" in idle
+
+
+def test_cmd_doctor_revision_goes_with_a_run_dir_only(capsys):
+    with pytest.raises(SystemExit):
+        cmd_doctor(["--trackio", "p", "--revision", "main"])
+    assert "--revision goes with a Hub repo id" in capsys.readouterr().err
 
 
 def test_resume_monitor_continues_the_episode_and_keeps_the_start_level(tmp_path):

@@ -1,6 +1,8 @@
 """sources.py: a run's logged rows read back from rlhfkit's metrics.jsonl, TensorBoard event files, a W&B offline run
 and a Trackio project, each written here with the tracker's own writer from TRL-style ``train/...`` keys; tracker keys
-mapped to the rules' names; which run a directory resolves to; and the errors for what holds no run."""
+mapped to the rules' names; which reader a file or directory goes to (trainer_state.json, W&B CSV, verl: their own
+tests are test_trainer_state.py, test_wandb_csv.py, test_hub.py); other frameworks' names mapped (frameworks.py);
+runs without RL metrics; and the errors for what holds no run."""
 
 import json
 import math
@@ -9,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhfkit.health import sources
-from rlhfkit.health.sources import read_source, read_trackio, rows_by_step, rule_name
+from rlhfkit.health import cmd_doctor, sources
+from rlhfkit.health.sources import Source, read_source, read_trackio, rows_by_step, rule_name
 
 STEPS = (1, 2, 3, 4)
 
@@ -148,7 +150,8 @@ def test_metrics_jsonl_is_read_as_logged_and_wins_over_event_files(tmp_path):
     text = "".join(json.dumps(row) + "\n" for row in rows) + '{"step": 3, "kl"'  # a crash tore the last line
     (tmp_path / "metrics.jsonl").write_text(text)
     source = read_source(tmp_path)
-    assert source == (rows, "metrics.jsonl", [3])
+    assert source[:4] == (rows, "metrics.jsonl", [3], "metrics.jsonl") and source.mapped == {} and source.notes == []
+    assert read_source(tmp_path / "metrics.jsonl") == source  # the file itself reads as its directory
 
 
 # ------------------------------------------------------------------------------------------------ W&B
@@ -235,5 +238,84 @@ def test_a_path_holding_no_run_is_file_not_found_naming_what_was_looked_for(tmp_
     with pytest.raises(FileNotFoundError, match="does not exist") as error:
         read_source(tmp_path / "missing")
     assert str(tmp_path / "missing") in str(error.value)
-    with pytest.raises(FileNotFoundError, match="neither a run directory nor a W&B .wandb file"):
-        read_source(tmp_path / "empty" / "config.json")
+    with pytest.raises(ValueError, match="is a JSON object without 'log_history'"):
+        read_source(tmp_path / "empty" / "config.json")  # read as a trainer_state.json: it is not one
+    (tmp_path / "notes.txt").write_text("lr 1e-5, 3 epochs\n")
+    with pytest.raises(FileNotFoundError, match="is not a log that rlhfkit doctor reads: pass a run directory"):
+        read_source(tmp_path / "notes.txt")
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"\(it is empty\)"):
+        read_source(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="--revision main is for a Hub repo id"):
+        read_source(tmp_path / "empty", revision="main")
+
+
+# ------------------------------------------------------------------------------------------------ Source, readers
+
+
+def test_source_keeps_its_first_fields_positional_and_the_new_ones_default():
+    source = Source([{"step": 1, "kl": 0.1}], "somewhere", [4])
+    assert (
+        source.rows == [{"step": 1, "kl": 0.1}] and source.description == "somewhere" and source.skipped_lines == [4]
+    )
+    assert (source.reader, source.mapped, source.notes, source.framework) == ("", {}, [], None)
+    assert Source([], "x").skipped_lines == []
+
+
+def test_each_reader_names_itself(tmp_path, wandb_source):
+    write_tensorboard(tmp_path / "runs" / "x", {1: trl_logs(1)})
+    assert read_source(tmp_path).reader == "tensorboard" and wandb_source[1].reader == "wandb"
+    (tmp_path / "h.csv").write_text("_step,train/kl\n1,0.1\n")
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": [{"kl": 0.1, "step": 1}]}))
+    assert read_source(tmp_path / "h.csv").reader == "wandb_csv"
+    assert read_source(tmp_path / "trainer_state.json").reader == "trainer_state"
+
+
+def test_a_file_starting_like_json_is_read_as_a_log_history_whatever_its_name(tmp_path):
+    (tmp_path / "step_logs.txt").write_text(json.dumps([{"reward": 0.5, "step": 1}]))
+    assert read_source(tmp_path / "step_logs.txt").rows == [{"step": 1, "reward": 0.5}]
+
+
+def test_a_verl_console_log_goes_to_verls_reader_and_its_names_through_map_names(tmp_path, monkeypatch):
+    log = tmp_path / "train.log"
+    log.write_text("config: ...\n(main_task pid=1) step:1 - critic/score/mean:0.5 - critic/kl:0.01\n")
+
+    def fake_map_names(rows):
+        renamed = [
+            {{"critic/score/mean": "reward"}.get(key, key): value for key, value in row.items()} for row in rows
+        ]
+        return renamed, {"reward": "critic/score/mean"}, "verl"
+
+    monkeypatch.setattr(sources, "map_names", fake_map_names)
+    source = read_source(log)
+    assert source.reader == "verl_log" and source.description == f"verl console log {log}"
+    assert source.rows == [{"step": 1, "reward": 0.5, "critic/kl": 0.01}]
+    assert (source.mapped, source.framework) == ({"reward": "critic/score/mean"}, "verl")
+
+
+def test_rows_without_any_metric_the_rules_read_are_not_an_rl_run(tmp_path):
+    sft = {step: {"train/loss": 2.0 / step, "train/learning_rate": 1e-5, "train/grad_norm": 1.0} for step in STEPS}
+    run = write_tensorboard(tmp_path / "sft" / "runs" / "x", sft)
+    with pytest.raises(ValueError) as error:
+        read_source(tmp_path / "sft")
+    assert str(error.value) == (
+        f"TensorBoard events in {run} holds no RL metrics (keys found: grad_norm, learning_rate, loss), none of what "
+        "the health rules read (reward, kl, entropy, completions/clipped_ratio, val/ratio, objective/scores, ...): is "
+        "it an SFT or DPO run, or from a framework whose names rlhfkit does not know? Pass the logs of a PPO or GRPO "
+        "run."
+    )
+    (tmp_path / "rlhfkit").mkdir()
+    (tmp_path / "rlhfkit" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    assert read_source(tmp_path / "rlhfkit").rows == [{"step": 1, "loss": 0.5}]  # rlhfkit's own rows: as logged
+
+
+def test_the_real_verl_log_opens_with_its_names_mapped(capsys):
+    wild = Path(__file__).resolve().parents[2].parent / "shared" / "wild-runs" / "verl"
+    if not wild.is_dir():
+        pytest.skip(f"the real verl run is read from ../shared/wild-runs/verl, not found at {wild}")
+    (log,) = wild.glob("*.log")
+    source = read_source(log)
+    assert (source.reader, source.framework, len(source.rows)) == ("verl_log", "verl", 106)
+    assert source.mapped["reward"] == "critic/score/mean" and source.mapped["kl"] == "critic/kl"
+    assert cmd_doctor([str(log)]) in (0, 1)
+    assert "Metrics mapped from the run's names (verl): reward <- critic/score/mean" in capsys.readouterr().out
