@@ -22,8 +22,10 @@ commands:
   grpo         train a policy with GRPO (flags as TRL's GRPOConfig; without model flags: the built-in task)
   build-tiny   build the built-in task's tokenizer, SFT model, reward model and prompts into a directory
   eval         compare a model with a baseline by a judge's win rate (task checker, reward model, OpenAI-compatible)
-  report       render run directories into a self-contained report.html (+ PNG charts)
-  doctor       re-run the health checks over a run directory's metrics.jsonl and print the findings
+  report       render runs into a self-contained report.html (+ PNG charts): run directories, TRL trainer_state.json,
+               Hub repo ids, TensorBoard/W&B logs, verl logs
+  doctor       re-run the health checks over a run's logged metrics and print the findings: an rlhfkit run
+               directory, a TRL trainer_state.json or checkpoint, a Hub repo id, TensorBoard/W&B/Trackio, a verl log
   checkpoints  list a run directory's checkpoints with their step and whether they verify against their manifest
 
 Run 'rlhfkit COMMAND --help' for a command's flags. Add --debug to see tracebacks.

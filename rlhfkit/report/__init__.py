@@ -1,7 +1,8 @@
 """Reports of training runs: `rlhfkit report RUN [RUN ...] --out DIR`.
 
-Reads only the run directories (format: rlhfkit/tracking/rundir.py) and writes a self-contained
-report.html plus one PNG per chart:
+Reads rlhfkit run directories (format: rlhfkit/tracking/rundir.py) and every run `rlhfkit doctor` reads (a TRL
+trainer_state.json, a Hub repo id, TensorBoard, W&B, a verl log; rlhfkit/health/sources.py), and writes a
+self-contained report.html plus one PNG per chart:
 
     from rlhfkit.report import build_report
     build_report(["runs/a", "runs/b"], "report/", smooth=0.6)

@@ -1,4 +1,5 @@
-"""`rlhfkit report RUN [RUN ...] --out DIR`: run directories in, report.html and PNGs out."""
+"""`rlhfkit report RUN [RUN ...] --out DIR`: runs in (rlhfkit run directories, or anything `rlhfkit doctor`
+reads), report.html and PNGs out."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ from rlhfkit.report.series import (
 )
 
 REPORT_FILE = "report.html"
+RUN_HELP = (
+    "One or more runs, of any of these kinds: an rlhfkit run directory (a training run's output_dir, with "
+    "metrics.jsonl); a TRL (transformers Trainer) run: its trainer_state.json, a checkpoint-* directory holding one, "
+    "an output_dir of checkpoint-* (the newest is read), a log_history list saved alone as JSON, TensorBoard event "
+    "files (the output_dir or runs/), a W&B offline run (offline-run-*, its .wandb file, or wandb/), W&B history "
+    "exported as .csv, or a Hub repo id (user/run, see --revision); verl's console log or JSONL."
+)
 SPARKLINE_SMOOTH = 0.8
 
 
@@ -89,25 +97,41 @@ def _run_summary(run: Run, color: str, key: str, metrics: Sequence[str]) -> page
     )
 
 
+def _revisions(runs: Sequence[str | os.PathLike], revision: str | None) -> list[str | None]:
+    """The revision to read each run at: `revision` for the Hub repo ids (the runs that are no local path), so one
+    report can compare a Hub run at a revision with local runs; ReportError when every run is local."""
+    hub = [not Path(run).exists() for run in runs]
+    if revision is not None and not any(hub):
+        raise ReportError(
+            f"--revision {revision} is for Hub repo ids (user/run), and every RUN is a local path: drop it"
+        )
+    return [revision if is_hub else None for is_hub in hub]
+
+
 def build_report(
     runs: Sequence[str | os.PathLike],
     out_dir: str | os.PathLike,
     smooth: float = 0.6,
     metrics: Sequence[str] | None = None,
+    revision: str | None = None,
 ) -> Path:
     """Write report.html (self-contained) and one PNG per chart into `out_dir`; return the HTML's path.
 
-    runs: run directories (an rlhfkit output_dir each); the legend shows each run's run_name.
+    runs: rlhfkit run directories (an output_dir each), or anything `rlhfkit doctor` reads (rundata.load_run: a
+        TRL run's trainer_state.json, TensorBoard or W&B logs, a Hub repo id, ...), mixed as you like; the legend
+        shows each run's run_name (or, for the others, the file, directory or repo id).
     smooth: TensorBoard-style EMA weight in [0, 1) for dense curves (0 = raw). The default is TensorBoard's
         0.6: a single PPO update is noisy, and the raw curve stays drawn, faint, behind the smoothed one.
     metrics: names or globs ("objective/*") to chart, in that order; default: all, crucial values first.
-    Raises ReportError for unusable input (missing directory or metrics.jsonl, bad smoothing, no match).
+    revision: the revision (branch, tag or commit) to read the Hub repo ids among `runs` at; local runs are read as
+        they are.
+    Raises ReportError for unusable input (no run to read at a path, bad smoothing, no match).
     """
     if not 0 <= smooth < 1:
         raise ReportError(f"--smooth must be in [0, 1) (an EMA weight like TensorBoard's slider), got {smooth}")
     if not runs:
-        raise ReportError("give at least one run directory")
-    loaded = [load_run(path) for path in runs]
+        raise ReportError("give at least one run")
+    loaded = [load_run(path, rev) for path, rev in zip(runs, _revisions(runs, revision))]
     unique_names(loaded)
     key = x_key(loaded)
     names = list(dict.fromkeys(n for run in loaded for n in metric_names(run)))
@@ -154,6 +178,7 @@ def build_report(
     subtitle = f"{kinds} · generated {datetime.now():%Y-%m-%d %H:%M} from " + ", ".join(str(r.path) for r in loaded)
     smoothing = f"EMA smoothing {smooth:g} (raw curves faint behind)" if smooth > 0 else "raw values (no smoothing)"
     body = [
+        page.origin_block(loaded),
         page.notes_block(loaded),
         page.before_after_section(loaded),
         page.summary_section(summaries, headline, sparklines),
@@ -171,10 +196,11 @@ def cmd_report(argv: Sequence[str]) -> int:
     """`rlhfkit report`: exit status 0 with the report's path printed, 2 with a one-line error."""
     parser = argparse.ArgumentParser(
         prog="rlhfkit report",
-        description="Render run directories into a self-contained report.html (and PNGs): metric curves across "
-        "runs, health findings, completion samples and config differences.",
+        description="Render runs into a self-contained report.html (and PNGs): metric curves across runs, health "
+        "findings, completion samples and config differences. A run is an rlhfkit run directory, or anything "
+        "`rlhfkit doctor` reads (its charts and health findings only: the doctor's findings on its logged metrics).",
     )
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="Run directories (a training run's output_dir).")
+    parser.add_argument("runs", nargs="+", metavar="RUN", help=RUN_HELP)
     parser.add_argument("--out", required=True, metavar="DIR", help="Directory to write report.html and PNGs into.")
     parser.add_argument(
         "--smooth",
@@ -190,9 +216,15 @@ def cmd_report(argv: Sequence[str]) -> int:
         metavar="NAME",
         help="Only these metrics, in this order; globs allowed, e.g. 'objective/*' eval/task_success.",
     )
+    parser.add_argument(
+        "--revision",
+        metavar="REV",
+        help="The branch, tag or commit to read the RUNs that are Hub repo ids at (default: main); local RUNs are read "
+        "as they are.",
+    )
     ns = parser.parse_args(list(argv))
     try:
-        path = build_report(ns.runs, ns.out, smooth=ns.smooth, metrics=ns.metrics)
+        path = build_report(ns.runs, ns.out, smooth=ns.smooth, metrics=ns.metrics, revision=ns.revision)
     except ReportError as e:
         print(f"rlhfkit report: error: {e}", file=sys.stderr)
         return 2

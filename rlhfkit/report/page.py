@@ -487,12 +487,25 @@ def config_section(runs: Sequence[Run]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+def origin_block(runs: Sequence[Run]) -> str:
+    """Where the numbers of runs that are not rlhfkit run directories came from (a trainer_state.json, TensorBoard
+    logs, ...), and that their findings are the doctor's replay; nothing when every run is a run directory."""
+    lines = [(r.name, line) for r in runs for line in r.origin]
+    if not lines:
+        return ""
+    items = "".join(f"<li><b>{escape(name)}</b>: {escape(line)}</li>" for name, line in lines)
+    return (
+        f'<div class="sub">Where the numbers come from (no run directory: no config or samples):<ul>{items}</ul></div>'
+    )
+
+
 def notes_block(runs: Sequence[Run]) -> str:
     notes = [(r.name, n) for r in runs for n in r.notes]
     if not notes:
         return ""
     items = "".join(f"<li><b>{escape(name)}</b>: {escape(note)}</li>" for name, note in notes)
-    return f'<div class="note">Problems reading the run directories:<ul>{items}</ul></div>'
+    what = "runs" if any(r.origin for r in runs) else "run directories"
+    return f'<div class="note">Problems reading the {what}:<ul>{items}</ul></div>'
 
 
 def page(title: str, subtitle: str, body: Sequence[str]) -> str:
