@@ -472,6 +472,11 @@ class Rule:
         return not self.metrics or any(m in row for m in self.metrics)
 
 
+def _over(n: int) -> str:
+    """How a level of n observations is described: the median of the last n, or the last one itself."""
+    return "the last observation" if n == 1 else f"median of the last {n} observations"
+
+
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
@@ -530,7 +535,7 @@ def check_value_clipping(h: History, t: Thresholds) -> Hit | None:
     return Hit(
         WARNING,
         {VALUE_CLIPFRAC: level},
-        f"{VALUE_CLIPFRAC} = {_g(level)} (median of the last {t.smooth_window} updates): that share of the value "
+        f"{VALUE_CLIPFRAC} = {_g(level)} ({_over(t.smooth_window)}): that share of the value "
         "predictions moved past cliprange_value in one update.",
         {VALUE_CLIPFRAC: t.value_clipfrac_warning},
     )
@@ -567,8 +572,8 @@ def check_value_learning(h: History, t: Thresholds) -> Hit | None:
     return Hit(
         WARNING,
         {VPRED: h.row[VPRED], VALUES_MEAN: h.row[VALUES_MEAN]},
-        f"{VPRED} - {VALUES_MEAN} is {_g(found.moved)} of the returns' spread (median of the last {t.smooth_window} "
-        f"updates) while the policy moved ({APPROXKL} median {_g(found.policy)}): the value model's predictions do "
+        f"{VPRED} - {VALUES_MEAN} is {_g(found.moved)} of the returns' spread ({_over(t.smooth_window)})"
+        f" while the policy moved ({APPROXKL} median {_g(found.policy)}): the value model's predictions do "
         "not change when it is updated.",
     )
 
@@ -792,7 +797,7 @@ def check_entropy_rising(h: History, t: Thresholds) -> Hit | None:
         start, level = statistics.median(first[:n]), _level(h, name, n)
         if level is None or start <= 0 or level < t.entropy_rise_factor * start:
             continue
-        rose = f"{name} rose to {_g(level)} (median of the last {n} observations), {level / start:.1f}x its start level {_g(start)}"
+        rose = f"{name} rose to {_g(level)} ({_over(n)}), {level / start:.1f}x its start level {_g(start)}"
         fall = reward_fall(h, t)
         if fall is None:
             return Hit(
@@ -938,7 +943,7 @@ def check_reward_collapse(h: History, t: Thresholds) -> Hit | None:
         return Hit(
             WARNING,
             {fall.name: fall.now},
-            f"{fall.name} fell to {_g(fall.now)} (median of {t.smooth_window} observations) from {_g(fall.before)} (its "
+            f"{fall.name} fell to {_g(fall.now)} ({_over(t.smooth_window)}) from {_g(fall.before)} (its "
             f"median before, over the last {t.reward_history}): {(fall.before - fall.now) / spread:.1f} times its "
             f"typical spread {_g(spread)} and {(fall.before - fall.now) / fall.noise:.1f} times the noise of its level.",
             {
@@ -1029,7 +1034,7 @@ def check_tool_failures(h: History, t: Thresholds) -> Hit | None:
     return Hit(
         WARNING,
         failing,
-        f"Most tool calls fail (median of the last {t.smooth_window} steps): {', '.join(parts)}.",
+        f"Most tool calls fail ({_over(t.smooth_window)}): {', '.join(parts)}.",
         limits,
     )
 
@@ -1041,7 +1046,7 @@ def check_turn_cap(h: History, t: Thresholds) -> Hit | None:
     return Hit(
         WARNING,
         {TURN_CAP: level},
-        f"{level:.0%} of episodes (median of the last {t.smooth_window} steps) ended at max_tool_calling_iterations "
+        f"{level:.0%} of episodes ({_over(t.smooth_window)}) ended at max_tool_calling_iterations "
         "with tool calls left unanswered.",
         {TURN_CAP: t.turn_cap_warning},
     )
@@ -1078,7 +1083,7 @@ def check_clipped_completions(h: History, t: Thresholds) -> Hit | None:
         return None  # falling from its highest level: the model is learning to stop
     fall = reward_fall(h, t)
     message = (
-        f"{level:.0%} of completions (median of the last {n} observations; {held:.0%} over the last {m}) ended at the "
+        f"{level:.0%} of completions ({_over(n)}; {held:.0%} over the last {m}) ended at the "
         "length limit without EOS, and the share is not falling"
     )
     if held >= t.clipped_ratio_critical and fall is not None:
@@ -1110,9 +1115,7 @@ def _zero_std(h: History, t: Thresholds) -> Hit | None:
     if level is None or level < t.zero_std_warning:
         return None
     score = _score_name(h)
-    said = (
-        f"in {level:.0%} of prompt groups (median of the last {n} observations) every completion got the same reward"
-    )
+    said = f"in {level:.0%} of prompt groups ({_over(n)}) every completion got the same reward"
     if h.count(score) < max(n, t.zero_std_sustained):  # too few observations of the reward to know its range
         return Hit(
             WARNING, {ZERO_STD: level}, f"{said}: those groups have zero advantage and teach nothing.",
@@ -1156,8 +1159,7 @@ def check_clip_region(h: History, t: Thresholds) -> Hit | None:
     return Hit(
         WARNING,
         {CLIP_REGION: level},
-        f"{CLIP_REGION} = {_g(level)} (median of the last {t.smooth_window} steps): that share of tokens hit the "
-        "epsilon bounds.",
+        f"{CLIP_REGION} = {_g(level)} ({_over(t.smooth_window)}): that share of tokens hit the epsilon bounds.",
         {CLIP_REGION: t.clip_region_warning},
     )
 
@@ -1252,7 +1254,7 @@ def check_off_policy(h: History, t: Thresholds) -> Hit | None:
     if not found:
         return None
     return Hit(
-        WARNING, found, f"{' and '.join(parts)} (median of the last {n} steps){stale}: the batches were sampled by a "
+        WARNING, found, f"{' and '.join(parts)} ({_over(n)}){stale}: the batches were sampled by a "
         "policy too far from the one training on them for the importance-sampling correction to mend.", limits,
     )  # fmt: skip
 
