@@ -84,9 +84,33 @@ def noisy_reference(trainer, rewards: list, std: float) -> list:
     return rewards
 
 
+def entropy_bonus_from(trainer, rewards: list, step: int, coef: float, learning_rate: float | None = None) -> list:
+    """An entropy bonus far too large from optimizer step `step` on: TRL's own entropy term (the loss minus
+    entropy_coef x the mean entropy of the completion tokens, GRPOTrainer._compute_loss) switched on with `coef`
+    just before the step's first micro-batch (TRL then logs entropy_coef and policy_loss, as such a run does); with
+    `learning_rate`, also learning_rate_from at the same step (inject.entropy_bonus_from says why)."""
+    from transformers import TrainerCallback
+
+    if learning_rate is not None:
+        learning_rate_from(trainer, rewards, step, learning_rate)
+
+    class SwitchOn(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step + 1 >= step:
+                trainer.entropy_coef = coef
+                trainer._entropy_bonus_enabled = True  # TRL fixes it at construction from args.entropy_coef
+
+    trainer.add_callback(SwitchOn())
+    return rewards
+
+
 # Injections that change the rewards act before the trainer is built (trainer None); the others after.
 BEFORE = {"scale_rewards_from": scale_rewards_from, "reward_value_from": reward_value_from}
-AFTER = {"noisy_reference": noisy_reference, "learning_rate_from": learning_rate_from}
+AFTER = {
+    "noisy_reference": noisy_reference,
+    "learning_rate_from": learning_rate_from,
+    "entropy_bonus_from": entropy_bonus_from,
+}
 
 
 def run(spec, output_dir: str) -> int:

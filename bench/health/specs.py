@@ -44,12 +44,20 @@ MODES = {
     "wrong_reference": "a reference model that is not the starting policy (noise of 0.3 of each weight's std)",
     "stale_offpolicy": "asynchronous generation 4 updates behind the trainer (--max_staleness 4) and the learning rate "
     "raised to 5e-4 from step 30: the batches come from a policy far from the trainer's and the run collapses",
+    "policy_random": "an entropy bonus far too large from step 30 (TRL: 20), the loss minus 10 x the mean token "
+    "entropy (GRPO and TRL with the learning rate raised to 2.5e-4 and 5e-4 at the same step, which alone leaves the "
+    "entropy flat): the policy goes random, its entropy rising several-fold while the reward falls to 0",
 }
 MODES.update(AGENT_MODES)  # the agent task's failures (bench/health/agents.py)
 
 # The shorter length of most failure runs: long enough for a slow failure to show, short enough for the set.
 PPO_SHORT = {"total_episodes": 7680}  # 120 updates of 64
 GRPO_SHORT = {"max_steps": 100}
+
+
+# policy_random's injection (inject.entropy_bonus_from), from step 30
+POLICY_RANDOM_PPO = {"step": 30, "coef": 10.0}
+POLICY_RANDOM_GRPO = {"step": 30, "coef": 10.0, "learning_rate": 2.5e-4}
 
 
 class Spec(NamedTuple):
@@ -254,6 +262,16 @@ def _sick() -> list[Spec]:
         injection=("learning_rate_from", {"step": 30, "learning_rate": 5e-4}),
         onset=30,
     )
+    # An entropy bonus far too large (inject.entropy_bonus_from, which says why GRPO's learning rate is raised too).
+    add("policy_random", "ppo", "ent10@30", PPO_SHORT, injection=("entropy_bonus_from", POLICY_RANDOM_PPO), onset=30)
+    add(
+        "policy_random",
+        "grpo",
+        "ent10-lr2.5e-4@30",
+        GRPO_SHORT,
+        injection=("entropy_bonus_from", POLICY_RANDOM_GRPO),
+        onset=30,
+    )
     return out
 
 
@@ -417,6 +435,14 @@ def _heldout_sick() -> list[Spec]:
             {**GRPO_SHORT, "async_generation": True, "max_staleness": 4}, 0,
             ("learning_rate_from", {"step": 30, "learning_rate": 5e-4}), 30,
         ),
+        (
+            "policy_random", "ppo", "addition", "ent10@30", PPO_SHORT, 0,
+            ("entropy_bonus_from", POLICY_RANDOM_PPO), 30,
+        ),
+        (
+            "policy_random", "grpo", "reverse", "ent10-lr2.5e-4@30", GRPO_SHORT, 0,
+            ("entropy_bonus_from", POLICY_RANDOM_GRPO), 30,
+        ),
         # The chat-formatted task. Its EOS is <|im_end|> (id 2), so the missing EOS is <tool_call> (id 3), a token
         # its model never writes; truncation at 2 tokens cuts every answer (3-6 letters).
         ("lr_fast", "ppo", "reverse-chat", "lr0.5", {**fast, "learning_rate": 0.5}, 0, (), 1),
@@ -454,6 +480,10 @@ def _heldout_sick() -> list[Spec]:
 
 # TRL's settings beside the built-in task's GRPO (run_trl.py): 8 prompts x 8 completions per step, 60 steps.
 TRL_STEPS = 60
+# policy_random's injection in TRL (run_trl.entropy_bonus_from): TRL's own entropy term with coef 10 from step 20, and
+# the learning rate raised to 5e-4 (seed 0: entropy 0.29 -> 1.3 nats/token in 10 steps; at 2.5e-4 it took 21 steps to
+# rise 6-fold; 5e-4 without the bonus leaves the entropy at 0.3-0.5 while the reward falls from 0.9 to about 0.4)
+POLICY_RANDOM_TRL = {"step": 20, "coef": 10.0, "learning_rate": 5e-4}
 
 
 def _trl() -> list[Spec]:
@@ -474,6 +504,8 @@ def _trl() -> list[Spec]:
         ("wrong_reference", "noise0.3", {"beta": 0.04}, 0, ("noisy_reference", {"std": 0.3}), 1),
         ("lr_slow", "lr2e-3@20", {}, 0, ("learning_rate_from", {"step": 20, "learning_rate": 2e-3}), 20),
         ("nonfinite_reward", "overflow@20", {}, 0, ("reward_value_from", {"step": 20, "value": 1e308}), 20),
+        ("policy_random", "ent10-lr5e-4@20", {}, 0, ("entropy_bonus_from", POLICY_RANDOM_TRL), 20),
+        ("policy_random", "ent10-lr5e-4@20", {}, 1, ("entropy_bonus_from", POLICY_RANDOM_TRL), 20),
     ]
     return [
         Spec(f"trl-{mode}-grpo-{variant}-s{seed}", "trl-grpo", mode, seed, flags, injection, onset, split="trl")
