@@ -160,6 +160,11 @@ class Thresholds:
         "Per-token entropy level (median of smooth_window) at this many times its start level (median of its first "
         "smooth_window): the policy is going random.",
     )
+    entropy_rise_with_fall: float = _knob(
+        1.5,
+        "... at this many times its start level while the trained-on score falls (reward_fall_z): critical, the policy "
+        "going random.",
+    )
     completion_entropy_low: float = _knob(
         round(math.log(2), 4),
         "Entropy of a whole completion (nats: the per-token entropy times the mean completion length, medians of "
@@ -787,29 +792,33 @@ def _entropy_collapse(h: History, t: Thresholds) -> Hit | None:
 
 def check_entropy_rising(h: History, t: Thresholds) -> Hit | None:
     """The policy going random: a per-token entropy's level (median of smooth_window) at entropy_rise_factor times
-    its start level (median of its first smooth_window, observations not shared with the level); critical when the
-    trained-on score falls with it (reward_fall). The per-token entropies only: a sequence's grows with its length."""
+    its start level (median of its first smooth_window, observations not shared with the level) is a warning; at
+    entropy_rise_with_fall times it while the trained-on score falls (reward_fall), critical: the two together are
+    the failure, so the rise needs less evidence of its own. The per-token entropies only: a sequence's entropy
+    grows with its length."""
     n = t.smooth_window
     for name, _ in TOKEN_ENTROPIES:
         first = h.first(name)
         if name not in h.row or len(first) < n or h.count(name) < 2 * n:
             continue
         start, level = statistics.median(first[:n]), _level(h, name, n)
-        if level is None or start <= 0 or level < t.entropy_rise_factor * start:
+        if level is None or start <= 0 or level < min(t.entropy_rise_factor, t.entropy_rise_with_fall) * start:
             continue
         rose = f"{name} rose to {_g(level)} ({_over(n)}), {level / start:.1f}x its start level {_g(start)}"
         fall = reward_fall(h, t)
-        if fall is None:
+        if fall is not None and level >= t.entropy_rise_with_fall * start:
+            return Hit(
+                CRITICAL,
+                {name: level, fall.name: fall.now},
+                f"{rose}, while {fall.name} fell from {_g(fall.before)} to {_g(fall.now)}: the policy is going "
+                "random.",
+                {name: t.entropy_rise_with_fall * start},
+            )
+        if level >= t.entropy_rise_factor * start:
             return Hit(
                 WARNING, {name: level}, rose + ": the policy is spreading its probability over more tokens.",
                 {name: t.entropy_rise_factor * start},
             )  # fmt: skip
-        return Hit(
-            CRITICAL,
-            {name: level, fall.name: fall.now},
-            f"{rose}, while {fall.name} fell from {_g(fall.before)} to {_g(fall.now)}: the policy is going random.",
-            {name: t.entropy_rise_factor * start},
-        )
     return None
 
 
@@ -1461,8 +1470,9 @@ RULES: tuple[Rule, ...] = (
         tuple(name for name, _ in TOKEN_ENTROPIES),
         (WARNING, CRITICAL),
         f"median of the last $smooth_window observations of `{M.ENTROPY.name}` (GRPO) or `{M.POLICY_ENTROPY_AVG.name}` "
-        "(PPO) at or above $entropy_rise_factor times the median of its first $smooth_window (warning); critical when "
-        f"the trained-on score (`{PPO_SCORES}` or `{GRPO_REWARD}`) falls with it: its level (median of the last "
+        "(PPO) at or above $entropy_rise_factor times the median of its first $smooth_window (warning); at or above "
+        "$entropy_rise_with_fall times it while "
+        f"the trained-on score (`{PPO_SCORES}` or `{GRPO_REWARD}`) falls (critical): its level (median of the last "
         "$smooth_window) $reward_fall_z noise units below its median over the earlier observations of the last "
         "$reward_history",
         "The policy is going random: it spreads its probability over more and more tokens, and the completions turn "
