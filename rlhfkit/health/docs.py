@@ -22,7 +22,8 @@ stay near 1, a value loss that should not spike, a KL that should stay positive 
 watches them for you. Every logged row of metrics goes through the rules below, during training and
 afterwards with `rlhfkit doctor`; each problem found is printed with advice and the numbers behind it,
 written to the run directory and counted in two logged scalars. What the rules catch, and how often
-they cry wolf, is measured on a labelled set of runs: the last section.
+they cry wolf, is measured on a labelled set of runs, and checked against real runs other people
+published and what their authors say of them: the last sections.
 
 ## How it works
 

@@ -11,7 +11,7 @@ from bench.health import build
 from bench.health.agents import MODES as AGENT_MODES
 from bench.health.specs import MODES, SPECS
 from rlhfkit import docs
-from rlhfkit.health import Thresholds
+from rlhfkit.health import CRITICAL, Thresholds
 from rlhfkit.health.detection import (
     AGENT_RULES,
     AGENTS,
@@ -242,6 +242,25 @@ def test_the_issues_learning_rate_is_critical_within_two_updates():
     for r in RECORDS:
         if r.name.startswith("lr_fast-ppo"):
             assert verdict(r).critical_at is not None and verdict(r).critical_at <= 2, r.name
+
+
+def test_the_policy_going_random_is_critical_within_ten_steps_in_every_split():
+    """Issue 49: entropy rising while the reward falls is critical (entropy_rising) within 10 steps of its onset on
+    runs of rlhfkit's PPO and GRPO (the tuning and held-out tasks) and of TRL's GRPOTrainer."""
+    runs = [verdict(r) for r in ALL_RECORDS if r.mode == "policy_random"]
+    assert {(v.record.split, v.record.algorithm) for v in runs} == {
+        (TUNING, "ppo"), (TUNING, "grpo"), (HELD_OUT, "ppo"), (HELD_OUT, "grpo"), (TRL, "trl-grpo"),
+    }  # fmt: skip
+    late = [
+        (v.record.name, [(f.step, f.severity) for f in v.findings if f.rule == "entropy_rising"])
+        for v in runs
+        if not any(
+            f.rule == "entropy_rising" and f.severity == CRITICAL and f.step <= v.record.onset + 10 for f in v.findings
+        )
+    ]
+    assert late == []
+    healthy = [r for r in ALL_RECORDS if r.healthy]
+    assert [(r.name, f.step) for r in healthy for f in verdict(r).findings if f.rule == "entropy_rising"] == []
 
 
 # --- a subset of the set, trained again --------------------------------------------------------------------------------
