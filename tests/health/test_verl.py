@@ -194,3 +194,37 @@ def test_the_sniffers(tmp_path):
     assert looks_like_verl_jsonl(jsonl) and not looks_like_verl_log(jsonl)
     assert not looks_like_verl_log(metrics) and not looks_like_verl_jsonl(metrics)
     assert not looks_like_verl_log(tmp_path / "missing.log") and not looks_like_verl_jsonl(tmp_path / "missing")
+
+
+@needs_wild_log
+@pytest.mark.parametrize("step", [0, 40, 105])
+def test_a_nan_put_into_the_real_log_is_critical_at_its_step(tmp_path, step):
+    """The real log with one metric of one step made NaN (as a diverging run prints it) and the same run as the file
+    logger's JSONL: `rlhfkit doctor` reports nonfinite_metric, critical, at that step, and at no other."""
+    from rlhfkit.health.doctor import doctor
+
+    text = VERL_LOGS[0].read_text(encoding="utf-8")
+    line = next(line for line in text.splitlines() if f"step:{step} - timing/gen:" in line)
+    value = line.split("critic/vf_loss:")[1].split(" ")[0]
+    broken = write(
+        tmp_path / "run.log", [text.replace(line, line.replace(f"critic/vf_loss:{value}", "critic/vf_loss:nan"))]
+    )
+    rows = read_verl_log(VERL_LOGS[0]).rows
+    jsonl = write(
+        tmp_path / "run.jsonl",
+        [
+            json.dumps(
+                {
+                    "step": row["step"],
+                    "data": {
+                        **{k: v for k, v in row.items() if k != "step"},
+                        **({"critic/vf_loss": math.nan} if row["step"] == step else {}),
+                    },
+                }
+            )
+            for row in rows
+        ],
+    )
+    for path in (broken, jsonl):
+        found = [(f.step, f.severity) for f in doctor(path).findings if f.rule == "nonfinite_metric"]
+        assert found == [(step, "critical")], path.name
