@@ -132,7 +132,9 @@ def _print_report(name: str, d: Diagnosis) -> None:
         still = ", ".join(f"{name} ({severity})" for name, severity in d.firing_at_end.items())
         say(Text(f"Still firing at the last row: {still}"))
     severities = [f.severity for f in d.findings]
-    counts = f"{severities.count(CRITICAL)} critical, {severities.count(WARNING)} warning, {severities.count(INFO)} info"
+    counts = (
+        f"{severities.count(CRITICAL)} critical, {severities.count(WARNING)} warning, {severities.count(INFO)} info"
+    )
     say(Text(f"{counts} finding(s).", style="bold"))
 
 

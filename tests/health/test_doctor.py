@@ -82,7 +82,9 @@ def test_cmd_doctor_warnings_only_exit_0_critical_exit_1(tmp_path, capsys):
     assert "ratio_far_from_one" in out and "0 critical, 1 warning, 0 info finding(s)" in out and "What to try" in out
     assert cmd_doctor([str(write_run(tmp_path / "crit", [1.0, 3.0, 20.0]))]) == 1
     out = capsys.readouterr().out
-    assert "1 critical, 1 warning, 0 info finding(s)" in out and "Still firing at the last row: ratio_far_from_one" in out
+    assert (
+        "1 critical, 1 warning, 0 info finding(s)" in out and "Still firing at the last row: ratio_far_from_one" in out
+    )
 
 
 def test_cmd_doctor_on_trl_tensorboard_events_shows_the_evidence_of_each_finding(tmp_path, capsys, monkeypatch):
