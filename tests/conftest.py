@@ -31,3 +31,17 @@ def tiny_assets(tmp_path_factory):
     out = tmp_path_factory.mktemp("assets") / "tiny"
     build_tiny(str(out), seed=0, preset="test", log=lambda *a, **k: None)
     return out
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """An empty hub cache in tmp_path, offline: huggingface_hub's constants (and the variables) point at it."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return cache

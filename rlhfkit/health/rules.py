@@ -655,20 +655,28 @@ class KLClimb(NamedTuple):
     length: float  # tokens per completion the KL is divided by (1 for GRPO's per-token kl)
 
 
+def _kl_trend_window(h: History, name: str, t: Thresholds) -> tuple[list[float], list[float]] | None:
+    """The last kl_trend_window observations of a KL metric and, for PPO's per-sequence KL, of the mean completion
+    length (GRPO's kl is per token: no lengths); None until the window is full."""
+    values = h.values(name)[-t.kl_trend_window :]
+    if len(values) < t.kl_trend_window:
+        return None
+    return values, (h.values(RESPONSE_LENGTH)[-t.kl_trend_window :] if name == PPO_KL else [])
+
+
 def kl_climb(h: History, name: str, t: Thresholds) -> KLClimb | None:
     """The trend of the last kl_trend_window observations of a KL metric, once there are that many (PPO's divided by
     the median completion length over the same observations)."""
-    w = t.kl_trend_window
-    values = h.values(name)[-w:]
-    if len(values) < w:
+    window = _kl_trend_window(h, name, t)
+    if window is None:
         return None
+    values, lengths = window
     length = 1.0
     if name == PPO_KL:
-        lengths = h.values(RESPONSE_LENGTH)[-w:]
         length = statistics.median(lengths) if lengths else 0.0
         if length <= 0:
             return None
-    return KLClimb(theil_sen_slope(values) * w / length, mann_kendall_z(values), length)
+    return KLClimb(theil_sen_slope(values) * t.kl_trend_window / length, mann_kendall_z(values), length)
 
 
 def _may_climb(h: History, name: str, t: Thresholds) -> bool:
@@ -677,13 +685,12 @@ def _may_climb(h: History, name: str, t: Thresholds) -> bool:
     slope s of the pairs is at least kl_trend_rise / w (per token), half the pairs have a slope of at least s; fewer
     than that are less than floor(w / 4) apart, so one pair at least floor(w / 4) apart rises by floor(w / 4) * s or
     more, and the window's range is at least that."""
-    w = t.kl_trend_window
-    values = h.values(name)[-w:]
-    if len(values) < w:
+    window = _kl_trend_window(h, name, t)
+    if window is None:
         return False
-    length = 1.0
-    if name == PPO_KL:
-        length = min(h.values(RESPONSE_LENGTH)[-w:], default=0.0)  # the median length is at least the shortest
+    values, lengths = window
+    w = t.kl_trend_window
+    length = min(lengths, default=0.0) if name == PPO_KL else 1.0  # the median length is at least the shortest
     return max(values) - min(values) >= (w // 4) * t.kl_trend_rise * length / w
 
 

@@ -23,20 +23,6 @@ from tests.hub_cache import REVISION, cache_model, offline_env
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """An empty hub cache in tmp_path, offline: huggingface_hub's constants (and the variables) point at it."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return cache
-
-
 def push(hub: Path, repo_id: str, files: dict[str, object], scratch: Path, revision: str = REVISION) -> None:
     """Put `files` (path in the repo -> JSON value) into the hub cache as model repo `repo_id` at `revision`."""
     saved = scratch / f"saved-{repo_id.replace('/', '--')}-{revision[:6]}"

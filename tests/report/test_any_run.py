@@ -15,6 +15,7 @@ from rlhfkit.errors import ReportError
 from rlhfkit.health.doctor import doctor
 from rlhfkit.report import build_report, cmd_report, load_run, rundata
 from rlhfkit.report.series import metric_names
+from tests.health.test_sources import write_tensorboard
 from tests.report.conftest import ROOT
 
 # Third-party runs, read where they lie (they are not copied into the repository); see their README.
@@ -59,17 +60,6 @@ def assert_same_charts_and_findings(run, html: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ TensorBoard
-
-
-def write_tensorboard(log_dir: Path, logs_by_step: dict[int, dict[str, float]]) -> Path:
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(log_dir))
-    for step, logs in logs_by_step.items():
-        for tag, value in logs.items():
-            writer.add_scalar(tag, value, step)
-    writer.close()
-    return log_dir
 
 
 def trl_logs(step: int) -> dict[str, float]:
@@ -272,20 +262,6 @@ def test_a_hub_repo_id_is_read_by_read_source_at_the_revision(monkeypatch):
     assert asked == [("someone/grpo-run", "v2")]
     assert run.name == "someone/grpo-run@v2" and [r["reward"] for r in run.metrics] == [0.5, 0.6]
     assert load_run("someone/grpo-run").name == "someone/grpo-run" and asked[-1] == ("someone/grpo-run", None)
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """An empty hub cache in tmp_path, offline: huggingface_hub's constants (and the variables) point at it."""
-    from huggingface_hub import constants
-
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    return cache
 
 
 def test_a_hub_repo_at_a_revision_beside_a_local_trainer_state(hub, tmp_path, capsys):
