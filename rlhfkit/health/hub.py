@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rlhfkit.health.sources import Source
+from rlhfkit.health.rows import Source
 from rlhfkit.health.trainer_state import STATE_FILE, find_state_file, read_state_file
 
 PATTERNS = [STATE_FILE, f"checkpoint-*/{STATE_FILE}"]

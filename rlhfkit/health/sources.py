@@ -14,63 +14,31 @@ to the rules' names (frameworks.py), and the Source says which were.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from rlhfkit.health.frameworks import map_names
+from rlhfkit.health.rows import (  # noqa: F401  (Source and the key helpers, re-exported for the readers' users)
+    METRICS_READER,
+    NONFINITE,
+    STEP_KEYS,
+    TENSORBOARD_READER,
+    TRACKIO_READER,
+    TRAIN_PREFIX,
+    TRAINER_STATE_READER,
+    VERL_JSONL_READER,
+    VERL_LOG_READER,
+    WANDB_CSV_READER,
+    WANDB_READER,
+    Source,
+    rows_by_step,
+    rule_name,
+)
 from rlhfkit.health.rules import RULES
 from rlhfkit.tracking.rundir import METRICS_FILE, read_jsonl
-
-TRAIN_PREFIX, STEP_KEYS = "train/", ("train/global_step", "global_step", "_step", "step")
-
-
-class Source(NamedTuple):
-    """A run's rows (each with its "step"), in order, and where they came from. The defaults are shared: build new
-    lists and dicts, never mutate them."""
-
-    rows: list[dict[str, Any]]
-    description: str  # e.g. "metrics.jsonl", "TensorBoard events in runs/Nov25_23-06-20_host"
-    skipped_lines: list[int] = []  # metrics.jsonl lines that were not a JSON object
-    reader: str = ""  # which reader read it: one of the *_READER names below
-    mapped: dict[str, str] = {}  # rule name -> the source's key it was read from, where they differ
-    notes: list[str] = []  # what the reader left out or chose, in words (a summary row, a resume, which checkpoint)
-    framework: str | None = None  # the framework its metric names were recognised as (frameworks.py), if any
-
-
-# Source.reader values.
-METRICS_READER, TENSORBOARD_READER, WANDB_READER, TRACKIO_READER = "metrics.jsonl", "tensorboard", "wandb", "trackio"
-TRAINER_STATE_READER, WANDB_CSV_READER, VERL_LOG_READER, VERL_JSONL_READER = (
-    "trainer_state", "wandb_csv", "verl_log", "verl_jsonl"
-)  # fmt: skip
-
-
-def rule_name(key: str) -> str | None:
-    """The name the rules read for a tracker key: ``train/reward`` -> ``reward``; ``eval/...`` unchanged; None for
-    the step itself and the tracker's own bookkeeping (keys starting with "_")."""
-    if key in STEP_KEYS or key.startswith("_"):
-        return None
-    return key[len(TRAIN_PREFIX) :] if key.startswith(TRAIN_PREFIX) else key
-
-
-# How W&B's JSON writes the values that JSON has no number for.
-NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-def rows_by_step(items: Iterable[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """Rows merged per step, ordered by step, with tracker keys turned into rule names; numbers only."""
-    merged: dict[int, dict[str, Any]] = {}
-    for step, values in items:
-        row = merged.setdefault(int(step), {})
-        for key, value in values.items():
-            name = rule_name(key)
-            if name is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
-                row[name] = value
-    return [{"step": step, **row} for step, row in sorted(merged.items()) if row]
 
 
 def read_run_directory(path: Path) -> Source:

@@ -23,7 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.health.sources import TRAINER_STATE_READER, Source
+from rlhfkit.health.rows import TRAINER_STATE_READER, Source
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")

@@ -26,8 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# The module, not its Source: sources.py dispatches to this module, so either may be imported first.
-from rlhfkit.health import sources
+from rlhfkit.health.rows import Source
 
 SNIFF_BYTES = 256 * 1024  # how much of a file the sniffers read: verl's preamble (config, model loading) fits
 
@@ -74,7 +73,7 @@ def merge_by_step(items: Iterable[tuple[int, Mapping[str, float]]]) -> list[dict
     return [{"step": step, **values} for step, values in sorted(merged.items()) if values]
 
 
-def read_verl_log(path: str | os.PathLike) -> sources.Source:
+def read_verl_log(path: str | os.PathLike) -> Source:
     """The rows of verl's console log: every ``step:N - key:value - ...`` line, colour codes and the Ray prefix
     removed, lines of the same step merged. Step lines that cannot be read are skipped and their numbers returned;
     a log with no readable step line is a ValueError."""
@@ -96,7 +95,7 @@ def read_verl_log(path: str | os.PathLike) -> sources.Source:
             f"{os.fspath(path)!r} is not a verl console log: {lines} line(s), {found} (`step:N - key:value - ...`); "
             "pass the output of a verl run with trainer.logger including 'console', or its file logger's JSONL"
         )
-    return sources.Source(rows=rows, description=f"verl console log {os.fspath(path)}", skipped_lines=skipped)
+    return Source(rows=rows, description=f"verl console log {os.fspath(path)}", skipped_lines=skipped)
 
 
 def _record_values(data: Mapping[str, Any]) -> dict[str, float]:
@@ -125,7 +124,7 @@ def _record(line: str) -> tuple[int, dict[str, float]] | None:
     return int(step), _record_values(record["data"])
 
 
-def read_verl_jsonl(path: str | os.PathLike) -> sources.Source:
+def read_verl_jsonl(path: str | os.PathLike) -> Source:
     """The rows of verl's file logger (``trainer.logger=['file']``: one ``{"step": N, "data": {...}}`` per line),
     records of the same step merged. Lines that are not such a record (a torn last line) are skipped and their
     numbers returned; a file with no record is a ValueError."""
@@ -147,7 +146,7 @@ def read_verl_jsonl(path: str | os.PathLike) -> sources.Source:
             '({"step": N, "data": {...}}), none with a number; pass the file verl writes with trainer.logger '
             "including 'file' ($VERL_FILE_LOGGER_PATH, or <project>/<experiment>.jsonl), or its console log"
         )
-    return sources.Source(rows=rows, description=f"verl file-logger JSONL {os.fspath(path)}", skipped_lines=skipped)
+    return Source(rows=rows, description=f"verl file-logger JSONL {os.fspath(path)}", skipped_lines=skipped)
 
 
 def _head(path: str | os.PathLike) -> str:

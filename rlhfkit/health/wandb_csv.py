@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from rlhfkit.health.sources import STEP_KEYS, WANDB_CSV_READER, Source, rows_by_step
+from rlhfkit.health.rows import STEP_KEYS, WANDB_CSV_READER, Source, rows_by_step
 
 STEP_COLUMNS = (*STEP_KEYS, "Step")
 AGGREGATE_SUFFIXES = ("__MIN", "__MAX")  # a chart panel's export: the min and max beside each plotted value
