@@ -196,8 +196,8 @@ class Thresholds:
     reward_history: int = _knob(50, "Observations of the reward and of true success whose levels are compared.")
     reward_fall_z: float = _knob(
         3.0,
-        "The reward has fallen when its level (median of smooth_window) is this many noise units below its best level "
-        "over reward_history observations (a noise unit: the step-to-step noise of the reward, the root mean square "
+        "The reward has fallen when its level (median of smooth_window) is this many noise units below its median over "
+        "the earlier observations of the last reward_history (a noise unit: the step-to-step noise of the reward, the root mean square "
         "of its successive differences over sqrt(2), times sqrt(2 / smooth_window)): a flat, noisy reward's dips are "
         "not falls.",
     )
@@ -1097,19 +1097,28 @@ def check_clipped_completions(h: History, t: Thresholds) -> Hit | None:
         return None
     if level <= max(levels) - t.clipped_recovering:
         return None  # falling from its highest level: the model is learning to stop
-    fall = reward_fall(h, t)
     message = (
         f"{level:.0%} of completions ({_over(n)}; {held:.0%} over the last {m}) ended at the "
         "length limit without EOS, and the share is not falling"
     )
-    if held >= t.clipped_ratio_critical and fall is not None:
-        return Hit(
-            CRITICAL,
-            {CLIPPED: level, fall.name: fall.now},
-            f"{message}, while {fall.name} fell from {_g(fall.before)} to {_g(fall.now)}: the cut answers cost reward.",
-            {CLIPPED: t.clipped_ratio_critical},
-        )
+    suffers = _reward_suffers(h, t, m) if held >= t.clipped_ratio_critical else None
+    if suffers is not None:
+        return Hit(CRITICAL, {CLIPPED: level}, f"{message}, while {suffers}: the cut answers cost reward.",
+                   {CLIPPED: t.clipped_ratio_critical})  # fmt: skip
     return Hit(WARNING, {CLIPPED: level}, message + ".", {CLIPPED: t.clipped_ratio_warning})
+
+
+def _reward_suffers(h: History, t: Thresholds, observations: int) -> str | None:
+    """How the trained-on score suffers, in words, or None: it fell (reward_fall), or it never moved in `observations`
+    or more (every answer scored alike: nothing for the policy to climb). Where a noisy level sits in its range is not
+    used: a flat, noisy reward's level touches the bottom of its range by chance."""
+    fall = reward_fall(h, t)
+    if fall is not None:
+        return f"{fall.name} fell from {_g(fall.before)} to {_g(fall.now)}"
+    score = _score_name(h)
+    if h.count(score) >= observations and reward_position(h, t) is None:
+        return f"{score} has not moved in {h.count(score)} observations"
+    return None
 
 
 def _levels(values: list[float], n: int) -> list[float]:
@@ -1555,13 +1564,13 @@ RULES: tuple[Rule, ...] = (
         "$clipped_sustained both >= $clipped_ratio_warning, and the share not falling (the level not "
         "$clipped_recovering or more below its highest so far: a starting model that rambles and learns to stop is "
         "no finding) (warning); critical when the median over the last $clipped_sustained is >= "
-        "$clipped_ratio_critical while the trained-on score falls (its level $reward_fall_z noise units below its "
-        "median over the earlier observations of the last $reward_history)",
+        "$clipped_ratio_critical while the trained-on score suffers: it falls (its level $reward_fall_z noise units "
+        "below its median over the earlier observations of the last $reward_history), or it never moved",
         "Many completions hit max_completion_length before the EOS token, so they are cut mid-answer and scored "
         "that way, and the share does not fall as training goes on. Raise max_completion_length, or teach the model "
         "to stop: a warm start on examples that end with EOS, or mask_truncated_completions=True so cut completions "
-        "do not count in the loss. Critical when the cut answers cost reward: the score falls while nearly every "
-        "completion is cut.",
+        "do not count in the loss. Critical when the cut answers cost reward: the score falls, or stays at its floor, "
+        "while nearly every completion is cut.",
         check_clipped_completions,
     ),
     Rule(

@@ -274,7 +274,8 @@ def test_completions_clipped_is_quiet_while_a_rambling_start_learns_to_stop():
 
 
 def test_completions_clipped_is_critical_only_when_held_and_the_reward_falls():
-    """All completions cut for 40 steps. A reward that rises meanwhile (the model still learns): a warning. A reward
+    """All completions cut for 40 steps. A reward that rises meanwhile (the model still learns, and stands at the top
+    of its range): a warning. A reward
     alternating 0.9/1.0 that drops to 0.2 from step 30: critical once the median of the last 5 rewards is 0.2 (step
     33), far more than 3 noise units (successive differences of 0.1 and one of 0.75: about 0.07 a unit) below the
     median 0.95 of the observations before."""
@@ -286,6 +287,15 @@ def test_completions_clipped_is_critical_only_when_held_and_the_reward_falls():
         (20, "completions_clipped", WARNING),
         (32, "completions_clipped", CRITICAL),
     ]
+
+
+def test_completions_clipped_is_critical_when_held_while_the_reward_never_moves():
+    """Every completion cut from the start and a reward that never moves (cut answers all score 0): critical once the
+    median over the last 20 is at least 0.9 (the 20th), the reward having 20 observations to judge by."""
+    stuck = [{"completions/clipped_ratio": 1.0, "reward": 0.0, "reward_std": 0.0} for _ in range(25)]
+    assert only("completions_clipped", replay(stuck)) == [(20, "completions_clipped", CRITICAL)]
+    (f,) = [f for f in findings(stuck) if f.rule == "completions_clipped"]
+    assert "reward has not moved in 20 observations" in f.message
 
 
 def _zero_std_rows(rewards, zero_std):
