@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from rlhfkit.health.monitor import Finding, replay
 from rlhfkit.health.output import SEVERITY_STYLES, evidence_text
-from rlhfkit.health.rules import CRITICAL, INFO, RULES, SEVERITIES, WARNING, Thresholds, parse_thresholds
+from rlhfkit.health.rules import CRITICAL, RULES, SEVERITIES, Thresholds, parse_thresholds
 from rlhfkit.health.sources import Source, read_source, read_trackio
 
 
@@ -112,7 +112,8 @@ def _print_report(name: str, d: Diagnosis) -> None:
     if d.skipped_lines:
         read += f"; skipped unreadable line(s) {', '.join(map(str, d.skipped_lines))} (a crash cuts the last one)"
     say(Text(f"rlhfkit doctor {name}: {read} ({d.source.description})"))
-    for line in summary_lines(summary(name, d)):
+    facts = summary(name, d)
+    for line in summary_lines(facts):
         say(Text(line, style="dim"))
     if not d.findings:
         say(Text("No findings: every health rule stayed quiet.", style="bold green"))
@@ -131,10 +132,7 @@ def _print_report(name: str, d: Diagnosis) -> None:
     if d.firing_at_end:
         still = ", ".join(f"{name} ({severity})" for name, severity in d.firing_at_end.items())
         say(Text(f"Still firing at the last row: {still}"))
-    severities = [f.severity for f in d.findings]
-    counts = (
-        f"{severities.count(CRITICAL)} critical, {severities.count(WARNING)} warning, {severities.count(INFO)} info"
-    )
+    counts = ", ".join(f"{n} {severity}" for severity, n in facts["findings"].items())
     say(Text(f"{counts} finding(s).", style="bold"))
 
 

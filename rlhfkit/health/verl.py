@@ -23,10 +23,10 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from rlhfkit.health.rows import Source
+from rlhfkit.health.rows import Source, rows_by_step
 
 SNIFF_BYTES = 256 * 1024  # how much of a file the sniffers read: verl's preamble (config, model loading) fits
 
@@ -65,14 +65,6 @@ def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
     return step, values
 
 
-def merge_by_step(items: Iterable[tuple[int, Mapping[str, float]]]) -> list[dict[str, Any]]:
-    """Rows merged per step (a later value of a key wins), ordered by step, each with its "step" first."""
-    merged: dict[int, dict[str, float]] = {}
-    for step, values in items:
-        merged.setdefault(step, {}).update(values)
-    return [{"step": step, **values} for step, values in sorted(merged.items()) if values]
-
-
 def read_verl_log(path: str | os.PathLike) -> Source:
     """The rows of verl's console log: every ``step:N - key:value - ...`` line, colour codes and the Ray prefix
     removed, lines of the same step merged. Step lines that cannot be read are skipped and their numbers returned;
@@ -88,7 +80,7 @@ def read_verl_log(path: str | os.PathLike) -> Source:
                 continue
             if parsed is not None:
                 items.append(parsed)
-    rows = merge_by_step(items)
+    rows = rows_by_step(items)
     if not rows:
         found = f"{len(skipped)} unreadable step line(s)" if skipped else "no step line"
         raise ValueError(
@@ -139,7 +131,7 @@ def read_verl_jsonl(path: str | os.PathLike) -> Source:
                 skipped.append(number)
             else:
                 items.append(parsed)
-    rows = merge_by_step(items)
+    rows = rows_by_step(items)
     if not rows:
         raise ValueError(
             f"{os.fspath(path)!r} is not a verl file-logger JSONL: {lines} line(s), {len(skipped)} not a record "
