@@ -170,6 +170,9 @@ TRAINING_COMMANDS = ("ppo", "grpo", "quickstart")
 MODEL_COMMANDS = (*TRAINING_COMMANDS, "build-tiny", "eval")  # the commands that load models
 
 
+PIPE_CLOSED = 141  # the exit status of a command whose output pipe closed: 128 + SIGPIPE
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
@@ -195,6 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"rlhfkit {command}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader of the output went away (`rlhfkit doctor RUN --json | head -1`)
+        # Point stdout at /dev/null so the interpreter's last flush does not fail again, and end as a shell's
+        # commands do when their pipe closes (128 + SIGPIPE), without a traceback.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return PIPE_CLOSED
     if command in TRAINING_COMMANDS and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         _leave_launched_process(status)
     return status

@@ -243,3 +243,22 @@ def test_resume_monitor_continues_the_episode_and_keeps_the_start_level(tmp_path
 def test_resume_monitor_without_metrics_is_fresh(tmp_path):
     monitor = resume_monitor(tmp_path, until_step=10)
     assert monitor.history.step is None and monitor.firing() == {}
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_doctor_quietly(tmp_path):
+    """`rlhfkit doctor RUN --json | head -1`: the pipe is closed before the doctor writes; it exits with 141 (128 +
+    SIGPIPE, as a shell's commands do) and no traceback."""
+    import subprocess
+    import sys
+
+    rows = [{"step": s, "reward": 0.5, "kl": float("nan") if s == 3 else 0.01} for s in range(1, 6)]
+    state = tmp_path / "trainer_state.json"
+    state.write_text(json.dumps({"log_history": rows}))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rlhfkit.cli", "doctor", str(state), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    process.stdout.close()  # before the interpreter has even imported rlhfkit
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=120) == 141 and "Traceback" not in stderr, stderr
