@@ -20,7 +20,7 @@ def __getattr__(name: str):
 
         return GRPOTrainer
     if name == "AsyncGRPOTrainer":  # TRL 1.16's trl.experimental.async_grpo trainer
-        from rlhfkit.trainers.async_grpo import AsyncGRPOTrainer
+        from rlhfkit.trainers.grpo.async_trainer import AsyncGRPOTrainer
 
         return AsyncGRPOTrainer
     raise AttributeError(f"module 'rlhfkit' has no attribute {name!r}")

@@ -161,7 +161,7 @@ class LoopArgumentsRejected(Exception):
 
 class GenerationWorkerDied(RuntimeError):
     """The generation worker exited (killed, out of memory, an error) while the trainer waited for a round
-    (trainers/async_generation.py); the run turns it into GenerationWorkerStopped, with a checkpoint."""
+    (trainers/generation_worker.py); the run turns it into GenerationWorkerStopped, with a checkpoint."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -98,16 +98,16 @@ class EpisodeRun(NamedTuple):
 
 def greedy_episodes(model_path: str, task, prompts: list[list[dict]], flag: str, batch_size: int = 64) -> EpisodeRun:
     """Greedy multi-turn episodes of the model at `model_path` on conversational `prompts`, the task's tools run:
-    the trainers' episodes (trainers/episodes.py) with its tool rounds and length budget, prompts rendered with the
+    the trainers' episodes (agents/episodes.py) with its tool rounds and length budget, prompts rendered with the
     tools as the trainers render them."""
     import torch
 
     from rlhfkit.agents import ToolBox
+    from rlhfkit.agents.episodes import ToolEpisodes, sample_episodes
     from rlhfkit.data import prompt_text
     from rlhfkit.evaluation.generation import load_generator
     from rlhfkit.sampling import decode, sampling_config, terminator_ids
     from rlhfkit.tasks.agent import tool_calls
-    from rlhfkit.trainers.episodes import ToolEpisodes
 
     model, tokenizer = load_generator(model_path, flag)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -115,13 +115,15 @@ def greedy_episodes(model_path: str, task, prompts: list[list[dict]], flag: str,
     tools = list(task.tools)
     episodes = ToolEpisodes(tokenizer, ToolBox(tools), task.max_tool_calling_iterations, task.max_new_tokens)
     config = sampling_config(task.max_new_tokens, None, tokenizer.pad_token_id, terminator_ids(tokenizer, model))
-    ids = [tokenizer(prompt_text(p, tokenizer, None, tools), add_special_tokens=False)["input_ids"] for p in prompts]
+    rows = [
+        {"input_ids": tokenizer(prompt_text(p, tokenizer, None, tools), add_special_tokens=False)["input_ids"]}
+        for p in prompts
+    ]
     out = EpisodeRun([], [], [], [])
     with torch.inference_mode():
-        for start in range(0, len(ids), batch_size):
-            round_ = episodes.sample(model, ids[start : start + batch_size], config, device)
-            chunk = round_.chunk
-            out.messages.extend(round_.messages)
+        for sampled in sample_episodes(episodes, model, rows, config, batch_size, device)[0]:
+            chunk = sampled.chunk
+            out.messages.extend(sampled.messages)
             out.texts.extend(decode(tokenizer, chunk.completion_ids, chunk.completion_mask, skip_special_tokens=False))
             out.truncated.extend((~chunk.terminated).tolist())
     out.tool_calls.extend(tool_calls(m) for m in out.messages)

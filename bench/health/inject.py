@@ -76,18 +76,19 @@ def reward_value_from(trainer, step: int, value: float) -> None:
 def sample_at_temperature(trainer, temperature: float) -> None:
     """The sampler draws at `temperature` while the losses score the tokens at --temperature (a generation config
     that disagrees with the trainer's)."""
-    import rlhfkit.trainers.ppo as ppo
+    import rlhfkit.trainers.ppo.trainer as ppo
     from rlhfkit.trainers.grpo import GRPOTrainer
 
-    if isinstance(trainer, GRPOTrainer):
-        own = trainer.sampling_config
+    if isinstance(trainer, GRPOTrainer):  # the generation's sampler (evaluations keep the trainer's own)
+        sampler = trainer.generation.sampler
+        own = sampler.config
 
         def sampling_config(max_new_tokens):
             config = own(max_new_tokens)
             config.temperature = temperature
             return config
 
-        trainer.sampling_config = sampling_config
+        trainer.generation.sampler = sampler._replace(config=sampling_config)
         return
     original = ppo.sampling_config
 
@@ -174,7 +175,6 @@ def entropy_bonus_from(trainer, step: int, coef: float, learning_rate: float | N
     (0.84 in 20), and the reward falls long before. At 2.5e-4 from step 30 GRPO goes 0.34 -> 1.3 in 10 steps and 3.5
     (ln 49 is the most) in 15, as runs that go random do; the same learning rate without the bonus keeps the run
     healthy (entropy ~0.3, reward ~1.1 through step 80, seed 0)."""
-    import rlhfkit.trainers.ppo as ppo
     from rlhfkit.trainers.grpo import GRPOTrainer
 
     if learning_rate is not None:
@@ -190,7 +190,10 @@ def entropy_bonus_from(trainer, step: int, coef: float, learning_rate: float | N
 
         trainer.optimize = boosted
         return
-    token_stats, policy_loss = ppo.response_token_stats, ppo.ops.clipped_policy_loss
+    import rlhfkit.trainers.ppo.model as ppo_model
+    import rlhfkit.trainers.ppo.trainer as ppo
+
+    token_stats, policy_loss = ppo_model.response_token_stats, ppo.ops.clipped_policy_loss
     entropies = []  # the entropy of the micro-batch's training forward, with its gradient
 
     def stats_with_entropy_grad(*args, **kwargs):
@@ -206,7 +209,7 @@ def entropy_bonus_from(trainer, step: int, coef: float, learning_rate: float | N
         bonus = ppo.ops.masked_mean(entropies.pop(), mask)
         return out._replace(loss=out.loss - coef * bonus)
 
-    ppo.response_token_stats = stats_with_entropy_grad
+    ppo_model.response_token_stats = stats_with_entropy_grad  # the policy's forward (PolicyAndValue)
     ppo.ops = _Patched(ppo.ops, clipped_policy_loss=with_bonus)
 
 

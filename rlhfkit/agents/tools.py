@@ -3,7 +3,7 @@
 A tool is a typed Python function with a Google-style docstring, sync or ``async def``. Its JSON schema, what the chat
 template shows the model, is transformers' own ``get_json_schema`` (what ``apply_chat_template(tools=...)`` renders).
 
-The model's output is data, never code: a parsed tool call (transformers' response parsing, trainers/episodes.py) is
+The model's output is data, never code: a parsed tool call (transformers' response parsing, agents/episodes.py) is
 looked up by name among the registered tools only, its arguments must be a JSON object whose keys bind to the tool's
 signature and whose values have the types its schema declares, and nothing the model wrote is evaluated. Whatever goes
 wrong becomes the tool message ``{'error': ...}`` (TRL's form: ``str`` of that dict) with the text cut to

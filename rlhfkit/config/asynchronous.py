@@ -1,5 +1,5 @@
 """AsyncGenerationConfig: the settings of asynchronous generation, which PPOConfig and GRPOConfig share
-(trainers/async_generation.py, docs/async.md). The importance-sampling settings keep TRL 1.16's names."""
+(trainers/generation_worker.py, docs/async.md). The importance-sampling settings keep TRL 1.16's names."""
 
 from __future__ import annotations
 

@@ -109,7 +109,7 @@ class Chunk(NamedTuple):
     terminated: torch.Tensor  # (B,) bool, True if the completion ends with a terminator (EOS or the stop token)
     # (B, T) the sampler's log-probs of the completion tokens, 0 outside the mask; None when greedy
     sampling_logprobs: torch.Tensor | None
-    # (B, T) bool, multi-turn episodes only (trainers/episodes.py): True on the tokens the policy sampled, False on
+    # (B, T) bool, multi-turn episodes only (agents/episodes.py): True on the tokens the policy sampled, False on
     # the tool results the chat template put between its turns (TRL's tool_mask); None: every token is the policy's
     tool_mask: torch.Tensor | None = None
 

@@ -37,25 +37,17 @@ from .agent import TASK, calculator
 from .chat_tokenizer import CALL_CLOSE, CALL_OPEN, TOOL_CALL, TOOL_CALL_END, build_chat_tokenizer
 from .fitting import fit, model_config, seed_everything
 from .layout import Assets, ensure_replaceable, install
+from .presets import BuildPreset
 
 
 @dataclass(frozen=True)
-class AgentPreset:
-    """Sizes, step budgets and the demonstrations' tool use of one agent-task build."""
+class AgentPreset(BuildPreset):
+    """A BuildPreset (sizes, step budgets) with the agent build's own SFT budget and the demonstrations' tool use. The
+    agent task trains no reward model: the rm_* fields are unused."""
 
-    hidden_size: int = 128
-    intermediate_size: int = 512
-    num_layers: int = 3
-    num_heads: int = 4
-    n_train_prompts: int = 4000
-    n_test_prompts: int = 256
     sft_steps: int = 250  # reading a result (copying it) is learned between steps 150 and 200
-    sft_batch: int = 64
-    sft_lr: float = 1e-3
     tool_share_longest: float = 0.8  # demonstrations that call the tool, of the 4-digit x 3-digit products
     tool_share_other: float = 0.15  # ... of the other products
-    eval_prompts: int = 256
-    num_threads: int | None = None  # torch intra-op threads during the build (None: leave torch's setting)
 
 
 AGENT_PRESETS: dict[str, AgentPreset] = {

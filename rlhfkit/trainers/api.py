@@ -27,8 +27,8 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.lora import lora_flags
 from rlhfkit.tracking.rundir import LOCK_FILE, MUTEX_FILE
 from rlhfkit.trainers.callbacks import EVAL_PREFIX
+from rlhfkit.trainers.datasets import tokenize_eval_dataset
 from rlhfkit.trainers.run import TrainingRun
-from rlhfkit.trainers.shared import tokenize_eval_dataset
 
 # transformers' Trainer.push_to_hub hands its other keywords to create_model_card (TRL's scripts pass dataset_name);
 # rlhfkit writes no model card, so they are accepted and change nothing.

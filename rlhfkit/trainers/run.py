@@ -34,7 +34,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -80,8 +80,8 @@ from rlhfkit.errors import (
 from rlhfkit.health.watch import HealthWatch
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
-from rlhfkit.models import mixed_precision, write_merged
-from rlhfkit.optim import lr_schedule, set_lr
+from rlhfkit.models import enable_gradient_checkpointing, mixed_precision, padding_free_refused, write_merged
+from rlhfkit.optim import lr_schedule, make_optimizer, set_lr
 from rlhfkit.rewards import LoggedMetricsWindow
 from rlhfkit.tracking.logger import RunLogger
 from rlhfkit.tracking.rundir import MERGED_DIR, RunLock, locked_message
@@ -489,6 +489,24 @@ class TrainingRun:
         if model is None:
             return None
         return prepare_frozen(self.accelerator, self.engine, model, self._frozen)
+
+    def prepare_trained(
+        self, module: torch.nn.Module, policy: torch.nn.Module, checkpointed: Iterable[torch.nn.Module]
+    ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        """The trained `module` and its optimizer (--optim, over its trainable parameters), prepared by accelerate for
+        the launch's engine; with --gradient_checkpointing, the `checkpointed` models recompute their activations. With
+        --padding_free, a `policy` whose forward cannot take a packed batch is refused first."""
+        args = self.args
+        if args.padding_free and (why := padding_free_refused(policy)) is not None:
+            raise ConfigError(
+                f"--padding_free true: {why}. Load the model with an attention implementation that packs "
+                "(--attn_implementation sdpa, or flash_attention_2 on a GPU), or leave --padding_free off."
+            )
+        if args.gradient_checkpointing:
+            for model in checkpointed:
+                enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
+        optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad], args, self.accelerator.device)
+        return self.accelerator.prepare(module, optimizer)
 
     @contextmanager
     def accumulating(self, model: torch.nn.Module, last: bool) -> Iterator[None]:

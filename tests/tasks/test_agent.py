@@ -10,11 +10,11 @@ import pytest
 from transformers import AutoTokenizer
 
 from rlhfkit.agents import ToolBox
+from rlhfkit.agents.episodes import ToolEpisodes
 from rlhfkit.tasks import TASKS, build_tiny, load_task
 from rlhfkit.tasks.agent import TASK, AgentTask, calculator, check, correctness, final_answer, tool_calls
 from rlhfkit.tasks.agent_build import AgentPreset, conversation, encode_conversation, is_longest, sft_examples
 from rlhfkit.tasks.chat_tokenizer import END, build_chat_tokenizer
-from rlhfkit.trainers.episodes import ToolEpisodes
 
 PROMPT = [{"role": "user", "content": "1234*567"}]
 

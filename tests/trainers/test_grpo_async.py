@@ -13,8 +13,8 @@ from transformers import TrainerCallback
 from rlhfkit import GRPOConfig
 from rlhfkit.errors import ConfigError, GenerationWorkerStopped
 from rlhfkit.metrics import registry as M
-from rlhfkit.trainers.async_generation import flatten_weights, load_flat_weights
 from rlhfkit.trainers.build import build_grpo_trainer
+from rlhfkit.trainers.generation_worker import flatten_weights, load_flat_weights
 from tests.helpers import MACHINE_METRICS, run_two_processes
 from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows, two_process_grpo_command
 from tests.trainers.test_resume import rows_of, weights

@@ -1,5 +1,5 @@
 """GRPOTrainer(environment_factory=...) and GRPOTrainer(rollout_func=...) (agents/environments.py,
-trainers/episodes.py): TRL 1.16's documented environment examples run with rlhfkit's import (IncrementEnv without a
+agents/episodes.py): TRL 1.16's documented environment examples run with rlhfkit's import (IncrementEnv without a
 dataset and with one, the dict of environments), each episode has its own reset instance and only its environment's
 tools, get_reward is a reward source named after the class, reward functions get environments=; a rollout_func's
 completions are trained with its env_mask out of the loss and its extra fields reach the reward functions."""

@@ -1,4 +1,4 @@
-"""GRPOTrainer(tools=[...]) (trainers/episodes.py, agents/tools.py): TRL 1.16's tool-calling example runs with
+"""GRPOTrainer(tools=[...]) (agents/episodes.py, agents/tools.py): TRL 1.16's tool-calling example runs with
 rlhfkit's import and logs the tool metrics; scripted tool calls go through execution, every failure kind and the turn
 cap with the run going on; tool results are out of the loss (no gradient reaches the positions that predict them) and
 an episode's log-probs are those of its text scored in one forward."""
@@ -408,9 +408,12 @@ def qwen3_tokenizer():
     return tok
 
 
-def test_a_qwen3_script_runs_as_in_trl_response_parsing_and_training_template_from_trl(monkeypatch, tmp_path):
+def test_a_qwen3_script_runs_with_trl_s_template_helpers_called_in_the_script(monkeypatch, tmp_path):
     # TRL's GRPOTrainer sets the response_template of the chat templates it knows and renders episodes with its
-    # prefix-preserving training template; with TRL installed rlhfkit does the same, so the script needs no change.
+    # prefix-preserving training template. rlhfkit never imports TRL: the script calls the same two helpers and passes
+    # the training template for the episodes.
+    from trl.chat_template_utils import add_response_schema, get_training_chat_template
+
     tok = qwen3_tokenizer()
     qwen_call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n</tool_call>' + END
 
@@ -418,28 +421,39 @@ def test_a_qwen3_script_runs_as_in_trl_response_parsing_and_training_template_fr
         return f"12{END}" if "<tool_response>" in text else qwen_call
 
     monkeypatch.setattr(sampling_completions, "generate", scripted_generate(tok, script))
+    add_response_schema(tok)
+    template = {"enable_thinking": False, "chat_template": get_training_chat_template(tok)}
     args = config(
-        tmp_path,
-        max_steps=1,
-        max_prompt_length=800,
-        max_completion_length=200,
-        chat_template_kwargs={"enable_thinking": False},
+        tmp_path, max_steps=1, max_prompt_length=800, max_completion_length=200, chat_template_kwargs=template
+    )
+    trainer = GRPOTrainer(
+        tool_chat_model(tok),
+        alternating_reward(),
+        args,
+        conversations("a", "b"),
+        processing_class=tok,
+        tools=[multiply],
     )  # fmt: skip (Qwen3's tool prompt: 759 characters)
-    trainer = GRPOTrainer(tool_chat_model(tok), alternating_reward(), args, conversations("a", "b"),
-                          processing_class=tok, tools=[multiply])  # fmt: skip
-    assert tok.response_template is not None  # set, as TRL sets it
-    assert "chat_template" in trainer.episodes.chat_template_kwargs  # TRL's training template, for the episodes only
     trainer.train()
     (row,) = [r for r in read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")) if "loss" in r]
     assert row["tools/call_frequency"] == 1.0 and row["tools/failure_frequency"] == 0.0
 
 
-def test_without_trl_an_unparsable_tokenizer_is_refused_with_the_fix(monkeypatch, tmp_path):
+def test_a_qwen3_tokenizer_as_it_loads_is_refused_with_the_fix(tmp_path):
+    # no response_template: refused, naming the attribute and TRL's helper (which rlhfkit does not call)
     tok = qwen3_tokenizer()
-    monkeypatch.setitem(sys.modules, "trl.chat_template_utils", None)  # TRL not installed
-    with pytest.raises(ConfigError, match="no response_template.*Set tokenizer.response_template"):
+    with pytest.raises(
+        ConfigError, match="no response_template.*Set tokenizer.response_template.*add_response_schema"
+    ):
         GRPOTrainer(tool_chat_model(tok), len, config(tmp_path, max_prompt_length=None), conversations("x"),
                     processing_class=tok, tools=[multiply])  # fmt: skip
+    # parsing set, but Qwen3's own template (not prefix-preserving): refused, naming the training template's fix
+    from trl.chat_template_utils import add_response_schema
+
+    add_response_schema(tok)
+    args = config(tmp_path, max_prompt_length=None, chat_template_kwargs={"enable_thinking": False})
+    with pytest.raises(ConfigError, match="prefix-preserving.*get_training_chat_template"):
+        GRPOTrainer(tool_chat_model(tok), len, args, conversations("x"), processing_class=tok, tools=[multiply])
 
 
 def test_padding_to_a_multiple_keeps_the_tool_results_out_of_the_loss(scripted, tmp_path):

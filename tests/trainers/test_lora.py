@@ -104,7 +104,7 @@ def test_ppo_reference_is_the_base_model_without_a_second_copy(ppo_run, tiny_ass
     with torch.no_grad():
         width = 2  # the logits that predict tokens 2.. (all but the first two positions are "response")
         tokens, temperature = ids[:, width:], trainer.args.temperature
-        reference = trainer.reference_logprobs(trainer.unwrapped, ids, mask, width, tokens)
+        reference = trainer.generation.reference_logprobs(trainer.unwrapped, ids, mask, width, tokens)
         expected = logprobs_from_logits(response_logits(base, ids, mask, width), tokens, temperature)
         policy = logprobs_from_logits(
             response_logits(trainer.unwrapped.policy.eval(), ids, mask, width), tokens, temperature

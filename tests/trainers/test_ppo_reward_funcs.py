@@ -29,10 +29,16 @@ def functions_only(assets, tmp_path, **overrides) -> PPOConfig:
 class CapturingTrainer(PPOTrainer):
     """Keeps every generation batch, to check its scores against the reward sources computed independently."""
 
-    def generate_and_score(self, rows):
-        batch = super().generate_and_score(rows)
-        self.batches = [*getattr(self, "batches", []), (rows, batch)]
-        return batch
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.batches, generate_and_score = [], self.generation.generate_and_score
+
+        def capturing(rows, *more):
+            batch = generate_and_score(rows, *more)
+            self.batches.append((rows, batch))
+            return batch
+
+        self.generation.generate_and_score = capturing
 
 
 def python_api_trainer(assets, tmp_path, reward_funcs, with_reward_model=True, **overrides) -> CapturingTrainer:

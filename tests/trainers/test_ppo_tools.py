@@ -1,4 +1,4 @@
-"""PPOTrainer(tools=[...]) (trainers/ppo.py, episodes.py): multi-turn PPO episodes on a tiny chat model that calls
+"""PPOTrainer(tools=[...]) (trainers/ppo/trainer.py, episodes.py): multi-turn PPO episodes on a tiny chat model that calls
 tools. The policy and the value model read the tools' results but nothing trains on them: no gradient of the policy or
 the value loss reaches the positions that predict them, whatever their text; they get no KL, no score, and GAE skips
 them; the lengths count the policy's tokens; an episode's log-probs are its text's scored in one float64 forward; the
@@ -177,7 +177,7 @@ def test_reward_functions_get_the_messages_and_lengths_count_the_policy_s_tokens
         return [0.0] * len(completions)
 
     trainer = scripted_trainer(scripted, tmp_path, recorded)
-    batch = trainer.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
+    batch = trainer.generation.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
     assert seen["ok"][0]["tool_calls"][0]["function"] == {"name": "multiply", "arguments": {"a": 3, "b": 4}}
     assert seen["ok"][1:] == [
         {"role": "tool", "name": "multiply", "content": "12"},
@@ -218,7 +218,7 @@ def test_reward_functions_get_the_messages_and_lengths_count_the_policy_s_tokens
 
 def test_score_kl_and_gae_are_on_the_policy_s_tokens_only(scripted, tmp_path):
     trainer = scripted_trainer(scripted, tmp_path, kl_coef=0.5)
-    batch = trainer.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
+    batch = trainer.generation.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
     rewards = trainer.shaped_rewards(batch)
     tool_tokens = batch.completion_mask & ~batch.model_mask
     assert not rewards.kl[tool_tokens].any() and not rewards.rewards[tool_tokens].any()
@@ -274,7 +274,7 @@ def test_tool_results_get_no_gradient_of_either_loss_whatever_their_text(scripte
     trainer = scripted_trainer(scripted, tmp_path, dtype=torch.float64, multiply_result=result)
     with torch.no_grad():  # the value model's fresh score head is 0, which would pass no gradient to any position
         trainer.unwrapped.value_model.score.weight.normal_(generator=torch.Generator().manual_seed(0))
-    batch = trainer.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
+    batch = trainer.generation.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
     ok = row_of(batch, "ok")
     assert f"<tool_response>{result}</tool_response>" in batch.completions[ok]
     policy_grad, value_grad = final_hidden_grads(trainer, batch)
@@ -290,7 +290,7 @@ def test_tool_results_get_no_gradient_of_either_loss_whatever_their_text(scripte
 
 def test_an_episode_s_log_probs_are_its_text_s_scored_in_one_forward(scripted, tmp_path):
     trainer = scripted_trainer(scripted, tmp_path, dtype=torch.float64)
-    batch = trainer.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
+    batch = trainer.generation.generate_and_score([trainer.train_dataset[i] for i in range(len(FIRST_TURNS))])
     model, width = trainer.unwrapped.policy, batch.prompt_ids.shape[1]
     temperature = trainer.args.temperature
     for r in range(len(batch.input_ids)):

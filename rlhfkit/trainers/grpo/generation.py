@@ -32,16 +32,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
+from datasets import Dataset
 from torch import nn
+from transformers import PreTrainedTokenizerBase
 
 from rlhfkit import ops
-from rlhfkit.errors import ConfigError
+from rlhfkit.agents.episodes import CustomRollout, sample_episodes
+from rlhfkit.config import GRPOConfig
+from rlhfkit.config.batch_sizes import GRPOBatchSizes
 from rlhfkit.metrics import registry as M
-from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, response_token_stats
-from rlhfkit.rewards import RewardOutput
+from rlhfkit.models import adapter_disabled, response_token_stats
+from rlhfkit.rewards import RewardOutput, RewardSources
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
-from rlhfkit.trainers.episodes import log_tool_stats
-from rlhfkit.trainers.shared import count_task_success, take_reward_logs
+from rlhfkit.trainers.evaluation import count_task_success
+from rlhfkit.trainers.run import TrainingRun
+from rlhfkit.trainers.sampler import Sampler
+from rlhfkit.trainers.scoring import score_chunk, take_reward_logs
 
 
 @dataclass
@@ -92,46 +98,40 @@ MicroBatch = tuple[GRPOBatch, int, bool]
 
 
 class GRPOGeneration:
-    """The generations of a GRPOTrainer (`trainer`: it imports this module, so its type is not named here). It reads
-    the trainer's models, reward sources and settings when it needs them (a test or a health injection may replace
-    the trainer's sampling_config), and holds the current generation (`batch`), which a checkpoint keeps while it has
-    micro-batches to serve."""
+    """The generations of a GRPO run, from prompt indices to the batch the loss trains on, with its collaborators given
+    explicitly: the run (accelerator, metrics, progress), the prepared policy `model` and frozen `ref_model` (None
+    without one: beta 0, or LoRA's adapter-disabled policy), the reward sources, the sampler (its settings, episodes or
+    a rollout_func, the generation worker), the tokenized train set and the task. It holds the current generation
+    (`batch`), which a checkpoint keeps while it has micro-batches to serve."""
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(
+        self,
+        args: GRPOConfig,
+        sizes: GRPOBatchSizes,
+        run: TrainingRun,
+        model: nn.Module,
+        ref_model: nn.Module | None,
+        rewards: RewardSources,
+        sampler: Sampler,
+        tokenizer: PreTrainedTokenizerBase,
+        train_dataset: Dataset,
+        task=None,
+    ):
+        self.args, self.sizes, self.run = args, sizes, run
+        self.model, self.ref_model = model, ref_model
+        self.rewards, self.sampler = rewards, sampler
+        self.tokenizer, self.train_dataset, self.task = tokenizer, train_dataset, task
         self.batch: GRPOBatch | None = None
-        if trainer.args.cast_lm_head_to_fp32:
-            self.cast_lm_heads()
-
-    def cast_lm_heads(self) -> None:
-        """cast_lm_head_to_fp32 for a policy given as a model object (one loaded by name was cast as it loaded,
-        models.load_trained_policy) and its reference. The models are already prepared: a head whose weights are not
-        float32 yet can only change dtype where no engine or process group holds them."""
-        t = self.trainer
-        reference = None if t.ref_model is None else t.accelerator.unwrap_model(t.ref_model)
-        for model in (t.policy, reference):
-            head = None if model is None else model.get_output_embeddings()
-            if head is None or getattr(head, "_rlhfkit_fp32_logits", False):
-                continue
-            if head.weight.dtype != torch.float32 and (t.accelerator.num_processes > 1 or t.run.engine.sharded):
-                raise ConfigError(
-                    f"cast_lm_head_to_fp32 with a model object whose LM head is {head.weight.dtype}, under "
-                    f"{t.accelerator.num_processes} processes ({t.run.engine}): its weights must become float32 "
-                    "before the engine wraps them. Pass the model by name (the trainer casts it as it loads), or "
-                    "call rlhfkit.models.cast_lm_head_to_fp32(model) before building the trainer."
-                )
-            cast_lm_head_to_fp32(model)
 
     def micro_batches(self, step: int, prompts: Iterator[list[int]]) -> list[MicroBatch]:
         """The gradient_accumulation_steps micro-batches of optimizer step `step`, in order: a new generation (steps
         1-4) whenever the last one has served its steps_per_generation x num_iterations micro-batches, drawn from
         `prompts` (each a generation batch of prompt indices, all processes'); the progress counters move with it."""
-        t = self.trainer
-        sizes, progress, accumulation = t.sizes, t.run.progress, t.args.gradient_accumulation_steps
+        sizes, progress, accumulation = self.sizes, self.run.progress, self.args.gradient_accumulation_steps
         micro_batches, fresh = [], False  # fresh: the generation was made on these weights
         for micro in range((step - 1) * accumulation, step * accumulation):
             if micro % sizes.micro_steps_per_generation == 0:
-                if t.generation_worker is not None:
+                if self.sampler.worker is not None:
                     self.batch = self.receive(prompts)
                 else:
                     self.batch = self.generate_and_score(next(prompts), prompts)
@@ -154,20 +154,19 @@ class GRPOGeneration:
         so all processes agree) and further generation batches of prompts are drawn from `more_prompts` until each
         process holds its share of such groups, or max_num_gen_batches rounds were made (ops.select_groups); the
         batch is then made of the kept groups."""
-        t = self.trainer
-        args = t.args
-        with t.run.gathered(t.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
+        args = self.args
+        with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
             rounds = [self.sample_round(model, prompt_indices)]
             if not args.dynamic_sampling:
                 return self.batch_of(model, rounds[0], rounds[0].gathered, rounds)
-            cap, processes = args.max_num_gen_batches or math.inf, t.accelerator.num_processes
+            cap, processes = args.max_num_gen_batches or math.inf, self.run.accelerator.num_processes
             while True:
                 rewards = [r.gathered for r in rounds]
-                selection = ops.select_groups(rewards, args.num_generations, t.sizes.prompts, processes)
+                selection = ops.select_groups(rewards, args.num_generations, self.sizes.prompts, processes)
                 if selection.enough or len(rounds) >= cap or more_prompts is None:
                     break
                 rounds.append(self.sample_round(model, next(more_prompts)))
-            m = t.run.metrics  # the same numbers on every process: their pooled mean is the number
+            m = self.run.metrics  # the same numbers on every process: their pooled mean is the number
             m.add(M.DYNAMIC_SAMPLING_EXTRA_ROUNDS, len(rounds) - 1, 1)
             m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_DROPPED, selection.zero_std_dropped, 1)
             m.add(M.DYNAMIC_SAMPLING_ZERO_STD_GROUPS_FILLED, selection.filled, 1)
@@ -178,14 +177,13 @@ class GRPOGeneration:
         """async_generation: the worker's next generation (AsyncGeneration.next_round: asked for up to max_staleness
         steps ahead, each on the weights of its time), scored and made into a batch as generate_and_score does with
         its own samples."""
-        t = self.trainer
 
         def ask():
             rows = self.round_rows(next(prompts))
             return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
 
-        (chunk,), rows, staleness = t.generation_worker.next_round(t.run, ask)
-        with t.run.gathered(t.model) as model:
+        (chunk,), rows, staleness = self.sampler.worker.next_round(self.run, ask)
+        with self.run.gathered(self.model) as model:
             scored = self.score_round(rows, chunk)
             batch = self.batch_of(model, scored, scored.gathered, [scored])
         batch.staleness = staleness
@@ -194,55 +192,53 @@ class GRPOGeneration:
     def sample_round(self, model: nn.Module, prompt_indices: list[int]) -> ScoredRound:
         """One round: this process's slice of the completions to `prompt_indices` (all processes' prompts), sampled by
         `model`, the unwrapped policy holding its whole weights; scored, gathered and logged."""
-        t = self.trainer
         rows = self.round_rows(prompt_indices)
         model.eval()
-        config = t.sampling_config(t.args.max_completion_length)
+        config = self.sampler.config(self.args.max_completion_length)
         prompt_ids = [r["input_ids"] for r in rows]
         messages = None
-        if t.episodes is not None:  # multi-turn with tools, or a rollout_func (and the rows as their episodes began)
-            episodes, rows = t.episodes.sample_rows(model, rows, config, t.accelerator.device)
+        if (
+            self.sampler.episodes is not None
+        ):  # multi-turn with tools, or a rollout_func (and the rows as their episodes began)
+            device, metrics = self.run.accelerator.device, self.run.metrics
+            (episodes,), rows = sample_episodes(self.sampler.episodes, model, rows, config, len(rows), device, metrics)
             chunk, messages = episodes.chunk, episodes.messages
-            if episodes.stats is not None:
-                log_tool_stats(t.run.metrics, episodes.stats)
         else:
-            (chunk,) = complete(model, prompt_ids, config, len(rows), t.accelerator.device)
+            (chunk,) = complete(model, prompt_ids, config, len(rows), self.run.accelerator.device)
         model.train()
         return self.score_round(rows, chunk, messages)
 
     def round_rows(self, prompt_indices: list[int]) -> list[dict]:
         """This process's dataset rows of a round: each prompt of `prompt_indices` (all processes') G times, sliced."""
-        t = self.trainer
-        repeated = [i for i in prompt_indices for _ in range(t.args.num_generations)][self.own_slice()]
-        fetched = {i: t.train_dataset[i] for i in dict.fromkeys(repeated)}  # each prompt's row read once
+        repeated = [i for i in prompt_indices for _ in range(self.args.num_generations)][self.own_slice()]
+        fetched = {i: self.train_dataset[i] for i in dict.fromkeys(repeated)}  # each prompt's row read once
         return [fetched[i] for i in repeated]
 
     def own_slice(self) -> slice:
         """This process's completions of a round or batch, all processes' in process order (groups are contiguous;
         one may span processes)."""
-        t = self.trainer
-        n = t.sizes.local_completions
-        return slice(t.accelerator.process_index * n, (t.accelerator.process_index + 1) * n)
+        n = self.sizes.local_completions
+        return slice(self.run.accelerator.process_index * n, (self.run.accelerator.process_index + 1) * n)
 
     def score_round(self, rows: list[dict], chunk: Chunk, messages: list[list[dict]] | None = None) -> ScoredRound:
         """The round of the completions `chunk` (one chunk, all of this process's rows): scored, gathered and logged
         (completions/*, rewards/*, frac_reward_zero_std describe every round's completions). messages: multi-turn
         episodes' messages after the prompt, which the reward functions get as the completions (TRL's form)."""
-        t = self.trainer
-        args, acc = t.args, t.accelerator
+        args, acc = self.args, self.run.accelerator
         G, device = args.num_generations, acc.device
         prompts = [r[args.dataset_text_field] for r in rows]
         # An episode with tools as the policy read it, special tokens kept: its turns, calls and the tools' results
         # (the completions table); the reward functions get its messages.
-        texts = decode(t.tokenizer, chunk.completion_ids, chunk.completion_mask, skip_special_tokens=messages is None)
+        texts = decode(
+            self.tokenizer, chunk.completion_ids, chunk.completion_mask, skip_special_tokens=messages is None
+        )
 
         # Rewards: each source's raw values, then the weighted total per completion.
-        sequence, completion = (chunk.input_ids, chunk.attention_mask), (chunk.completion_ids, chunk.completion_mask)
         scored = texts if messages is None else messages
-        outputs = t.rewards.score(rows, prompts, scored, sequence, completion, trainer_state=t.state)
-        total = t.rewards.total(outputs, prompts)
-        logged_columns, logged_metrics = take_reward_logs(t.rewards, acc)  # log_extra, log_metric (collective)
-        t.run.reward_metrics.add(logged_metrics)
+        outputs = score_chunk(self.rewards, rows, prompts, scored, chunk, self.run.callbacks.state)
+        total = self.rewards.total(outputs, prompts)
+        logged_columns, logged_metrics = take_reward_logs(self.rewards, acc)  # log_extra, log_metric (collective)
+        self.run.reward_metrics.add(logged_metrics)
 
         # Every process's rewards, in process order: a group spanning processes is one group.
         gathered = acc.gather(total.to(device)).double().cpu()
@@ -268,8 +264,7 @@ class GRPOGeneration:
     def log_round(self, outputs: list[RewardOutput], total, zero_std, chunk: Chunk, prompts, texts) -> None:
         """Completion lengths, rewards and true success of one round, pooled when reduced. zero_std: (n,) whether each
         completion's group (which may span processes) had identical rewards."""
-        t = self.trainer
-        m = t.run.metrics
+        m = self.run.metrics
         lengths = chunk.model_mask.sum(1).double()  # the policy's tokens: tool results left out, as TRL
         m.add_tensor(M.COMPLETIONS_MEAN_LENGTH, lengths)
         m.add_tensor(M.COMPLETIONS_MIN_LENGTH, lengths)
@@ -281,19 +276,18 @@ class GRPOGeneration:
             M.COMPLETIONS_MAX_TERMINATED_LENGTH,
         ):
             m.add_tensor(metric, lengths, chunk.terminated)
-        t.rewards.log(m, outputs)
+        self.rewards.log(m, outputs)
         m.add_tensor(M.REWARD, total)
         m.add_tensor(M.REWARD_STD, total)
         m.add_tensor(M.FRAC_REWARD_ZERO_STD, zero_std.double())
-        count_task_success(m, M.ROLLOUT_TASK_SUCCESS, t.task, prompts, texts)
+        count_task_success(m, M.ROLLOUT_TASK_SUCCESS, self.task, prompts, texts)
 
     def merge_rounds(self, model: nn.Module, rounds: list[ScoredRound], kept: list[int]) -> GRPOBatch:
         """The batch of the groups `kept` (ops.select_groups: indices into the rounds' groups, process by process):
         this process's share are groups it generated, whose rows are padded again to a common width (prompts on the
         left, completions on the right) when they come from several rounds."""
-        t = self.trainer
-        G, P, acc = t.args.num_generations, t.accelerator.num_processes, t.accelerator
-        per_round = t.sizes.prompts  # groups of a round, all processes
+        G, P, acc = self.args.num_generations, self.run.accelerator.num_processes, self.run.accelerator
+        per_round = self.sizes.prompts  # groups of a round, all processes
         local_groups = per_round // P
         mine = kept[acc.process_index * local_groups : (acc.process_index + 1) * local_groups]
         gathered = torch.cat([r.gathered for r in rounds]).view(-1, G)[kept].reshape(-1)  # the batch's, all processes
@@ -309,7 +303,7 @@ class GRPOGeneration:
             if groups:
                 rows = [g * G + i for g in groups for i in range(G)]
                 parts.append((source, torch.tensor(rows, device=source.chunk.prompt_ids.device)))
-        pad = model_pad_id(model, t.tokenizer.pad_token_id)
+        pad = model_pad_id(model, self.tokenizer.pad_token_id)
         chunks = [(source.chunk, rows) for source, rows in parts]
         sampling_logprobs = None
         if all(c.sampling_logprobs is not None for c, _ in chunks):
@@ -349,13 +343,12 @@ class GRPOGeneration:
         sources' rewards of every process, scored.gathered_rewards; each process's completions a contiguous block in
         gathered order), the loss mask and the no-gradient log-probs, over prompts and completions padded to
         pad_to_multiple_of. rounds: every round generated for it (episode and token counts)."""
-        t = self.trainer
-        args, acc, chunk = t.args, t.accelerator, scored.chunk
+        args, acc, chunk = self.args, self.run.accelerator, scored.chunk
         if args.pad_to_multiple_of is not None:  # TRL's padding of prompts and completions: fewer distinct shapes
-            chunk = chunk.padded_to_multiple(args.pad_to_multiple_of, model_pad_id(model, t.tokenizer.pad_token_id))
+            chunk = chunk.padded_to_multiple(args.pad_to_multiple_of, model_pad_id(model, self.tokenizer.pad_token_id))
         ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
         if args.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each source normalised in its group
-            weights = torch.tensor(t.rewards.weights, dtype=torch.float64)
+            weights = torch.tensor(self.rewards.weights, dtype=torch.float64)
             advantages = ops.decoupled_group_advantages(scored.gathered_rewards, weights, args.num_generations)
         else:  # the weighted sum of the sources, normalised (scale_rewards)
             advantages = ops.group_advantages(gathered, args.num_generations, args.scale_rewards)
@@ -367,9 +360,9 @@ class GRPOGeneration:
         loss_tokens = acc.reduce(loss_mask.sum().to(torch.float64).reshape(1), "sum").item()
 
         old_logprobs = None
-        if args.gradient_accumulation_steps % t.sizes.micro_steps_per_generation:  # outlives an optimizer step
+        if args.gradient_accumulation_steps % self.sizes.micro_steps_per_generation:  # outlives an optimizer step
             # logp_old: the sampler's log-probs where exact, else a full forward's (a rollout_func's never stand in)
-            exact = t.rollout_func is None and t.run.sampling_logprobs_exact(model)
+            exact = not isinstance(self.sampler.episodes, CustomRollout) and self.run.sampling_logprobs_exact(model)
             old_logprobs = (
                 chunk.sampling_logprobs if exact else self.logprobs(model, ids, mask, width, chunk.completion_ids)
             )
@@ -395,14 +388,13 @@ class GRPOGeneration:
     def step_tokens(self, generation_tokens: float) -> float:
         """TRL's normaliser of dapo, cispo and vespo: a generation's loss tokens (all processes) per process, spread
         over the optimizer steps it spans (steps_per_generation / gradient_accumulation_steps of them)."""
-        t = self.trainer
-        processes, accumulation = t.accelerator.num_processes, t.args.gradient_accumulation_steps
-        return generation_tokens / processes * accumulation / t.sizes.steps_per_generation
+        processes, accumulation = self.run.accelerator.num_processes, self.args.gradient_accumulation_steps
+        return generation_tokens / processes * accumulation / self.sizes.steps_per_generation
 
     def logprobs(self, model: nn.Module, ids, mask, width: int, completion_ids) -> torch.Tensor:
         """Log-probs (N, T) of the completion tokens `completion_ids` (N, T) under `model`, from ids and mask
         (N, Lp + T) with prompt width Lp, in micro-batches of per_device_train_batch_size."""
-        args = self.trainer.args
+        args = self.args
         step = args.per_device_train_batch_size
         parts = []
         for i in range(0, len(ids), step):
@@ -417,10 +409,9 @@ class GRPOGeneration:
     def reference_logprobs(self, model: nn.Module, ids, mask, width: int, completion_ids) -> torch.Tensor | None:
         """(N, T) log-probs of the reference (beta > 0; else None): the frozen copy's, or with LoRA the policy's with
         its adapter disabled."""
-        t = self.trainer
-        if t.args.beta == 0.0:
+        if self.args.beta == 0.0:
             return None
-        if t.ref_model is not None:
-            return self.logprobs(t.ref_model, ids, mask, width, completion_ids)
+        if self.ref_model is not None:
+            return self.logprobs(self.ref_model, ids, mask, width, completion_ids)
         with adapter_disabled(model) as base:
             return self.logprobs(base, ids, mask, width, completion_ids)

@@ -31,7 +31,6 @@ import torch.multiprocessing as mp
 from torch import nn
 from transformers import GenerationConfig
 
-from rlhfkit import ops
 from rlhfkit.errors import GenerationWorkerDied
 from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, complete
@@ -385,30 +384,3 @@ def start_generation_worker(run, args) -> AsyncGeneration:
     worker = AsyncGeneration(acc.device, args.max_staleness, threads=threads, autocast_dtype=autocast)
     worker.restore_threads = total if split else 0
     return worker
-
-
-@torch.no_grad()
-def off_policy_weights(
-    metrics, old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, mask: torch.Tensor, staleness: int, args
-) -> torch.Tensor | None:
-    """One micro-batch the worker sampled, in either trainer: log how far the trainer's log-probs `old_logprobs`
-    (B, T) are from the worker's `sampling_logprobs` (B, T) over `mask` (off_policy/*), and return the per-token
-    weights (B, T) of TRL 1.16's importance-sampling correction (ops.off_policy_correction with the
-    vllm_importance_sampling_* settings) for a stale batch, or None: a batch sampled on the current weights is not
-    reweighted, as in the synchronous trainer, nor is any with vllm_importance_sampling_correction off."""
-    d = (old_logprobs.double() - sampling_logprobs.double()).masked_fill(~mask, 0.0)
-    metrics.add_tensor(M.OFF_POLICY_MISMATCH_KL, d.exp() - 1 - d, mask)
-    if staleness == 0 or not args.vllm_importance_sampling_correction:
-        return None
-    correction = ops.off_policy_correction(
-        old_logprobs,
-        sampling_logprobs,
-        mask,
-        args.vllm_importance_sampling_mode,
-        args.vllm_importance_sampling_clip_min,
-        args.vllm_importance_sampling_clip_max,
-    )
-    metrics.add_tensor(M.OFF_POLICY_IS_WEIGHT_MEAN, correction.weights.double(), mask)
-    metrics.add_tensor(M.OFF_POLICY_TRUNCATED_FRAC, correction.truncated.double(), mask)
-    metrics.add_tensor(M.OFF_POLICY_MASKED_FRAC, correction.masked.double(), mask)
-    return correction.weights

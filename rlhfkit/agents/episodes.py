@@ -31,12 +31,14 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
+from datasets import Dataset
 from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from rlhfkit.agents import ToolBox
-from rlhfkit.agents.environments import Environments
-from rlhfkit.errors import ConfigError
+from rlhfkit.agents.environments import ROUTE_COLUMN, Environments
+from rlhfkit.agents.tools import ToolBox
+from rlhfkit.data import is_conversational
+from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, complete, left_pad, model_pad_id, right_pad
 from rlhfkit.sampling.settings import stop_ids
@@ -106,27 +108,21 @@ class ToolEpisodes:
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError("tools= needs a tokenizer with a chat template that renders tools and tool calls.")
-        if getattr(tokenizer, "response_template", None) is None and not trl_response_template(tokenizer):
+        if getattr(tokenizer, "response_template", None) is None:
             raise ConfigError(
                 "tools= needs the tokenizer to parse tool calls out of the model's turns, and it has no "
                 "response_template (transformers' response parsing, tokenizer.parse_response). Set "
                 "tokenizer.response_template to the template's parsing spec (transformers' chat docs, 'Response "
-                "parsing') and pass the tokenizer as processing_class. With TRL installed, rlhfkit sets it for the "
-                "chat templates TRL knows (trl.chat_template_utils.add_response_schema); this one it does not know."
+                "parsing') and pass the tokenizer as processing_class; for the chat templates TRL knows, TRL's "
+                "trl.chat_template_utils.add_response_schema(tokenizer) sets it (TRL's GRPOTrainer calls it for you; "
+                "rlhfkit never imports TRL, so call it in your script: docs/agents.md)."
             )
         self.tokenizer, self.toolbox = tokenizer, toolbox
         self.max_iterations = max_iterations
         self.max_completion_length = max_completion_length
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.environments, self.text_field, self.max_prompt_length = environments, text_field, max_prompt_length
-        try:
-            self.check_template()
-        except ConfigError:  # as TRL 1.16: a template that is not prefix-preserving gets TRL's training template
-            training = trl_training_template(tokenizer)
-            if training is None:
-                raise
-            self.chat_template_kwargs["chat_template"] = training
-            self.check_template()
+        self.check_template()
 
     def check_template(self) -> None:
         """The chat template must render a tool call and a tool result (some templates silently drop either: the model
@@ -271,7 +267,9 @@ class ToolEpisodes:
             raise ConfigError(
                 "tools= needs a chat template that renders a conversation's earlier messages the same whatever follows "
                 "(prefix-preserving): this one renders the assistant's tool-call turn differently once tool results "
-                "follow it. Use a training template that does not (TRL's get_training_chat_template makes one)."
+                "follow it. Render the episodes with a training template that does not: chat_template_kwargs="
+                "{'chat_template': TEMPLATE} (TRL's trl.chat_template_utils.get_training_chat_template(tokenizer) makes "
+                "one for Qwen3's; TRL's GRPOTrainer swaps it in for you, rlhfkit never imports TRL: docs/agents.md)."
             )
         return after[len(before) :]
 
@@ -291,36 +289,6 @@ class ToolEpisodes:
         terminated = torch.tensor([bool(row) and row[-1] in stops for row in ids])
         parts = (prompt, prompt_mask, completion, completion_mask, terminated, sampling, tool_mask.bool())
         return Chunk(*(None if t is None else t.to(device) for t in parts))
-
-
-def trl_response_template(tokenizer) -> bool:
-    """Set `tokenizer.response_template` as TRL 1.16's GRPOTrainer does for the chat templates it knows (Qwen2.5/3,
-    Llama 3.1/3.2, GPT-OSS, GLM-4-MoE, Gemma 4, ...: trl.chat_template_utils.add_response_schema), when TRL is
-    installed, so a TRL agent script runs with the import changed. False when it is not, or the template is unknown."""
-    try:
-        from trl.chat_template_utils import add_response_schema
-    except ImportError:
-        return False
-    try:
-        add_response_schema(tokenizer)
-    except ValueError:  # a chat template TRL does not know
-        return False
-    return getattr(tokenizer, "response_template", None) is not None
-
-
-def trl_training_template(tokenizer) -> str | None:
-    """TRL 1.16's prefix-preserving training version of the tokenizer's chat template (Qwen3's, whose rendering of an
-    assistant turn depends on what follows it), which TRL's GRPOTrainer uses for multi-turn episodes in its place;
-    None without TRL or for a template TRL has none for. The tokenizer's own template is left as it is (it is what a
-    saved model keeps)."""
-    try:
-        from trl.chat_template_utils import get_training_chat_template
-    except ImportError:
-        return None
-    try:
-        return get_training_chat_template(tokenizer)
-    except (ValueError, KeyError, TypeError):
-        return None
 
 
 def _well_formed(calls) -> bool:
@@ -477,3 +445,69 @@ def environment_prompts(args, environments: Environments | None):
         )
     rows = grpo_batch_sizes(args, 1, 0).prompts
     return Dataset.from_dict({args.dataset_text_field: [[{"role": "user", "content": ""}]] * rows})
+
+
+def sample_episodes(sampler, model: nn.Module, rows: list[dict], config: GenerationConfig, batch_size: int, device,
+                    metrics=None):  # fmt: skip
+    """The one way in to multi-turn sampling, for both trainers and evaluation: episodes of `rows` (dataset rows with
+    their ``input_ids``) sampled by `model` with `sampler` (a ToolEpisodes, or a rollout_func's CustomRollout) in
+    chunks of `batch_size`, each chunk's tool statistics added to `metrics` (a MetricAccumulator; None: not logged,
+    as in evaluation). Returns each chunk's Episodes and the rows as their episodes began (with environments: the
+    prompt reset() wrote and the instance; a rollout_func's: with its extra columns)."""
+    episodes, began = [], []
+    for start in range(0, len(rows), batch_size):
+        sampled, part = sampler.sample_rows(model, rows[start : start + batch_size], config, device)
+        if metrics is not None and sampled.stats is not None:
+            log_tool_stats(metrics, sampled.stats)
+        episodes.append(sampled)
+        began += part
+    return episodes, began
+
+
+# What a trainer checks and builds for multi-turn episodes, PPO's and GRPO's alike.
+def tool_episodes(
+    trainer: str,
+    toolbox: ToolBox | None,
+    tokenizer,
+    train_dataset: Dataset,
+    args,
+    max_completion_length: int,
+    environments=None,
+) -> ToolEpisodes | None:
+    """The sampler of multi-turn episodes with `toolbox`'s tools (None without tools), each episode's completion at
+    most `max_completion_length` tokens (GRPO's max_completion_length, PPO's response_length), at most
+    args.max_tool_calling_iterations rounds of tool results; `environments` (agents.Environments, GRPO's
+    environment_factory) begin each episode. The tokenized `train_dataset`'s prompts must be conversations: the chat
+    template renders them with the tools and the tokenizer parses the episodes; with a dict of environments each row
+    names its own in an ``environment`` column."""
+    if toolbox is None:
+        return None
+    if not is_conversational(train_dataset[0][args.dataset_text_field]):
+        raise ConfigError(
+            f"{trainer}(tools=...) needs conversational prompts (lists of {{'role', 'content'}} messages), which the "
+            "chat template renders with the tools and whose episodes the tokenizer parses; the "
+            f"{args.dataset_text_field!r} column holds text."
+        )
+    if environments is not None and environments.multi:
+        if ROUTE_COLUMN not in train_dataset.column_names:
+            raise DataError(
+                f"environment_factory is a dict of environments, so each row names its own in an {ROUTE_COLUMN!r} "
+                f"column, which the train_dataset lacks (columns: {', '.join(train_dataset.column_names)})."
+            )
+        environments.check_routes(train_dataset[ROUTE_COLUMN])
+    return ToolEpisodes(
+        tokenizer,
+        toolbox,
+        args.max_tool_calling_iterations,
+        max_completion_length,
+        getattr(args, "chat_template_kwargs", None),  # GRPO's (TRL 1.12's PPO has none)
+        environments,
+        args.dataset_text_field,
+        args.max_prompt_length,
+    )
+
+
+def tool_metrics(toolbox: ToolBox | None) -> list[M.Metric]:
+    """The per-tool metrics a run with `toolbox` logs (tools/{tool_name}/...), for run.start's extra_metrics."""
+    templates = (M.TOOLS_TOOL_CALLS, M.TOOLS_TOOL_FAILURE_FREQUENCY, M.TOOLS_TOOL_LATENCY)
+    return [M.expand(m, name) for name in (toolbox.names if toolbox else []) for m in templates]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -47,6 +46,7 @@ from transformers.trainer_utils import TrainOutput
 
 from rlhfkit import ops
 from rlhfkit.agents import ToolBox
+from rlhfkit.agents.episodes import check_agent_arguments, tool_episodes, tool_metrics
 from rlhfkit.checkpoint import VALUE_MODEL_DIR, load_weights
 from rlhfkit.config import PPOConfig, ppo_batch_sizes
 from rlhfkit.data import endless_batches
@@ -56,46 +56,30 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
     Hub,
-    TokenStats,
-    adapter_disabled,
     disable_dropout,
     frozen_copy,
-    no_split_modules,
-    response_token_stats,
-    token_values,
     value_model_from_policy,
     weight_dtype,
     with_lora,
 )
 from rlhfkit.rewards import (
     RewardModelFunction,
-    RewardOutput,
     RewardSources,
-    apply_eos_trick,
     reward_name,
     reward_sources,
 )
-from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id, sampling_config, terminator_ids
+from rlhfkit.sampling import decode, sampling_config, terminator_ids
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
-from rlhfkit.trainers.async_generation import (
-    AsyncGeneration,
-    generating,
-    off_policy_weights,
-    start_generation_worker,
-)
-from rlhfkit.trainers.episodes import check_agent_arguments, log_tool_stats
+from rlhfkit.trainers.datasets import tokenize_datasets
+from rlhfkit.trainers.evaluation import count_task_success, eval_chunks
+from rlhfkit.trainers.generation_worker import AsyncGeneration, generating, start_generation_worker
+from rlhfkit.trainers.offpolicy import log_sampling_mismatch, off_policy_weights
+from rlhfkit.trainers.ppo.generation import PPOBatch, PPOGeneration
+from rlhfkit.trainers.ppo.model import PolicyAndValue
 from rlhfkit.trainers.run import TrainingRun
+from rlhfkit.trainers.sampler import Sampler
 from rlhfkit.trainers.schedule import epoch_end_steps
-from rlhfkit.trainers.shared import (
-    count_task_success,
-    eval_chunks,
-    log_sampling_mismatch,
-    prepare_trained,
-    take_reward_logs,
-    tokenize_datasets,
-    tool_episodes,
-    tool_metrics,
-)
+from rlhfkit.trainers.scoring import score_chunk, take_reward_logs
 
 
 class ShapedRewards(NamedTuple):
@@ -105,69 +89,6 @@ class ShapedRewards(NamedTuple):
     rewards: torch.Tensor  # -kl_coef x kl, plus the score at the policy's last token (whitened with --whiten_rewards)
     non_score_reward: torch.Tensor  # -kl_coef x kl
     kl_coef: float  # the coefficient used (the adaptive controller moves it after the update)
-
-
-class PolicyAndValue(nn.Module):
-    """Policy and value model behind one forward, so one DDP wrapper synchronises both gradients (and one DeepSpeed
-    or FSDP engine shards both: its layers are the two models' transformer layers)."""
-
-    def __init__(self, policy: nn.Module, value_model: nn.Module, padding_free: bool = False):
-        super().__init__()
-        self.padding_free = padding_free  # the policy's forward packs the batch (the value model's stays padded)
-        self.policy = policy
-        self.value_model = value_model
-        self._no_split_modules = no_split_modules(policy) + no_split_modules(value_model)
-        self.config = policy.config  # what DeepSpeed's "auto" bucket sizes read (hidden_size)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        prompt_width: int,
-        completion_ids: torch.Tensor,
-        temperature: float,
-        entropy: bool = False,
-    ) -> tuple[TokenStats, torch.Tensor]:
-        """The completion tokens' (B, T) log-probs (and detached entropies, when asked) at `temperature`, and (B, L)
-        values at every position."""
-        stats = response_token_stats(
-            self.policy, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy,
-            padding_free=self.padding_free,
-        )  # fmt: skip
-        return stats, token_values(self.value_model, input_ids, attention_mask)
-
-
-@dataclass
-class PPOBatch:
-    """One update's completions on this process, scored: the sampler's Chunk fields (sampling/completions.py), then
-    what generation adds. B completions, Lp prompt width, T completion width. The per-token tensors are 0 outside
-    model_mask."""
-
-    prompt_ids: torch.Tensor  # (B, Lp) long, left-padded
-    prompt_mask: torch.Tensor  # (B, Lp) bool
-    completion_ids: torch.Tensor  # (B, T) long, right-padded
-    completion_mask: torch.Tensor  # (B, T) bool, True up to and including the terminator: what the models read
-    # (B, T) bool, the tokens the policy sampled: completion_mask, without the tool results between an episode's
-    # turns (tools=); the steps of the KL, GAE, the losses and every per-token metric
-    model_mask: torch.Tensor
-    terminated: torch.Tensor  # (B,) bool
-    sampling_logprobs: torch.Tensor  # (B, T) the sampler's log-probs of the same tokens (old_logprobs, where exact)
-    old_logprobs: torch.Tensor  # (B, T) logp_old: the policy's log-probs at generation (temperature-scaled)
-    ref_logprobs: torch.Tensor  # (B, T)
-    values: torch.Tensor  # (B, T) value predictions at generation time
-    scores: torch.Tensor  # (B,) weighted sum of the reward sources, after the EOS trick
-    reward_outputs: list[RewardOutput]  # each reward source's raw values (functions, then the reward model)
-    prompts: list  # the dataset's prompts (text, or lists of messages)
-    completions: list[str]  # with tools: each episode as the policy read it, special tokens kept
-    staleness: int = 0  # updates between the weights that sampled it and those it trains (async_generation)
-
-    @property
-    def input_ids(self) -> torch.Tensor:
-        return torch.cat([self.prompt_ids, self.completion_ids], dim=1)
-
-    @property
-    def attention_mask(self) -> torch.Tensor:
-        return torch.cat([self.prompt_mask, self.completion_mask], dim=1)
 
 
 class PPOTrainer(TRLTrainerAPI):
@@ -251,12 +172,16 @@ class PPOTrainer(TRLTrainerAPI):
         self.rewards = self.reward_sources(reward_funcs, reward_processing_classes, reward_model)
         self.rewards.prepare_models(run.prepare_frozen)
         model.generation_config.pad_token_id = processing_class.pad_token_id
-        self.model, self.optimizer = prepare_trained(
-            run, PolicyAndValue(model, value_model, args.padding_free), model, (model, value_model)
+        self.model, self.optimizer = run.prepare_trained(
+            PolicyAndValue(model, value_model, args.padding_free), model, (model, value_model)
         )
         # Where exact (run.sampling_logprobs_exact), generation skips the policy forward; PPO's first ratio is then 1
         # up to fp32 rounding. Elsewhere a full forward recomputes them, as the update will see them.
-        self.reuse_sampling_logprobs = run.sampling_logprobs_exact(model)
+        sampler = Sampler(self.sampling_config, self.episodes, self.generation_worker)
+        self.generation = PPOGeneration(
+            args, self.sizes, run, self.model, self.ref_model, self.rewards, sampler, processing_class,
+            self.train_dataset, reuse_sampling_logprobs=run.sampling_logprobs_exact(model),
+        )  # fmt: skip
         self.kl_ctl = (
             ops.AdaptiveKLController(args.kl_coef, args.kl_target, args.kl_horizon) if args.kl_target else None
         )
@@ -326,25 +251,13 @@ class PPOTrainer(TRLTrainerAPI):
         The value model (by default a copy of the reward model) gets its own adapter with peft's task type SEQ_CLS,
         whose score head peft trains in full: a fresh value head must learn the returns' scale, which a low-rank
         update of the backbone alone would not give it. There is no reference model: it is the policy with its
-        adapter disabled (reference_logprobs)."""
+        adapter disabled (PPOGeneration.reference_logprobs)."""
         if ref_model is not None:
             raise ConfigError(
                 "PPOTrainer got a ref_model and use_peft: with LoRA the reference is the policy with its adapter "
                 "disabled. Pass ref_model=None."
             )
         return with_lora(model, self.args), with_lora(value_model, self.args, task_type="SEQ_CLS")
-
-    def reference_logprobs(
-        self, model: PolicyAndValue, input_ids, attention_mask, prompt_width: int, completion_ids
-    ) -> torch.Tensor:
-        """(B, T) log-probs of the completion tokens under the reference: the frozen copy, or with LoRA the policy
-        (of `model`, the unwrapped policy and value model) with its adapter disabled."""
-        args = (input_ids, attention_mask, prompt_width, completion_ids, self.args.temperature)
-        packed = self.args.padding_free
-        if self.ref_model is not None:
-            return response_token_stats(self.ref_model, *args, padding_free=packed).logprobs
-        with adapter_disabled(model.policy) as base:
-            return response_token_stats(base, *args, padding_free=packed).logprobs
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:
@@ -355,7 +268,9 @@ class PPOTrainer(TRLTrainerAPI):
         run.begin(resume_from_checkpoint)  # restores the checkpoint being resumed; opens the run directory
         if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
             with run.gathered(self.model) as model:
-                self.generation_worker.load(model.policy, self.sampling_config(), run.progress.step)
+                self.generation_worker.load(
+                    model.policy, self.sampling_config(args.response_length), run.progress.step
+                )
         prompts = endless_batches(
             len(self.train_dataset),
             sizes.local_batch_size,
@@ -376,7 +291,7 @@ class PPOTrainer(TRLTrainerAPI):
             # 1. Generate: complete a batch of prompts with the current policy (async_generation: take the worker's
             #    next batch, sampled by a policy at most max_staleness updates older), then score the completions.
             with run.phase("rollout"):
-                batch = self.generate(prompts)
+                batch = self.generation.generate(prompts)
 
             # 2. Rewards: per-token KL penalty to the reference, score on the last real completion token.
             rewards = self.shaped_rewards(batch)
@@ -396,120 +311,10 @@ class PPOTrainer(TRLTrainerAPI):
             run.end_step(update, self.last_scalars(rewards.kl_coef))
 
     # 1. Generate ------------------------------------------------------------------------------------------------
-    def sampling_config(self):
+    def sampling_config(self, max_new_tokens: int):
+        """The training sampler's GenerationConfig (the generation's Sampler.config)."""
         args, tok = self.args, self.tokenizer
-        return sampling_config(args.response_length, args.temperature, tok.pad_token_id, self.stop_ids)
-
-    def generate(self, prompts: Iterator[list[int]]) -> PPOBatch:
-        """The next batch of prompts (this process's rows), completed and scored: by the policy itself, or by the
-        generation worker (async_generation: asked for up to max_staleness updates ahead, each on the weights of its
-        time; the batch keeps its staleness, which micro_step corrects for). Its episodes count as generated."""
-        if self.generation_worker is None:
-            batch = self.generate_and_score([self.train_dataset[i] for i in next(prompts)])
-        else:
-            size = self.args.local_rollout_forward_batch_size
-
-            def ask():
-                rows = [self.train_dataset[i] for i in next(prompts)]
-                return [r["input_ids"] for r in rows], size, rows
-
-            chunks, rows, staleness = self.generation_worker.next_round(self.run, ask)
-            batch = self.generate_and_score(rows, chunks, staleness)
-        self.run.progress.episode += self.sizes.batch_size
-        return batch
-
-    @torch.inference_mode()
-    def generate_and_score(self, rows: list[dict], sampled: list[Chunk] | None = None, staleness: int = 0) -> PPOBatch:
-        """Complete the prompts of `rows`, with log-probs, reference log-probs and values, in chunks of
-        local_rollout_forward_batch_size; then score the completions.
-
-        rows: the dataset rows (their prompts are what the task checker and the reward functions read; the prompt
-        tokens, which may have been truncated, are what the model saw). sampled: the completions' chunks when the
-        generation worker sampled them (async_generation), `staleness` updates ago; the log-probs are then the
-        current policy's, from a forward, unless the worker sampled with these very weights."""
-        args, tok, device = self.args, self.tokenizer, self.accelerator.device
-        config = self.sampling_config()
-        reuse_sampling_logprobs = self.reuse_sampling_logprobs and staleness == 0
-        fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "terminated", "sampling_logprobs")
-        parts: dict[str, list] = {k: [] for k in (*fields, "model_mask", "old_logprobs", "ref_logprobs", "values")}
-        prompt_token_ids, size = [r["input_ids"] for r in rows], args.local_rollout_forward_batch_size
-        messages = None  # with tools: each episode's messages, what the reward functions get
-        with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
-            model.eval()
-            if sampled is not None:
-                chunks = sampled
-            elif self.episodes is not None:
-                chunks, messages = self.sample_episodes(model.policy, prompt_token_ids, config, size)
-            else:
-                chunks = complete(model.policy, prompt_token_ids, config, size, device)
-            for chunk in chunks:
-                ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
-                if reuse_sampling_logprobs:
-                    old_logprobs = chunk.sampling_logprobs
-                    values = token_values(model.value_model, ids, mask)
-                else:
-                    stats, values = model(ids, mask, width, chunk.completion_ids, args.temperature)
-                    old_logprobs = stats.logprobs
-                parts["old_logprobs"].append(old_logprobs)
-                parts["ref_logprobs"].append(self.reference_logprobs(model, ids, mask, width, chunk.completion_ids))
-                parts["values"].append(values[:, width - 1 : -1])
-                parts["model_mask"].append(chunk.model_mask)
-                for key in fields:
-                    parts[key].append(getattr(chunk, key))
-            model.train()
-            pad = model_pad_id(model.policy, tok.pad_token_id)  # TRL's [PAD] may lie beyond the embeddings
-        # Chunks can differ in width: prompts are padded again on the left, completions on the right.
-        prompt_ids = cat_padded(parts["prompt_ids"], pad, left=True)
-        prompt_mask = cat_padded(parts["prompt_mask"], False, left=True)
-        completion_ids = cat_padded(parts["completion_ids"], pad)
-        completion_mask = cat_padded(parts["completion_mask"], False)
-        model_mask = cat_padded(parts["model_mask"], False)
-        terminated = torch.cat(parts["terminated"])
-        prompts = [r[args.dataset_text_field] for r in rows]
-        # An episode with tools as the policy read it, special tokens kept (its turns, calls and the tools' results)
-        completions = decode(tok, completion_ids, completion_mask, skip_special_tokens=messages is None)
-        sequence = (torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1))
-        completion = (completion_ids, completion_mask)
-        scored = completions if messages is None else messages  # TRL's form: the reward functions get the messages
-        outputs = self.rewards.score(rows, prompts, scored, sequence, completion, trainer_state=self.state)
-        _, logged_metrics = take_reward_logs(self.rewards, self.accelerator)  # log_metric (a collective)
-        self.run.reward_metrics.add(logged_metrics)
-        return PPOBatch(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            completion_ids=completion_ids,
-            completion_mask=completion_mask,
-            model_mask=model_mask,
-            terminated=terminated,
-            sampling_logprobs=cat_padded(parts["sampling_logprobs"], 0.0) * model_mask,
-            old_logprobs=cat_padded(parts["old_logprobs"], 0.0) * model_mask,
-            ref_logprobs=cat_padded(parts["ref_logprobs"], 0.0) * model_mask,
-            values=cat_padded(parts["values"], 0.0) * model_mask,
-            scores=self.final_scores(outputs, prompts, terminated),
-            reward_outputs=outputs,
-            prompts=prompts,
-            completions=completions,
-            staleness=staleness,
-        )
-
-    def sample_episodes(self, policy: nn.Module, prompt_ids: list[list[int]], config, size: int):
-        """With tools: one multi-turn episode per prompt (token ids), sampled by `policy` in chunks of `size` as
-        `complete` samples; their tools/* metrics logged. Returns the chunks and each episode's messages."""
-        chunks, messages = [], []
-        for start in range(0, len(prompt_ids), size):
-            episodes = self.episodes.sample(policy, prompt_ids[start : start + size], config, self.accelerator.device)
-            log_tool_stats(self.run.metrics, episodes.stats)
-            chunks.append(episodes.chunk)
-            messages += episodes.messages
-        return chunks, messages
-
-    def final_scores(self, outputs: list[RewardOutput], prompts: list, terminated: torch.Tensor) -> torch.Tensor:
-        """(B,) float32 scores: the weighted sum of the reward sources' values, then the EOS trick."""
-        args = self.args
-        total = self.rewards.total(outputs, prompts).to(terminated.device, torch.float32)
-        return apply_eos_trick(
-            total, terminated, args.missing_eos_penalty, args.non_eos_penalty, args.penalty_reward_value
-        )
+        return sampling_config(max_new_tokens, args.temperature, tok.pad_token_id, self.stop_ids)
 
     # 2. Rewards, 3. Advantages ---------------------------------------------------------------------------------
     def shaped_rewards(self, batch: PPOBatch) -> ShapedRewards:
@@ -661,15 +466,11 @@ class PPOTrainer(TRLTrainerAPI):
             prompt_texts = decode(tok, chunk.prompt_ids, chunk.prompt_mask)
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
             prompts = [r[args.dataset_text_field] for r in part.rows]
-            sequence, completion = (
-                (chunk.input_ids, chunk.attention_mask),
-                (chunk.completion_ids, chunk.completion_mask),
-            )
             given = texts if part.messages is None else part.messages  # with tools: each episode's messages
-            outputs = self.rewards.score(part.rows, prompts, given, sequence, completion, trainer_state=self.state)
+            outputs = score_chunk(self.rewards, part.rows, prompts, given, chunk, self.state)
             kept += range(scored, scored + part.own)
             scored += len(part.rows)
-            score = self.final_scores(outputs, prompts, chunk.terminated)
+            score = self.generation.final_scores(outputs, prompts, chunk.terminated)
             keep = part.own
             score, prompts, prompt_texts, texts = score[:keep], prompts[:keep], prompt_texts[:keep], texts[:keep]
             metrics.add_tensor(M.EVAL_SCORES, score)

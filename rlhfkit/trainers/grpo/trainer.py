@@ -71,6 +71,14 @@ from transformers.trainer_utils import TrainOutput
 from rlhfkit import ops
 from rlhfkit.agents import ToolBox
 from rlhfkit.agents.environments import Environments
+from rlhfkit.agents.episodes import (
+    CustomRollout,
+    ToolEpisodes,
+    check_agent_arguments,
+    environment_prompts,
+    tool_episodes,
+    tool_metrics,
+)
 from rlhfkit.checkpoint import REF_MODEL_DIR, load_weights
 from rlhfkit.config import GRPOConfig, grpo_batch_sizes
 from rlhfkit.data import endless_batches, prompt_text
@@ -79,6 +87,7 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
     Hub,
+    cast_lm_head_to_fp32,
     disable_dropout,
     frozen_copy,
     load_tokenizer,
@@ -91,27 +100,16 @@ from rlhfkit.ops.losses import CLIPPED_LOSS_TYPES, STEP_NORMALISED_LOSS_TYPES, G
 from rlhfkit.rewards import RewardSources, reward_sources
 from rlhfkit.sampling import decode, sampling_config, terminator_ids
 from rlhfkit.trainers.api import TRLTrainerAPI, trl_constructor_arguments
-from rlhfkit.trainers.async_generation import (
-    AsyncGeneration,
-    generating,
-    off_policy_weights,
-    start_generation_worker,
-)
-from rlhfkit.trainers.episodes import CustomRollout, ToolEpisodes, check_agent_arguments, environment_prompts
-from rlhfkit.trainers.generation import GRPOBatch, GRPOGeneration, MicroBatch
+from rlhfkit.trainers.datasets import take_streamed, tokenize_datasets
+from rlhfkit.trainers.evaluation import count_task_success, eval_chunks
+from rlhfkit.trainers.generation_worker import AsyncGeneration, generating, start_generation_worker
+from rlhfkit.trainers.grpo.generation import GRPOBatch, GRPOGeneration, MicroBatch
+from rlhfkit.trainers.grpo.loss import GRPOLoss
+from rlhfkit.trainers.offpolicy import log_sampling_mismatch, off_policy_weights
 from rlhfkit.trainers.run import TrainingRun
+from rlhfkit.trainers.sampler import Sampler
 from rlhfkit.trainers.schedule import epoch_end_steps
-from rlhfkit.trainers.shared import (
-    count_task_success,
-    eval_chunks,
-    log_sampling_mismatch,
-    prepare_trained,
-    take_reward_logs,
-    take_streamed,
-    tokenize_datasets,
-    tool_episodes,
-    tool_metrics,
-)
+from rlhfkit.trainers.scoring import score_chunk, take_reward_logs
 
 
 class GRPOTrainer(TRLTrainerAPI):
@@ -232,8 +230,15 @@ class GRPOTrainer(TRLTrainerAPI):
         self.ref_model = None
         if args.beta != 0.0 and not args.use_peft:
             self.ref_model = run.prepare_frozen(frozen_copy(model))
-        self.model, self.optimizer = prepare_trained(run, model, model, (model,))
-        self.generation = GRPOGeneration(self)  # steps 1-4: prompts to the batch the loss trains on
+        self.model, self.optimizer = run.prepare_trained(model, model, (model,))
+        if args.cast_lm_head_to_fp32:
+            self.cast_lm_heads()
+        # Steps 1-4: prompts to the batch the loss trains on; step 5's loss, its settings bound once.
+        sampler = Sampler(self.sampling_config, self.episodes, self.generation_worker)
+        self.generation = GRPOGeneration(
+            args, self.sizes, run, self.model, self.ref_model, self.rewards, sampler, tok, self.train_dataset, task
+        )
+        self.loss = GRPOLoss.from_config(args)
         # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
         # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
         # Both are part of a checkpoint (state_dict).
@@ -285,6 +290,24 @@ class GRPOTrainer(TRLTrainerAPI):
         if self.args.use_adaptive_entropy and control is not None:  # else the controller starts from the config
             self.entropy_coef = float(control["entropy_coef"])
             self.last_window_entropy = float(control["last_window_entropy"])
+
+    def cast_lm_heads(self) -> None:
+        """cast_lm_head_to_fp32 for a policy given as a model object (one loaded by name was cast as it loaded,
+        models.load_trained_policy) and its reference. The models are already prepared: a head whose weights are not
+        float32 yet can only change dtype where no engine or process group holds them."""
+        reference = None if self.ref_model is None else self.accelerator.unwrap_model(self.ref_model)
+        for model in (self.policy, reference):
+            head = None if model is None else model.get_output_embeddings()
+            if head is None or getattr(head, "_rlhfkit_fp32_logits", False):
+                continue
+            if head.weight.dtype != torch.float32 and (self.accelerator.num_processes > 1 or self.run.engine.sharded):
+                raise ConfigError(
+                    f"cast_lm_head_to_fp32 with a model object whose LM head is {head.weight.dtype}, under "
+                    f"{self.accelerator.num_processes} processes ({self.run.engine}): its weights must become float32 "
+                    "before the engine wraps them. Pass the model by name (the trainer casts it as it loads), or "
+                    "call rlhfkit.models.cast_lm_head_to_fp32(model) before building the trainer."
+                )
+            cast_lm_head_to_fp32(model)
 
     @property
     def entropy_bonus_enabled(self) -> bool:
@@ -451,16 +474,9 @@ class GRPOTrainer(TRLTrainerAPI):
                 logprobs, behaviour, batch.advantages[idx], mask, args.off_policy_mask_threshold
             )[:, None]
             policy_mask = keep if token_mask is None else token_mask & keep
-        out = ops.grpo_per_token_loss(
-            logprobs, old, batch.advantages[idx], mask, args.epsilon, args.epsilon_high, ref, args.beta,
-            loss_type=args.loss_type, importance_sampling_level=args.importance_sampling_level, delta=args.delta,
-            use_bias_correction_kl=args.use_bias_correction_kl, token_mask=policy_mask,
-            sapo_temperature_pos=args.sapo_temperature_pos, sapo_temperature_neg=args.sapo_temperature_neg,
-            vespo_k_pos=args.vespo_k_pos, vespo_lambda_pos=args.vespo_lambda_pos, vespo_k_neg=args.vespo_k_neg,
-            vespo_lambda_neg=args.vespo_lambda_neg,
-        )  # fmt: skip
+        out = self.loss(logprobs, old, batch.advantages[idx], mask, ref, token_mask=policy_mask)
         per_token_loss = out.per_token_loss
-        if self.generation_worker is not None and batch.sampling_logprobs is not None:  # sampled by the worker's copy
+        if self.generation_worker is not None and batch.sampling_logprobs is not None:  # the worker's copy sampled it
             m, sampling_logprobs = self.run.metrics, batch.sampling_logprobs[idx]
             weights = off_policy_weights(m, old.detach(), sampling_logprobs, mask, batch.staleness, args)
             if weights is not None:  # stale: TRL 1.16's importance-sampling correction
@@ -577,12 +593,8 @@ class GRPOTrainer(TRLTrainerAPI):
             chunk = part.chunk
             prompts = [r[args.dataset_text_field] for r in part.rows]
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
-            sequence, completion = (
-                (chunk.input_ids, chunk.attention_mask),
-                (chunk.completion_ids, chunk.completion_mask),
-            )
             scored = texts if part.messages is None else part.messages  # with tools: each episode's messages
-            outputs = self.rewards.score(part.rows, prompts, scored, sequence, completion, trainer_state=self.state)
+            outputs = score_chunk(self.rewards, part.rows, prompts, scored, chunk, self.state)
             total = self.rewards.total(outputs, prompts)
             metrics.add_tensor(M.EVAL_REWARD, total[: part.own])
             count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])
