@@ -97,7 +97,7 @@ def test_graph_sees_late_and_relative_imports():
     graph = import_graph()
     assert "rlhfkit.tracking.rundir" in graph["rlhfkit.tracking.logger"]
     assert "rlhfkit.tasks.base" in graph["rlhfkit.tasks.sort"]  # from .base import ...
-    assert "rlhfkit.metrics.registry" in graph["rlhfkit.trainers.ppo"]  # from rlhfkit.metrics import registry
+    assert "rlhfkit.metrics.registry" in graph["rlhfkit.trainers.ppo.trainer"]  # from rlhfkit.metrics import registry
     assert "rlhfkit.trainers.ppo" in graph["rlhfkit"]  # inside the package's __getattr__
 
 
