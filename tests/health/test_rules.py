@@ -1,14 +1,17 @@
 """Each rule fires on a constructed stream at the step a hand computation predicts, and stays silent
-on a healthy one; the real healthy PPO run gives no finding, with a margin."""
+on a healthy one; the real healthy PPO run gives no finding, with a margin. Rules are well formed and read only
+metric names the trainers log."""
 
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
 
-from rlhfkit.health import CRITICAL, INFO, RULES, WARNING, HealthMonitor, Thresholds, parse_thresholds
+from rlhfkit.health import CRITICAL, INFO, RULES, SEVERITIES, WARNING, HealthMonitor, Thresholds, parse_thresholds
+from rlhfkit.metrics.registry import TRAINERS, metrics_for
 
 HEALTHY_PPO = Path(__file__).with_name("healthy_ppo_metrics.jsonl")
 
@@ -762,3 +765,17 @@ def test_a_solved_task_makes_a_deterministic_policy_and_groups_without_spread_in
     assert all(f.severity == INFO for f in findings(dipped) if f.rule in ("entropy_collapse", "reward_zero_std"))
     unchecked = [{k: v for k, v in r.items() if k != "rollout/task_success"} for r in rows(0.97)]
     assert {f.severity for f in findings(unchecked)} >= {CRITICAL, WARNING}
+
+
+def test_rules_are_well_formed():
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names))
+    for rule in RULES:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", rule.name), rule.name
+        assert rule.severities and set(rule.severities) <= set(SEVERITIES), rule.name
+        assert rule.advice.strip() and rule.condition.strip(), rule.name
+
+
+def test_rules_read_only_metric_names_that_trainers_log():
+    known = {m.name for trainer in TRAINERS for m in metrics_for(trainer, None)}
+    assert [m for rule in RULES for m in rule.metrics if m not in known] == []

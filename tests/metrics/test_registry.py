@@ -238,8 +238,8 @@ def test_docs_mention_every_metric_and_crucial_values_first():
 
 
 def test_make_docs_writes_the_markdown(tmp_path, monkeypatch):
-    """`python -m rlhfkit.docs` (make docs) writes the renderer's text into the page."""
-    from rlhfkit import docs
+    """`python docs/generate.py` (make docs) writes the renderer's text into the page."""
+    from docs import generate as docs
 
     (tmp_path / "docs").mkdir()
     monkeypatch.setattr(docs, "ROOT", tmp_path)

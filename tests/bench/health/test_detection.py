@@ -9,10 +9,7 @@ import pytest
 
 from bench.health import build
 from bench.health.agents import MODES as AGENT_MODES
-from bench.health.specs import MODES, SPECS
-from rlhfkit import docs
-from rlhfkit.health import CRITICAL, Thresholds
-from rlhfkit.health.detection import (
+from bench.health.detection import (
     AGENT_RULES,
     AGENTS,
     HELD_OUT,
@@ -26,8 +23,11 @@ from rlhfkit.health.detection import (
     success_fall,
     verdict,
 )
+from bench.health.specs import MODES, SPECS
+from docs import generate
+from rlhfkit.health import CRITICAL, Thresholds
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ALL_RECORDS = load_records(ROOT / "bench" / "health" / "records")
 RECORDS = in_split(ALL_RECORDS, TUNING)  # the sort task, on which the thresholds were chosen
 
@@ -197,12 +197,14 @@ def test_each_split_has_its_own_table_computed_from_its_own_records_only():
     assert "| trl-sick | 2 | 6, `nonfinite_metric` | 6 | 6 `nonfinite_metric` critical | yes |" in trl
 
 
-@pytest.mark.skipif(not docs.WILD_RUNS.is_dir(), reason=f"the real-runs table reads {docs.WILD_RUNS}, absent here")
+@pytest.mark.skipif(
+    not generate.WILD_RUNS.is_dir(), reason=f"the real-runs table reads {generate.WILD_RUNS}, absent here"
+)
 def test_docs_health_md_is_fresh():
     """docs/health.md is what `make docs` renders from the committed records (all three splits) and the real runs."""
-    (page,) = [p for p in docs.PAGES if p.path == "docs/health.md"]
+    (page,) = [p for p in generate.PAGES if p.path == "docs/health.md"]
     current = (ROOT / page.path).read_text(encoding="utf-8")
-    assert docs.expected(page, current) == current, "docs/health.md is stale: run `make docs`"
+    assert generate.expected(page, current) == current, "docs/health.md is stale: run `make docs`"
 
 
 # --- what docs/health.md claims of the committed run set ----------------------------------------------------------------
