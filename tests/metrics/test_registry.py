@@ -101,7 +101,7 @@ def test_seed_files_list_no_ppo_name_we_miss():
 
 
 # GRPO metric names of seed 004 ("GRPO Logging"), verbatim; the seed's Liger-only `clip_ratio` is not logged
-# (rlhfkit has no fused loss), and the issue adds frac_reward_zero_std, eps, episode, lr and loss.
+# (rlhfkit has no fused loss), and rlhfkit adds frac_reward_zero_std, eps, episode, lr and loss.
 SEED_GRPO_NAMES = [
     "num_tokens",
     "completions/mean_length",

@@ -93,7 +93,7 @@ def _means(record, metric, n=10):
     return sum(values[:n]) / n, sum(values[-n:]) / n
 
 
-def test_the_held_out_set_meets_the_issue_and_its_notes_hold():
+def test_the_held_out_set_meets_its_targets_and_its_notes_hold():
     """What docs/health.md's held-out section says of its records: every healthy run quiet (those trained after
     value_not_learning's rewrite among them), at least 90% of the sick runs flagged, the reward hacks labelled by
     true success falling from a level it could fall from, and reverse-chat's healthy PPO runs gaining sampled success
@@ -240,14 +240,14 @@ def test_stale_batches_are_a_real_failure_flagged_first_by_the_off_policy_rule()
     assert [(r.name, f.step) for r in healthy_async for f in verdict(r, tighter).findings] == []
 
 
-def test_the_issues_learning_rate_is_critical_within_two_updates():
+def test_ppo_at_learning_rate_0_5_is_critical_within_two_updates():
     for r in RECORDS:
         if r.name.startswith("lr_fast-ppo"):
             assert verdict(r).critical_at is not None and verdict(r).critical_at <= 2, r.name
 
 
 def test_the_policy_going_random_is_critical_within_ten_steps_in_every_split():
-    """Issue 49: entropy rising while the reward falls is critical (entropy_rising) within 10 steps of its onset on
+    """Entropy rising while the reward falls is critical (entropy_rising) within 10 steps of its onset on
     runs of rlhfkit's PPO and GRPO (the tuning and held-out tasks) and of TRL's GRPOTrainer."""
     runs = [verdict(r) for r in ALL_RECORDS if r.mode == "policy_random"]
     assert {(v.record.split, v.record.algorithm) for v in runs} == {
@@ -288,7 +288,7 @@ def test_a_spec_trained_again_gets_its_records_verdict(name, tmp_path):
     assert json.loads((tmp_path / name / "outcome.json").read_text()) == committed.record.ended
 
 
-# --- the known misses of issue 41 and the rules added for them -----------------------------------------------------------
+# --- what the first measurement missed (entropy collapse, KL runaway, a frozen value model) and the rules added for it --
 
 
 @pytest.mark.parametrize(
