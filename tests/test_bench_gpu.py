@@ -1,4 +1,4 @@
-"""bench/gpu/run.py (issue 39, item 4): the GPU bench's CPU rehearsal end to end, and its step split and MFU."""
+"""bench/gpu/run.py: the GPU bench's CPU rehearsal end to end, and its step split and MFU."""
 
 import importlib.util
 import json

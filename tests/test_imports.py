@@ -1,4 +1,5 @@
-"""The import graph of rlhfkit/: no cycles, no import up docs/architecture.md's layers, and the leaves stay leaves.
+"""The import graph of rlhfkit/: no cycles, no import up docs/architecture.md's layers, the leaves stay leaves, and
+no module imports TRL (read from the source, and tried in an interpreter where TRL cannot be imported).
 
 The graph is read from the source with ast, imports inside functions included: a late import hides a cycle
 from Python, not from a reader. Edges: ``import a.b.c`` and ``from a.b import c`` (c a submodule) point at
@@ -9,9 +10,13 @@ is not an edge (every module would otherwise depend on its package's __init__).
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "rlhfkit"
 
@@ -181,3 +186,56 @@ def test_every_exception_class_lives_in_errors():
                 if bases & exception_names:
                     outside.append(f"{name}.{node.name}")
     assert not outside, f"exception classes outside rlhfkit/errors.py: {outside}"
+
+
+# --- TRL is a test and docs dependency, never rlhfkit's ------------------------------------------------------------------
+
+
+def _trl_imports(path: Path, root: Path = ROOT.parent) -> list[str]:
+    """`import trl...` and `from trl... import` statements of one file, at any level (inside functions too), as
+    "path:line: statement"."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name == "trl" or name.startswith("trl.") for name in names):
+            found.append(f"{path.relative_to(root)}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_of_rlhfkit_imports_trl():
+    """rlhfkit runs without TRL installed: what it knows of TRL is recorded (config/trl_recorded.py), and whatever
+    reads TRL itself lives outside the package (docs/trl_defaults.py, bench/health/run_trl.py, the tests)."""
+    offenders = [hit for path in sorted(ROOT.rglob("*.py")) for hit in _trl_imports(path)]
+    assert not offenders, "rlhfkit/ imports TRL:\n" + "\n".join(offenders)
+
+
+def test_the_trl_scan_sees_late_and_dotted_imports(tmp_path):
+    source = tmp_path / "rlhfkit" / "m.py"
+    source.parent.mkdir()
+    source.write_text(
+        "import trlx\nfrom .trl import a\n\ndef f():\n    import trl.trainer\n    from trl.scripts import b\n"
+    )
+    hits = [hit.split(": ", 1)[1] for hit in _trl_imports(source, tmp_path)]
+    assert hits == ["import trl.trainer", "from trl.scripts import b"]
+
+
+@pytest.mark.slow
+def test_every_module_of_rlhfkit_imports_without_trl():
+    """Each module of rlhfkit/ imports in a fresh interpreter in which TRL cannot be imported (as where it is not
+    installed); the __main__ modules are imported as the packages they run."""
+    names = [name for name in _sources() if not name.endswith(".__main__")]
+    program = (
+        "import importlib, sys\n"
+        "sys.modules['trl'] = None  # `import trl` and `import trl.x` now raise ImportError\n"
+        f"for name in {names!r}:\n"
+        "    importlib.import_module(name)\n"
+        "assert sys.modules['trl'] is None\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT.parent))
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, env=env, cwd=ROOT.parent)
+    assert result.returncode == 0, result.stderr[-3000:]

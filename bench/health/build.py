@@ -30,8 +30,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.health.detection import success_fall  # noqa: E402
 from bench.health.specs import MODES, SPECS, Spec  # noqa: E402
-from rlhfkit.health.detection import success_fall  # noqa: E402
 from rlhfkit.health.sources import read_source  # noqa: E402
 
 HERE = ROOT / "bench" / "health"
@@ -164,10 +164,10 @@ def main(argv: list[str]) -> int:
         if path.name.removesuffix(".json.gz") not in SPECS:
             path.unlink()
             print(f"removed {path.name}: no such spec", flush=True)
-    from rlhfkit import docs
-    from rlhfkit.health.detection import load_records, render_markdown
+    from bench.health.detection import load_records, render_markdown
+    from docs import generate
 
-    docs.main([])
+    generate.main([])
     print(render_markdown(load_records(RECORDS)))
     return 0
 

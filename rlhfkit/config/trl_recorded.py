@@ -5,8 +5,8 @@ installed beside 1.16; so these facts are recorded here, from the TRL wheels' so
 which both TRL configs extend, is installed with rlhfkit: its names and defaults are read from it (config/trl_flags.py).
 tests/config/test_trl_defaults.py compares the TRL 1.16 tables with the installed TRL, so they cannot drift.
 
-A leaf (standard library only): config/trl_flags.py, which the configs import, and config/trl_defaults.py, which
-imports the configs, both read it.
+A leaf (standard library only): config/trl_flags.py, which the configs import, reads it, and so does the docs
+generator's table of the defaults that differ from TRL's (docs/trl_defaults.py, outside the package: it imports TRL).
 """
 
 from __future__ import annotations

@@ -4,12 +4,16 @@ The rules and every threshold they use are data (rules.py, listed in docs/health
 (monitor.py) runs them on each logged row and reports each episode of trouble once. During training,
 HealthWatch (watch.py, the ``--health`` flag) prints the findings, appends them to health.jsonl,
 raises tracker alerts and logs how many rules fire; after a run, ``rlhfkit doctor RUN`` (doctor.py)
-replays its logged rows through the same monitor: an rlhfkit run directory, or a TRL run's TensorBoard, W&B or
-Trackio logs (sources.py). Inside TRL's own trainers, HealthCallback (callback.py) runs them live. detection.py
-measures what the rules catch on a labelled run set.
+replays its logged rows through the same monitor. sources.py picks the reader for a path: an rlhfkit run directory,
+a TRL run's TensorBoard, W&B or Trackio logs, a ``trainer_state.json`` (trainer_state.py; from a Hub repo: hub.py), a
+W&B history exported as CSV (wandb_csv.py) or verl's logs (verl.py); rows.py is what they hand over, and
+frameworks.py maps other frameworks' metric names onto the rules'. Inside TRL's own trainers, HealthCallback
+(callback.py) runs the rules live; findings are printed and written by output.py.
+
+What the rules catch on a labelled run set, and docs/health.md's text, are measured and rendered outside the package,
+by the health set's harness (bench/health/detection.py, docs.py, wild.py).
 """
 
-from rlhfkit.health.docs import render_markdown
 from rlhfkit.health.doctor import Diagnosis, cmd_doctor, doctor
 from rlhfkit.health.monitor import Finding, HealthMonitor, replay, resume_monitor
 from rlhfkit.health.output import append_findings, finding_panel, print_finding
@@ -33,7 +37,6 @@ __all__ = [
     "finding_panel",
     "parse_thresholds",
     "print_finding",
-    "render_markdown",
     "replay",
     "resume_monitor",
     "HealthCallback",

@@ -75,7 +75,7 @@ class Thresholds:
 
     Defaults are calibrated on the labelled run set of bench/health (healthy and sick PPO and GRPO runs of the
     built-in task): no finding on any healthy run, every failure mode caught; docs/health.md has the measurement and
-    tests/health/test_detection.py keeps it true.
+    tests/bench/health/test_detection.py keeps it true.
     """
 
     # Windows, in observations of the metric concerned.

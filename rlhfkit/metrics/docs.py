@@ -49,7 +49,7 @@ _CONVENTIONS = """\
   step) with every row; W&B uses `train/global_step` as the x-axis of every chart. So a TRL run and an
   rlhfkit run of the same metric share a chart and openrlbenchmark's `xaxis=train/episode` filters find
   both. Histograms follow the same rule; completion tables are logged under `completions`.
-- **Older names.** The older trainer (TRL's original `PPOTrainer`, seeds 000/001) logged some quantities
+- **Older names.** The older trainer (TRL's original `PPOTrainer`, up to TRL 0.11) logged some quantities
   under other names (`env/reward_mean`, `ppo/mean_scores`, `ppo/policy/approxkl`, ...) and the rest under
   the names above, without the `train/` prefix. With `--log_legacy_names` every such metric is also sent to
   the trackers under its older name, unprefixed, so dashboards built for the old trainer keep working

@@ -45,9 +45,9 @@ class Metric:
     reduction: how values from micro-batches, epochs and processes combine into the logged number:
         "mean" pooled sum/count, "sum", "var"/"std" pooled moments (unbiased), "min", "max",
         "last" (the main process's value as set), "histogram" (raw values gathered from all processes).
-    trainers: which trainers log it ("ppo", later "grpo").
+    trainers: which trainers log it, a non-empty subset of TRAINERS ("ppo", "grpo"); PPO only unless given.
     kind: "scalar" or "histogram".
-    aliases: the names TRL's original PPOTrainer (seeds 000/001) logged the quantity under, which may be its current
+    aliases: the names TRL's original PPOTrainer (TRL up to 0.11) logged the quantity under, which may be its current
         name; sent to the trackers only with --log_legacy_names.
     when: condition under which it is logged ("always", "task has a checker", ...).
     importance: "crucial" (the objective), "stability" (watch for divergence) or "".
@@ -95,7 +95,8 @@ GRPO = frozenset({"grpo"})
 BOTH = frozenset({"ppo", "grpo"})
 
 # ----------------------------------------------------------------------------------------------
-# PPO scalars, once per update (step = update index, 1-based)
+# PPO scalars (some logged by GRPO too: see `trainers`), one row per logging window of `logging_steps` updates
+# (default 1), pooled over the window as `reduction` says (step = update index, 1-based)
 # ----------------------------------------------------------------------------------------------
 
 # Run progress
@@ -695,7 +696,7 @@ PERF_PEAK_MEMORY_OPTIMIZATION = Metric(
 )
 
 # ----------------------------------------------------------------------------------------------
-# PPO histograms, once per update (raw values from all processes)
+# PPO histograms, one per logging window (raw values from all processes and every update of the window)
 # ----------------------------------------------------------------------------------------------
 
 ENV_REWARD_DIST = Metric(
@@ -1524,6 +1525,6 @@ def metrics_for(trainer: str, kind: str | None = "scalar") -> list[Metric]:
 
 
 def older_names(values: dict[str, float]) -> dict[str, float]:
-    """The values under the names the older trainer (TRL's original PPOTrainer, seeds 000/001) logged them under,
+    """The values under the names the older trainer (TRL's original PPOTrainer, up to TRL 0.11) logged them under,
     for dashboards built for it (--log_legacy_names). Metrics it did not log have none."""
     return {alias: value for name, value in values.items() if name in REGISTRY for alias in REGISTRY[name].aliases}

@@ -1,4 +1,4 @@
-"""TRL 1.16 GRPOConfig fields rlhfkit takes and honours since issue 38: off_policy_mask_threshold,
+"""TRL 1.16 GRPOConfig fields rlhfkit takes and honours: off_policy_mask_threshold,
 multi_objective_aggregation, cast_lm_head_to_fp32, pad_to_multiple_of and generation_kwargs, with TRL's names,
 defaults and values, from Python, the command line and YAML."""
 

@@ -71,8 +71,8 @@ def _same_values(groups, training_cls, argv):
 
 @pytest.mark.parametrize("groups, argv", CASES)
 def test_hf_argument_parser_over_trls_groups_gives_rlhfkits_values(groups, argv):
-    """The Done-when of issue 29: HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig)), TRL's script and
-    model dataclasses beside rlhfkit's config, as a TRL script builds it."""
+    """HfArgumentParser((ScriptArguments, PPOConfig, ModelConfig)), TRL's script and model dataclasses beside
+    rlhfkit's config, as a TRL script builds it, gives the values rlhfkit's own parser gives."""
     training_cls = groups[1]
     parsed = HfArgumentParser(groups).parse_args_into_dataclasses(args=argv)
     checked = _same_values(parsed, training_cls, argv)

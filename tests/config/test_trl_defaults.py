@@ -7,8 +7,9 @@ from pathlib import Path
 
 import trl
 
-from rlhfkit.config import trl_defaults, trl_recorded
-from rlhfkit.docs import PAGES, expected
+from docs import trl_defaults
+from docs.generate import PAGES, expected
+from rlhfkit.config import trl_recorded
 
 ROOT = Path(__file__).resolve().parents[2]
 

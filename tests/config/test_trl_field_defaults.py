@@ -1,4 +1,4 @@
-"""Every field of TRL's configs is accepted at TRL's default (issue 38): a Python config, a --config YAML file and a
+"""Every field of TRL's configs is accepted at TRL's default: a Python config, a --config YAML file and a
 command line that spell out TRL 1.16's GRPOConfig (TRL 1.12's PPOConfig) build and train on the tiny built-in task,
 silently; a field rlhfkit does not take, at another value, still exits 2 with the reason."""
 

@@ -3,12 +3,14 @@ renaming never overwrites a name the run already logs; rlhfkit's and TRL's runs 
 table's rendering."""
 
 import math
+from pathlib import Path
 
 import pytest
 
-from rlhfkit.docs import ROOT
 from rlhfkit.health import rules as R
 from rlhfkit.health.frameworks import FRAMEWORKS, OPENRLHF, VERL, detect, map_names, render_markdown, spellings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Every name a rule reads: its declared metrics, and the completion lengths that put entropy and KL per completion.
 READ_BY_RULES = {m for rule in R.RULES for m in rule.metrics} | {R.RESPONSE_LENGTH}

@@ -1,14 +1,17 @@
 """Each rule fires on a constructed stream at the step a hand computation predicts, and stays silent
-on a healthy one; the real healthy PPO run gives no finding, with a margin."""
+on a healthy one; the real healthy PPO run gives no finding, with a margin. Rules are well formed and read only
+metric names the trainers log."""
 
 import json
 import math
 import random
+import re
 from pathlib import Path
 
 import pytest
 
-from rlhfkit.health import CRITICAL, INFO, RULES, WARNING, HealthMonitor, Thresholds, parse_thresholds
+from rlhfkit.health import CRITICAL, INFO, RULES, SEVERITIES, WARNING, HealthMonitor, Thresholds, parse_thresholds
+from rlhfkit.metrics.registry import TRAINERS, metrics_for
 
 HEALTHY_PPO = Path(__file__).with_name("healthy_ppo_metrics.jsonl")
 
@@ -88,7 +91,7 @@ def test_nonfinite_metric_names_every_bad_metric():
 
 def test_ratio_far_from_one_must_stay_strictly_inside_and_escalates():
     assert replay(series("val/ratio", [1.0, 0.51, 1.99, 1.5])) == []
-    assert replay(series("val/ratio", [1.0, 0.5])) == [(2, "ratio_far_from_one", WARNING)]  # the issue's 0.50 exactly
+    assert replay(series("val/ratio", [1.0, 0.5])) == [(2, "ratio_far_from_one", WARNING)]  # 0.50 exactly
     assert replay(series("val/ratio", [1.0, 2.0])) == [(2, "ratio_far_from_one", WARNING)]
     assert replay(series("val/ratio", [1.0, 2.5])) == [(2, "ratio_far_from_one", WARNING)]
     assert replay(series("val/ratio", [12.0])) == [(1, "ratio_far_from_one", CRITICAL)]
@@ -234,7 +237,7 @@ def test_entropy_collapse_reports_all_collapsed_entropies():
 
 @pytest.mark.parametrize("name", ["objective/entropy", "entropy"])
 def test_entropy_falling_to_a_twentieth_in_one_step_is_critical_at_once(name):
-    # The issue's lr-0.5 run: 2.16 -> 0.086 (4%) at the second update, before any window is full.
+    # A PPO run at learning rate 0.5: 2.16 -> 0.086 (4%) at the second update, before any window is full.
     assert replay(series(name, [2.16, 0.086])) == [(2, "entropy_collapse", CRITICAL)]
     assert replay(series(name, [2.16, 0.12])) == []  # 5.6%: left to the windowed check
 
@@ -422,7 +425,7 @@ def test_value_not_learning_is_silent_when_nothing_could_move():
 
 
 def test_value_loss_critical_at_once_needs_100x_the_first_and_an_absolute_floor():
-    # The issue's lr-0.5 run: 1.31 at the first update, 1518 at the second.
+    # A PPO run at learning rate 0.5: 1.31 at the first update, 1518 at the second.
     assert replay(series("loss/value_avg", [1.31, 1518.0])) == [(2, "value_loss_spike", CRITICAL)]
     # A tiny first value loss: 100x of 3e-4 is 0.03, but a value loss under 1.0 is not a crisis.
     assert replay(series("loss/value_avg", [3e-4, 0.08])) == []
@@ -431,7 +434,7 @@ def test_value_loss_critical_at_once_needs_100x_the_first_and_an_absolute_floor(
 
 
 def test_updates_too_large_single_approxkl_is_critical_at_once():
-    # The issue's lr-0.5 run: approxkl 449 at the first update; the clip fraction plays no part.
+    # A PPO run at learning rate 0.5: approxkl 449 at the first update; the clip fraction plays no part.
     assert replay([{"policy/approxkl_avg": 449.0, "policy/clipfrac_avg": 0.0}]) == [(1, "updates_too_large", CRITICAL)]
     assert replay([{"policy/approxkl_avg": 0.9, "policy/clipfrac_avg": 0.0}] * 10) == []
 
@@ -444,7 +447,7 @@ ZERO_KL = {"objective/kl": 0.0, "tokens/responses_len_mean": 6.0}  # step 1: the
     [
         # GRPO: kl is per token. One observation of 2.5 is critical at once.
         (series("kl", [0.0, 0.01, 2.5]), [(3, "kl_far_from_reference", CRITICAL)]),
-        # PPO: objective/kl per sequence / tokens/responses_len_mean: 55.3 / 6 = 9.2 nats/token (the issue's run).
+        # PPO: objective/kl per sequence / tokens/responses_len_mean: 55.3 / 6 = 9.2 nats/token (a PPO run at learning rate 0.5).
         (
             [
                 {"objective/kl": 0.0, "tokens/responses_len_mean": 6.0},
@@ -762,3 +765,17 @@ def test_a_solved_task_makes_a_deterministic_policy_and_groups_without_spread_in
     assert all(f.severity == INFO for f in findings(dipped) if f.rule in ("entropy_collapse", "reward_zero_std"))
     unchecked = [{k: v for k, v in r.items() if k != "rollout/task_success"} for r in rows(0.97)]
     assert {f.severity for f in findings(unchecked)} >= {CRITICAL, WARNING}
+
+
+def test_rules_are_well_formed():
+    names = [r.name for r in RULES]
+    assert len(names) == len(set(names))
+    for rule in RULES:
+        assert re.fullmatch(r"[a-z][a-z0-9_]*", rule.name), rule.name
+        assert rule.severities and set(rule.severities) <= set(SEVERITIES), rule.name
+        assert rule.advice.strip() and rule.condition.strip(), rule.name
+
+
+def test_rules_read_only_metric_names_that_trainers_log():
+    known = {m.name for trainer in TRAINERS for m in metrics_for(trainer, None)}
+    assert [m for rule in RULES for m in rule.metrics if m not in known] == []

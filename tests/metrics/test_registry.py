@@ -101,7 +101,7 @@ def test_seed_files_list_no_ppo_name_we_miss():
 
 
 # GRPO metric names of seed 004 ("GRPO Logging"), verbatim; the seed's Liger-only `clip_ratio` is not logged
-# (rlhfkit has no fused loss), and the issue adds frac_reward_zero_std, eps, episode, lr and loss.
+# (rlhfkit has no fused loss), and rlhfkit adds frac_reward_zero_std, eps, episode, lr and loss.
 SEED_GRPO_NAMES = [
     "num_tokens",
     "completions/mean_length",
@@ -238,8 +238,8 @@ def test_docs_mention_every_metric_and_crucial_values_first():
 
 
 def test_make_docs_writes_the_markdown(tmp_path, monkeypatch):
-    """`python -m rlhfkit.docs` (make docs) writes the renderer's text into the page."""
-    from rlhfkit import docs
+    """`python docs/generate.py` (make docs) writes the renderer's text into the page."""
+    from docs import generate as docs
 
     (tmp_path / "docs").mkdir()
     monkeypatch.setattr(docs, "ROOT", tmp_path)

@@ -9,10 +9,7 @@ import pytest
 
 from bench.health import build
 from bench.health.agents import MODES as AGENT_MODES
-from bench.health.specs import MODES, SPECS
-from rlhfkit import docs
-from rlhfkit.health import CRITICAL, Thresholds
-from rlhfkit.health.detection import (
+from bench.health.detection import (
     AGENT_RULES,
     AGENTS,
     HELD_OUT,
@@ -26,8 +23,11 @@ from rlhfkit.health.detection import (
     success_fall,
     verdict,
 )
+from bench.health.specs import MODES, SPECS
+from docs import generate
+from rlhfkit.health import CRITICAL, Thresholds
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ALL_RECORDS = load_records(ROOT / "bench" / "health" / "records")
 RECORDS = in_split(ALL_RECORDS, TUNING)  # the sort task, on which the thresholds were chosen
 
@@ -93,7 +93,7 @@ def _means(record, metric, n=10):
     return sum(values[:n]) / n, sum(values[-n:]) / n
 
 
-def test_the_held_out_set_meets_the_issue_and_its_notes_hold():
+def test_the_held_out_set_meets_its_targets_and_its_notes_hold():
     """What docs/health.md's held-out section says of its records: every healthy run quiet (those trained after
     value_not_learning's rewrite among them), at least 90% of the sick runs flagged, the reward hacks labelled by
     true success falling from a level it could fall from, and reverse-chat's healthy PPO runs gaining sampled success
@@ -197,12 +197,14 @@ def test_each_split_has_its_own_table_computed_from_its_own_records_only():
     assert "| trl-sick | 2 | 6, `nonfinite_metric` | 6 | 6 `nonfinite_metric` critical | yes |" in trl
 
 
-@pytest.mark.skipif(not docs.WILD_RUNS.is_dir(), reason=f"the real-runs table reads {docs.WILD_RUNS}, absent here")
+@pytest.mark.skipif(
+    not generate.WILD_RUNS.is_dir(), reason=f"the real-runs table reads {generate.WILD_RUNS}, absent here"
+)
 def test_docs_health_md_is_fresh():
     """docs/health.md is what `make docs` renders from the committed records (all three splits) and the real runs."""
-    (page,) = [p for p in docs.PAGES if p.path == "docs/health.md"]
+    (page,) = [p for p in generate.PAGES if p.path == "docs/health.md"]
     current = (ROOT / page.path).read_text(encoding="utf-8")
-    assert docs.expected(page, current) == current, "docs/health.md is stale: run `make docs`"
+    assert generate.expected(page, current) == current, "docs/health.md is stale: run `make docs`"
 
 
 # --- what docs/health.md claims of the committed run set ----------------------------------------------------------------
@@ -238,14 +240,14 @@ def test_stale_batches_are_a_real_failure_flagged_first_by_the_off_policy_rule()
     assert [(r.name, f.step) for r in healthy_async for f in verdict(r, tighter).findings] == []
 
 
-def test_the_issues_learning_rate_is_critical_within_two_updates():
+def test_ppo_at_learning_rate_0_5_is_critical_within_two_updates():
     for r in RECORDS:
         if r.name.startswith("lr_fast-ppo"):
             assert verdict(r).critical_at is not None and verdict(r).critical_at <= 2, r.name
 
 
 def test_the_policy_going_random_is_critical_within_ten_steps_in_every_split():
-    """Issue 49: entropy rising while the reward falls is critical (entropy_rising) within 10 steps of its onset on
+    """Entropy rising while the reward falls is critical (entropy_rising) within 10 steps of its onset on
     runs of rlhfkit's PPO and GRPO (the tuning and held-out tasks) and of TRL's GRPOTrainer."""
     runs = [verdict(r) for r in ALL_RECORDS if r.mode == "policy_random"]
     assert {(v.record.split, v.record.algorithm) for v in runs} == {
@@ -286,7 +288,7 @@ def test_a_spec_trained_again_gets_its_records_verdict(name, tmp_path):
     assert json.loads((tmp_path / name / "outcome.json").read_text()) == committed.record.ended
 
 
-# --- the known misses of issue 41 and the rules added for them -----------------------------------------------------------
+# --- what the first measurement missed (entropy collapse, KL runaway, a frozen value model) and the rules added for it --
 
 
 @pytest.mark.parametrize(

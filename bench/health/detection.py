@@ -727,7 +727,7 @@ def _heldout_section(tuning_records: Sequence[Record], records: Sequence[Record]
 
 # What the committed held-out records show, read from the tables above (written once they were trained; no threshold
 # was changed after, and value_not_learning's rewrite came before the runs of LATE_SEEDS and of reverse-chat). A test
-# (tests/health/test_detection.py) checks the numbers quoted here against the records.
+# (tests/bench/health/test_detection.py) checks the numbers quoted here against the records.
 HELD_OUT_NOTES = [
     "- **The held-out builds were fixed before these runs.** The first held-out runs used builds with sort's budgets, "
     "on which reverse started at 13% greedy success and addition at 1%, with reward models no better than plain "

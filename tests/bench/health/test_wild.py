@@ -3,22 +3,22 @@ did, and the real-runs table of docs/health.md says what it found."""
 
 import pytest
 
-from rlhfkit import docs
-from rlhfkit.health import wild
+from bench.health import wild
+from docs import generate
 from rlhfkit.health.rules import CRITICAL
 
 pytestmark = pytest.mark.skipif(
-    not docs.WILD_RUNS.is_dir(), reason=f"the real runs are read in place from {docs.WILD_RUNS}, absent here"
+    not generate.WILD_RUNS.is_dir(), reason=f"the real runs are read in place from {generate.WILD_RUNS}, absent here"
 )
 
 
 def verdicts():
-    return [wild.judge(run, docs.WILD_RUNS) for run in wild.load_labels(docs.WILD_LABELS)]
+    return [wild.judge(run, generate.WILD_RUNS) for run in wild.load_labels(generate.WILD_LABELS)]
 
 
 def test_every_real_run_is_labelled_and_read():
-    labelled = {run.file for run in wild.load_labels(docs.WILD_LABELS)}
-    present = {str(p.relative_to(docs.WILD_RUNS)) for p in docs.WILD_RUNS.glob("*/*") if p.is_file()}
+    labelled = {run.file for run in wild.load_labels(generate.WILD_LABELS)}
+    present = {str(p.relative_to(generate.WILD_RUNS)) for p in generate.WILD_RUNS.glob("*/*") if p.is_file()}
     assert labelled == present
     assert all(v.rows >= 25 for v in verdicts())
 
@@ -44,7 +44,7 @@ def test_a_flat_noisy_reward_is_at_most_one_finding_per_rule():
 
 
 def test_the_real_runs_table_is_what_the_doctor_finds():
-    lines = wild.render(wild.load_labels(docs.WILD_LABELS), docs.WILD_RUNS)
+    lines = wild.render(wild.load_labels(generate.WILD_LABELS), generate.WILD_RUNS)
     text = "\n".join(lines)
     for v in verdicts():
         row = next(line for line in lines if line.startswith(f"| {v.run.file.split('/')[-1]} "))

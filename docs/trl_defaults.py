@@ -1,5 +1,7 @@
 """The defaults of rlhfkit's configs that differ from TRL's, and why: the table in docs/migrating-from-trl.md.
 
+Part of the docs generator (docs/generate.py), not of rlhfkit: it imports TRL, which rlhfkit never does.
+
 TRL's defaults are read from the classes themselves where they are installed: TRL 1.16's ``GRPOConfig``,
 ``ScriptArguments``, ``GRPOScriptArguments`` and ``ModelConfig`` (TRL is a test and docs dependency), and
 transformers' ``TrainingArguments``, which TRL's configs extend. TRL 1.12's ``PPOConfig`` (TRL's last PPO, gone from

@@ -1,7 +1,11 @@
 """Every generated page of docs/, from the module that knows its facts: ``make docs`` writes them all.
 
-    python -m rlhfkit.docs           # write every page (or every generated section of a page)
-    python -m rlhfkit.docs --check   # exit 1 and name the pages that differ from their renderer's text
+    python docs/generate.py           # write every page (or every generated section of a page)
+    python docs/generate.py --check   # exit 1 and name the pages that differ from their renderer's text
+
+Run it with rlhfkit's interpreter (``make docs`` does): it imports rlhfkit, the health set's harness (bench/health/) and,
+for the table of TRL's defaults, TRL itself (docs/trl_defaults.py). None of these pages is rlhfkit's business at run
+time, so the generator lives beside the pages rather than in the package.
 
 A generated section inside a hand-written page sits between two marker lines, ``<!-- generated: NAME -->`` and
 ``<!-- end generated: NAME -->``; only the text between them is replaced.
@@ -15,6 +19,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script (sys.path[0] is docs/): rlhfkit, bench and docs from this checkout
+    sys.path.insert(0, str(ROOT))
 HEALTH_RECORDS = ROOT / "bench" / "health" / "records"  # the labelled run set's records (bench/health/build.py)
 # Real runs other people published, read in place beside the repository, and what their repositories say of them.
 WILD_RUNS, WILD_LABELS = ROOT.parent / "shared" / "wild-runs", ROOT / "bench" / "health" / "wild_runs.json"
@@ -33,9 +39,9 @@ def _metrics() -> str:
 
 
 def _health() -> str:
-    from rlhfkit.health import wild
-    from rlhfkit.health.detection import load_records
-    from rlhfkit.health.docs import render_markdown
+    from bench.health import wild
+    from bench.health.detection import load_records
+    from bench.health.docs import render_markdown
 
     if not WILD_RUNS.is_dir():
         raise FileNotFoundError(f"docs/health.md's real-runs table reads {WILD_RUNS}, which is absent")
@@ -62,7 +68,7 @@ def _doctor_frameworks() -> str:
 
 
 def _trl_defaults() -> str:
-    from rlhfkit.config.trl_defaults import render_table
+    from docs.trl_defaults import render_table
 
     return render_table()
 

@@ -7,8 +7,8 @@ import string
 from collections.abc import Sequence
 from dataclasses import fields
 
-from rlhfkit.health import detection
-from rlhfkit.health.detection import Record
+from bench.health import detection
+from bench.health.detection import Record
 from rlhfkit.health.rules import RULES, Rule, Thresholds
 
 _INTRO = """\
