@@ -3,7 +3,7 @@
 import pytest
 
 from rlhfkit.config import ConfigError, ModelConfig
-from rlhfkit.lora import LORA_FLAGS, lora_config, lora_flags
+from rlhfkit.models.adapters import LORA_FLAGS, lora_config, lora_flags
 
 peft = pytest.importorskip("peft")
 
