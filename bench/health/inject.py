@@ -190,7 +190,7 @@ def entropy_bonus_from(trainer, step: int, coef: float, learning_rate: float | N
 
         trainer.optimize = boosted
         return
-    token_stats, policy_loss = ppo.response_token_stats, ppo.ops.clipped_policy_loss
+    token_stats, policy_loss = ppo.completion_token_stats, ppo.ops.clipped_policy_loss
     entropies = []  # the entropy of the micro-batch's training forward, with its gradient
 
     def stats_with_entropy_grad(*args, **kwargs):
@@ -206,7 +206,7 @@ def entropy_bonus_from(trainer, step: int, coef: float, learning_rate: float | N
         bonus = ppo.ops.masked_mean(entropies.pop(), mask)
         return out._replace(loss=out.loss - coef * bonus)
 
-    ppo.response_token_stats = stats_with_entropy_grad
+    ppo.completion_token_stats = stats_with_entropy_grad
     ppo.ops = _Patched(ppo.ops, clipped_policy_loss=with_bonus)
 
 

@@ -1,5 +1,5 @@
 """The forward passes that read log-probs, entropies, values and scores from the models: the completion positions
-only (``logits_to_keep``), the LM head run in chunks of positions (response_token_stats) and padding-free batches."""
+only (``logits_to_keep``), the LM head run in chunks of positions (completion_token_stats) and padding-free batches."""
 
 from __future__ import annotations
 
@@ -61,19 +61,19 @@ def policy_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     ).logits
 
 
-def response_logits(
-    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, query_width: int
+def completion_logits(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int
 ) -> torch.Tensor:
-    """(B, T, V) logits at the T = L - query_width positions that predict the response tokens (query_width - 1 to
+    """(B, T, V) logits at the T = L - prompt_width positions that predict the completion tokens (prompt_width - 1 to
     L - 2), the only ones the losses read.
 
     The LM head runs on those positions only (transformers' ``logits_to_keep``, as TRL's GRPO does) where the
     model's forward takes it, else on every position and the rest is cut. With a large vocabulary the prompt's
     logits are a large share of a forward's memory (Qwen2's 152k: 0.6 MB per position in fp32) and of its LM-head
     arithmetic."""
-    keep = input_ids.shape[1] - query_width + 1
+    keep = input_ids.shape[1] - prompt_width + 1
     if not takes_logits_to_keep(model):
-        return policy_logits(model, input_ids, attention_mask)[:, query_width - 1 : -1]
+        return policy_logits(model, input_ids, attention_mask)[:, prompt_width - 1 : -1]
     return model(
         input_ids=input_ids,
         attention_mask=attention_mask,
@@ -90,19 +90,19 @@ class TokenStats(NamedTuple):
     entropy: torch.Tensor | None  # (B, T) the entropy of softmax(logits / temperature), or None
 
 
-def response_token_stats(
+def completion_token_stats(
     model: nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    query_width: int,
+    prompt_width: int,
     completion_ids: torch.Tensor,
     temperature: float,
     entropy: bool = False,
     entropy_grad: bool = False,
     padding_free: bool = False,
 ) -> TokenStats:
-    """Log-probs (and entropies) of the response tokens `completion_ids` (B, T) of sequences `input_ids` (B, L) whose
-    first `query_width` positions are the query: what response_logits then ops.logprobs_from_logits and
+    """Log-probs (and entropies) of the completion tokens `completion_ids` (B, T) of sequences `input_ids` (B, L) whose
+    first `prompt_width` positions are the prompt: what completion_logits then ops.logprobs_from_logits and
     ops.entropy_from_logits give, without the (B, T, V) logits.
 
     The model's own forward runs with its LM head standing in for the statistics: the head receives the last hidden
@@ -111,7 +111,7 @@ def response_token_stats(
     plain linear head through ops.logprobs_from_linear (its weight gradient in one buffer), any other head through
     ops.logprobs_from_hidden (checkpointed chunks of the head's own forward). Running inside the model's forward keeps what the forward does around its head: DeepSpeed ZeRO-3
     and FSDP2 have the head's weight gathered, a LoRA adapter on the head and cast_lm_head_to_fp32 apply, and the
-    logits_to_keep cut still saves the query's positions.
+    logits_to_keep cut still saves the prompt's positions.
 
     A forward that changes the head's output before returning it (a logit scale or soft-capping: Cohere, Granite,
     Gemma 2) or a torch.compile'd model is computed the plain way instead, said once per model class (the plain
@@ -122,7 +122,7 @@ def response_token_stats(
     """
     reason = _chunked_head_refused(model)
     if reason is None:
-        request = (input_ids, attention_mask, query_width, completion_ids, temperature, entropy, entropy_grad)
+        request = (input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy, entropy_grad)
         if padding_free and (why := padding_free_refused(model)) is not None:
             raise ConfigError(
                 f"padding_free: {type(_unwrapped(model)).__name__} cannot take a padding-free batch: {why}."
@@ -137,7 +137,7 @@ def response_token_stats(
         )
         _CHUNKED_HEAD_REFUSED[type(inner)] = reason
     _say_plain_head_once(reason)
-    logits = response_logits(model, input_ids, attention_mask, query_width)
+    logits = completion_logits(model, input_ids, attention_mask, prompt_width)
     logprobs = ops.logprobs_from_logits(logits, completion_ids, temperature)
     if not entropy:
         return TokenStats(logprobs, None)
@@ -191,7 +191,7 @@ def _say_plain_head_once(reason: str) -> None:
 
 
 class _Forward(NamedTuple):
-    """One forward response_token_stats asks of a model: its inputs, the tokens to score, and how the LM head's
+    """One forward completion_token_stats asks of a model: its inputs, the tokens to score, and how the LM head's
     input lines up with them and the result with the caller's (B, T)."""
 
     inputs: dict  # the model's keyword arguments
@@ -200,27 +200,27 @@ class _Forward(NamedTuple):
     unpack: Callable[[torch.Tensor], torch.Tensor]  # the statistics (B', T', k) -> (B, T, k)
 
 
-def _padded_forward(model, input_ids, attention_mask, query_width, completion_ids) -> _Forward:
-    """The batch as it is: (B, L) rows, left-padded queries, right-padded responses, an attention mask."""
+def _padded_forward(model, input_ids, attention_mask, prompt_width, completion_ids) -> _Forward:
+    """The batch as it is: (B, L) rows, left-padded prompts, right-padded completions, an attention mask."""
     width = completion_ids.shape[1]
     inputs = dict(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
     )
     if takes_logits_to_keep(model):
-        inputs["logits_to_keep"] = input_ids.shape[1] - query_width + 1
+        inputs["logits_to_keep"] = input_ids.shape[1] - prompt_width + 1
     # The head gets the kept positions (or all of them); the last predicts nothing.
     return _Forward(inputs, completion_ids, lambda h: h[:, h.shape[1] - width - 1 : h.shape[1] - 1], lambda s: s)
 
 
-def _packed_forward(model, input_ids, attention_mask, query_width, completion_ids) -> _Forward:
+def _packed_forward(model, input_ids, attention_mask, prompt_width, completion_ids) -> _Forward:
     """The batch padding-free (TRL's padding_free): every row's real tokens one after another in a single row,
     position ids restarting at 0 for each sequence and no attention mask, which transformers' attention reads as
     separate sequences (flash attention's variable-length kernels; a block-diagonal mask for sdpa, eager and flex).
-    The head runs on the positions that predict a real response token only; the others score 0."""
+    The head runs on the positions that predict a real completion token only; the others score 0."""
     real = attention_mask.bool()
     packed_index = (real.flatten().cumsum(0) - 1).view(real.shape)  # (b, column) -> its index in the packed row
-    scored = real[:, query_width:]  # the real response tokens
-    predicting = packed_index[:, query_width - 1 : -1][scored]  # the packed positions whose next token they are
+    scored = real[:, prompt_width:]  # the real completion tokens
+    predicting = packed_index[:, prompt_width - 1 : -1][scored]  # the packed positions whose next token they are
     inputs = dict(input_ids=input_ids[real][None], position_ids=position_ids_from_mask(attention_mask)[real][None])
     keeps = takes_logits_to_keep(model)
     if keeps:
@@ -264,12 +264,12 @@ def padding_free_refused(model: nn.Module) -> str | None:
 
 
 def _forward_with_stats_head(
-    model, input_ids, attention_mask, query_width, completion_ids, temperature, entropy, entropy_grad, padding_free
+    model, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy, entropy_grad, padding_free
 ) -> TokenStats | None:
-    """One forward of `model` whose LM head returns the token statistics (response_token_stats): they, or None where
+    """One forward of `model` whose LM head returns the token statistics (completion_token_stats): they, or None where
     the forward changed the head's output (what it returns as logits is not what the head returned)."""
     plan = (_packed_forward if padding_free else _padded_forward)(
-        model, input_ids, attention_mask, query_width, completion_ids
+        model, input_ids, attention_mask, prompt_width, completion_ids
     )
     inner = _unwrapped(model)
     head = inner.get_output_embeddings()
@@ -318,7 +318,7 @@ def takes_logits_to_keep(model: nn.Module) -> bool:
 
 @functools.cache
 def _forward_lists_logits_to_keep(cls: type) -> bool:
-    """Read once per model class: response_logits asks on every micro-batch."""
+    """Read once per model class: completion_logits asks on every micro-batch."""
     try:
         return "logits_to_keep" in inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):

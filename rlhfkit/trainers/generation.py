@@ -37,7 +37,7 @@ from torch import nn
 from rlhfkit import ops
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
-from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, response_token_stats
+from rlhfkit.models import adapter_disabled, cast_lm_head_to_fp32, completion_token_stats
 from rlhfkit.rewards import RewardOutput
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
 from rlhfkit.trainers.episodes import log_tool_stats
@@ -407,7 +407,7 @@ class GRPOGeneration:
         parts = []
         for i in range(0, len(ids), step):
             rows = slice(i, i + step)
-            part = response_token_stats(
+            part = completion_token_stats(
                 model, ids[rows], mask[rows], width, completion_ids[rows], args.temperature,
                 padding_free=args.padding_free,
             )  # fmt: skip

@@ -79,11 +79,11 @@ from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
     Hub,
+    completion_token_stats,
     disable_dropout,
     frozen_copy,
     load_tokenizer,
     load_trained_policy,
-    response_token_stats,
     weight_dtype,
     with_lora,
 )
@@ -432,7 +432,7 @@ class GRPOTrainer(TRLTrainerAPI):
         mask = batch.loss_mask[idx]
         self.run.count_training_tokens(batch.attention_mask[idx])  # perf/mfu
         # The entropy term backpropagates through the entropy; without one the entropy is only measured.
-        logprobs, entropy_with_grad = response_token_stats(
+        logprobs, entropy_with_grad = completion_token_stats(
             self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width,
             batch.completion_ids[idx], args.temperature, entropy=True, entropy_grad=entropy_coef is not None,
             padding_free=args.padding_free,

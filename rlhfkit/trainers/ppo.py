@@ -58,10 +58,10 @@ from rlhfkit.models import (
     Hub,
     TokenStats,
     adapter_disabled,
+    completion_token_stats,
     disable_dropout,
     frozen_copy,
     no_split_modules,
-    response_token_stats,
     token_values,
     value_model_from_policy,
     weight_dtype,
@@ -130,7 +130,7 @@ class PolicyAndValue(nn.Module):
     ) -> tuple[TokenStats, torch.Tensor]:
         """The completion tokens' (B, T) log-probs (and detached entropies, when asked) at `temperature`, and (B, L)
         values at every position."""
-        stats = response_token_stats(
+        stats = completion_token_stats(
             self.policy, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy,
             padding_free=self.padding_free,
         )  # fmt: skip
@@ -342,9 +342,9 @@ class PPOTrainer(TRLTrainerAPI):
         args = (input_ids, attention_mask, prompt_width, completion_ids, self.args.temperature)
         packed = self.args.padding_free
         if self.ref_model is not None:
-            return response_token_stats(self.ref_model, *args, padding_free=packed).logprobs
+            return completion_token_stats(self.ref_model, *args, padding_free=packed).logprobs
         with adapter_disabled(model.policy) as base:
-            return response_token_stats(base, *args, padding_free=packed).logprobs
+            return completion_token_stats(base, *args, padding_free=packed).logprobs
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:

@@ -13,10 +13,10 @@ from rlhfkit import ops
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import (
     cast_lm_head_to_fp32,
+    completion_logits,
+    completion_token_stats,
     enable_gradient_checkpointing,
     policy_logits,
-    response_logits,
-    response_token_stats,
     takes_logits_to_keep,
 )
 from rlhfkit.sampling import left_pad
@@ -46,7 +46,7 @@ def test_response_logits_are_the_full_forwards_response_positions(batch, wrap):
     model, ids, attention, width = batch
     expected = policy_logits(model, ids, attention)[:, width - 1 : -1]
     rows, handle = lm_head_rows(model)
-    got = response_logits(wrap(model), ids, attention, width)
+    got = completion_logits(wrap(model), ids, attention, width)
     handle.remove()
     assert takes_logits_to_keep(wrap(model))
     assert rows == [ids.shape[1] - width + 1]
@@ -59,7 +59,7 @@ def test_a_forward_without_logits_to_keep_gets_every_position_then_the_cut(batch
     legacy = NoLogitsToKeep(model)
     assert not takes_logits_to_keep(legacy) and not takes_logits_to_keep(Wrapper(legacy))
     rows, handle = lm_head_rows(model)
-    got = response_logits(Wrapper(legacy), ids, attention, width)
+    got = completion_logits(Wrapper(legacy), ids, attention, width)
     handle.remove()
     assert rows == [ids.shape[1]]
     torch.testing.assert_close(got, policy_logits(model, ids, attention)[:, width - 1 : -1], atol=0, rtol=0)
@@ -75,14 +75,14 @@ def test_a_peft_model_is_looked_into(batch):
     assert takes_logits_to_keep(lora) and takes_logits_to_keep(Wrapper(lora))
     lora.eval()
     torch.testing.assert_close(
-        response_logits(lora, ids, attention, width),
+        completion_logits(lora, ids, attention, width),
         policy_logits(lora, ids, attention)[:, width - 1 : -1],
         atol=1e-5,
         rtol=0,
     )
 
 
-# ---- response_token_stats: log-probs and entropies with the LM head in chunks of positions ----
+# ---- completion_token_stats: log-probs and entropies with the LM head in chunks of positions ----
 
 
 def float64_model(tiny_assets, tied: bool = True):
@@ -100,7 +100,7 @@ def float64_model(tiny_assets, tied: bool = True):
 
 def full_logits_stats(model, ids, attention, width, tokens, temperature):
     """What rlhfkit computed before the chunked head: the (B, T, V) logits, then the ops."""
-    logits = response_logits(model, ids, attention, width)
+    logits = completion_logits(model, ids, attention, width)
     return ops.logprobs_from_logits(logits, tokens, temperature), ops.entropy_from_logits(logits, temperature)
 
 
@@ -120,7 +120,7 @@ def assert_same_numbers(model, ids, attention, width, temperature, atol, wrap=la
     mask = attention[:, width:]
     chunked = values_and_gradients(
         model,
-        lambda: response_token_stats(wrap(model), ids, attention, width, tokens, temperature, True, True),
+        lambda: completion_token_stats(wrap(model), ids, attention, width, tokens, temperature, True, True),
         mask,
     )
     full = values_and_gradients(
@@ -178,7 +178,7 @@ def test_token_stats_with_lora(tiny_assets, batch, two_position_chunks, lora):
     with model.disable_adapter():  # the reference of a LoRA run
         tokens = ids[:, width:]
         with torch.no_grad():
-            got = response_token_stats(model, ids, attention, width, tokens, 0.7).logprobs
+            got = completion_token_stats(model, ids, attention, width, tokens, 0.7).logprobs
             expected = full_logits_stats(model, ids, attention, width, tokens, 0.7)[0]
     torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
 
@@ -194,7 +194,7 @@ def test_token_stats_in_bf16_equal_the_full_path_and_the_float64_reference(
     if cast:
         cast_lm_head_to_fp32(model)
     tokens, mask = ids[:, width:], attention[:, width:]
-    chunked = response_token_stats(model, ids, attention, width, tokens, 0.7, True, True)
+    chunked = completion_token_stats(model, ids, attention, width, tokens, 0.7, True, True)
     full = full_logits_stats(model, ids, attention, width, tokens, 0.7)
     assert chunked.logprobs.dtype == torch.float32
     torch.testing.assert_close(chunked.logprobs * mask, full[0] * mask, atol=1e-5, rtol=0)
@@ -202,7 +202,7 @@ def test_token_stats_in_bf16_equal_the_full_path_and_the_float64_reference(
     chunked_grad = torch.autograd.grad((chunked.logprobs * mask).sum(), model.lm_head.weight)[0]
     full_grad = torch.autograd.grad((full[0] * mask).sum(), model.lm_head.weight)[0]
     torch.testing.assert_close(chunked_grad.float(), full_grad.float(), atol=2e-2, rtol=1e-2)
-    reference = response_token_stats(float64_model(tiny_assets), ids, attention, width, tokens, 0.7)
+    reference = completion_token_stats(float64_model(tiny_assets), ids, attention, width, tokens, 0.7)
     torch.testing.assert_close(chunked.logprobs.double() * mask, reference.logprobs * mask, atol=0.1, rtol=0)
 
 
@@ -227,13 +227,13 @@ def test_a_forward_that_changes_the_heads_output_is_computed_the_full_way_and_sa
     model = ScaledLogits(float64_model(tiny_assets))
     tokens = ids[:, width:]
     with pytest.warns(UserWarning, match="ScaledLogits's forward changes the LM head's output"):
-        got = response_token_stats(model, ids, attention, width, tokens, 1.0, entropy=True)
+        got = completion_token_stats(model, ids, attention, width, tokens, 1.0, entropy=True)
     expected = full_logits_stats(model, ids, attention, width, tokens, 1.0)
     torch.testing.assert_close(got.logprobs, expected[0], atol=1e-12, rtol=0)
     torch.testing.assert_close(got.entropy, expected[1].detach(), atol=1e-12, rtol=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once
-        response_token_stats(model, ids, attention, width, tokens, 1.0)
+        completion_token_stats(model, ids, attention, width, tokens, 1.0)
 
 
 def test_token_stats_keep_no_batch_by_vocabulary_tensor_for_the_backward():
@@ -262,7 +262,7 @@ def test_token_stats_keep_no_batch_by_vocabulary_tensor_for_the_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        response_token_stats(model, ids, attention, width, tokens, 0.7, entropy=True, entropy_grad=True)
+        completion_token_stats(model, ids, attention, width, tokens, 0.7, entropy=True, entropy_grad=True)
     chunked_max = max(saved)
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
@@ -299,7 +299,7 @@ def test_a_padding_free_forward_gives_the_padded_numbers(tiny_assets, two_positi
     results = []
     for packed in (False, True):
         stats = functools.partial(
-            response_token_stats, model, ids, attention, width, tokens, 0.7, True, True, padding_free=packed
+            completion_token_stats, model, ids, attention, width, tokens, 0.7, True, True, padding_free=packed
         )
         results.append(values_and_gradients(model, stats, mask))
     handle.remove()
@@ -321,4 +321,4 @@ def test_padding_free_is_refused_where_the_attention_cannot_tell_sequences_apart
     assert "attention implementation is 'paged_attention'" in padding_free_refused(model)
     ids, attention, width = ragged_batch(tiny_assets)
     with pytest.raises(ConfigError, match="padding_free.*paged_attention"):
-        response_token_stats(model, ids, attention, width, ids[:, width:], 1.0, padding_free=True)
+        completion_token_stats(model, ids, attention, width, ids[:, width:], 1.0, padding_free=True)

@@ -8,8 +8,8 @@ import torch
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import (
     cast_lm_head_to_fp32,
+    completion_logits,
     frozen_copy,
-    response_logits,
 )
 from tests.models.common import bf16_model
 
@@ -17,10 +17,10 @@ from tests.models.common import bf16_model
 
 
 def logits_and_reference(model, ids, attention, width):
-    """response_logits of `model`, and the float64 product of the very hidden states the head got with its weight."""
+    """completion_logits of `model`, and the float64 product of the very hidden states the head got with its weight."""
     seen = []
     handle = model.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-    logits = response_logits(model, ids, attention, width)
+    logits = completion_logits(model, ids, attention, width)
     handle.remove()
     hidden = seen[0][:, :-1]  # the head ran on the T + 1 kept positions; the last predicts nothing here
     reference = hidden.double() @ model.lm_head.weight.double().T
@@ -69,9 +69,9 @@ def test_cast_lm_head_to_fp32_keeps_the_layers_inputs_and_travels_with_copies(ti
     torch.testing.assert_close(after, before.float(), atol=0.07, rtol=0)  # bf16 rounding of the logits only
     copy = frozen_copy(model)  # the reference of a GRPO run with beta > 0
     torch.testing.assert_close(
-        response_logits(copy, ids, attention, width), response_logits(model, ids, attention, width)
+        completion_logits(copy, ids, attention, width), completion_logits(model, ids, attention, width)
     )
-    assert response_logits(copy, ids, attention, width).dtype == torch.float32
+    assert completion_logits(copy, ids, attention, width).dtype == torch.float32
 
 
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
