@@ -212,17 +212,6 @@ def _with_tokenizer(model, tokenizer, load, dtype, hub: Hub, flag: str):
     return model, tokenizer or load_tokenizer(name, flag, hub)
 
 
-def load_policy_and_tokenizer(
-    model: str | nn.Module,
-    tokenizer: PreTrainedTokenizerBase | None,
-    dtype: torch.dtype,
-    hub: Hub = DEFAULT_HUB,
-    flag: str = "model_name_or_path",
-) -> tuple[nn.Module, PreTrainedTokenizerBase]:
-    """A causal LM (a name or a model object) and its tokenizer (given, or the one saved with the model)."""
-    return _with_tokenizer(model, tokenizer, load_policy, dtype, hub, flag)
-
-
 def load_reward_model(
     model: str | nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
