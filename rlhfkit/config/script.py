@@ -237,9 +237,9 @@ class ModelConfig(CheckedConfig):
         ``get_peft_config(model_args)``); None without --use_peft."""
         if not self.use_peft:
             return None
-        from rlhfkit.models.adapters import lora_config  # torch and transformers only when asked
+        from rlhfkit.models.adapters import LORA_FLAGS, lora_config  # torch and transformers only when asked
 
-        return lora_config(self, self.lora_task_type)
+        return lora_config(self.lora_task_type, {flag: getattr(self, flag) for flag in LORA_FLAGS.values()})
 
     def quantised(self) -> str | None:
         """The flag that loads quantised weights, if any."""

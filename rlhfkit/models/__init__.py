@@ -4,6 +4,8 @@ imported from here: ``from rlhfkit.models import load_tokenizer``."""
 
 from rlhfkit.models.adapters import (
     LORA_FLAGS,
+    NOT_QUANTIZED,
+    Quantization,
     adapter_disabled,
     check_lora_setup,
     is_peft_model,
@@ -47,6 +49,8 @@ from rlhfkit.models.loading import (
 )
 
 __all__ = [
+    "NOT_QUANTIZED",
+    "Quantization",
     "ATTENTION_THAT_PACKS",
     "DEFAULT_HUB",
     "Hub",

@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import os
 import warnings
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -35,11 +36,11 @@ LORA_FLAGS = {
 _NOT_SETTINGS = {"task_type", "peft_type", "base_model_name_or_path", "revision", "inference_mode", "auto_mapping"}
 
 
-def lora_config(args, task_type: str, **fields: Any):
-    """peft's LoraConfig of the LoRA flags of `args` (a ModelConfig, or a config holding its fields) for an adapter
-    of `task_type`; `fields`: LoraConfig fields set otherwise (they replace the flags' values)."""
+def lora_config(task_type: str, flags: Mapping[str, Any], **fields: Any):
+    """peft's LoraConfig of the LoRA flags `flags` (each flag of LORA_FLAGS by its name, as lora_flags gives them) for
+    an adapter of `task_type`; `fields`: LoraConfig fields set otherwise (they replace the flags' values)."""
     LoraConfig = _lora_config_class("use_peft")
-    values = {name: getattr(args, flag) for name, flag in LORA_FLAGS.items()}
+    values = {name: flags[flag] for name, flag in LORA_FLAGS.items()}
     if values["target_modules"] == ["all-linear"]:
         values["target_modules"] = "all-linear"  # peft's shorthand is a string; a list holds module names
     return LoraConfig(task_type=task_type, **(values | fields))
@@ -102,8 +103,11 @@ def is_peft_model(model: nn.Module) -> bool:
     return peft is not None and isinstance(model, peft.PeftModel)
 
 
-def with_lora(model: nn.Module, args, task_type: str = "CAUSAL_LM") -> nn.Module:
-    """`model` wrapped in a peft PeftModel with a fresh LoRA adapter built from TRL's flags (`args`: a TrainConfig).
+def with_lora(
+    model: nn.Module, flags: Mapping[str, Any], *, disable_dropout: bool, revision: str, task_type: str = "CAUSAL_LM"
+) -> nn.Module:
+    """`model` wrapped in a peft PeftModel with a fresh LoRA adapter built from TRL's LoRA flags (`flags`: each flag
+    of LORA_FLAGS by its name). revision: --model_revision, recorded in adapter_config.json.
 
     peft freezes the base weights in place and adds the adapter's small matrices beside them, so the model with its
     adapter disabled *is* the base model: the reference of PPO and GRPO, without a second copy. The adapter starts
@@ -116,11 +120,11 @@ def with_lora(model: nn.Module, args, task_type: str = "CAUSAL_LM") -> nn.Module
     except ImportError as e:
         raise ModelLoadError("--use_peft needs peft: pip install 'rlhfkit[peft]' (or pip install peft).") from e
     config = lora_config(
-        args,
         task_type,
-        lora_dropout=0.0 if args.disable_dropout else args.lora_dropout,
-        modules_to_save=args.lora_modules_to_save if task_type == "CAUSAL_LM" else None,
-        revision=args.model_revision,  # recorded in adapter_config.json, so loaders fetch the same base
+        flags,
+        lora_dropout=0.0 if disable_dropout else flags["lora_dropout"],
+        modules_to_save=flags["lora_modules_to_save"] if task_type == "CAUSAL_LM" else None,
+        revision=revision,  # recorded in adapter_config.json, so loaders fetch the same base
     )
     try:
         with warnings.catch_warnings():  # peft reads transformers' deprecated is_gradient_checkpointing: not ours
@@ -168,21 +172,36 @@ def write_merged(model: nn.Module, tokenizer, directory: str) -> None:
     os.replace(tmp, directory)
 
 
-def check_lora_setup(args) -> None:
+class Quantization(NamedTuple):
+    """How the trained policy's base weights are quantised: TRL's --load_in_4bit / --load_in_8bit and the 4-bit
+    settings (ModelConfig's fields of the same names). The default: not quantised."""
+
+    load_in_4bit: bool = False
+    load_in_8bit: bool = False
+    bnb_4bit_quant_type: str = "nf4"
+    use_bnb_nested_quant: bool = False  # quantise the 4-bit quantisation constants too
+    bnb_4bit_quant_storage: str | None = None  # the dtype the 4-bit weights are stored in (None: uint8)
+
+
+NOT_QUANTIZED = Quantization()
+
+
+def check_lora_setup(use_peft: bool, quantization: Quantization) -> None:
     """What --use_peft and --load_in_4bit / --load_in_8bit need from this machine (peft; bitsandbytes and a CUDA
     GPU), checked before anything loads: a ModelLoadError (exit 2) that says what is missing."""
     import importlib.util
 
-    if args.use_peft and importlib.util.find_spec("peft") is None:
+    if use_peft and importlib.util.find_spec("peft") is None:
         raise ModelLoadError("--use_peft needs peft: pip install 'rlhfkit[peft]' (or pip install peft).")
-    quantization_config(args)
+    quantization_config(quantization)
 
 
-def quantization_config(args, dtype: torch.dtype | str | None = None):
+def quantization_config(quantization: Quantization, dtype: torch.dtype | str | None = None):
     """transformers' BitsAndBytesConfig for --load_in_4bit / --load_in_8bit, as TRL's get_quantization_config builds
     it, or None. Where bitsandbytes or a CUDA GPU is missing: a ModelLoadError (exit 2), raised before any model
     loads (the builders call this first)."""
-    flag = "load_in_4bit" if args.load_in_4bit else "load_in_8bit" if args.load_in_8bit else None
+    q = quantization
+    flag = "load_in_4bit" if q.load_in_4bit else "load_in_8bit" if q.load_in_8bit else None
     if flag is None:
         return None
     import importlib.util
@@ -202,12 +221,12 @@ def quantization_config(args, dtype: torch.dtype | str | None = None):
         )
     from transformers import BitsAndBytesConfig
 
-    if args.load_in_8bit:
+    if q.load_in_8bit:
         return BitsAndBytesConfig(load_in_8bit=True)
     return BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_compute_dtype=dtype if isinstance(dtype, torch.dtype) else None,
-        bnb_4bit_quant_type=args.bnb_4bit_quant_type,
-        bnb_4bit_use_double_quant=args.use_bnb_nested_quant,
-        bnb_4bit_quant_storage=args.bnb_4bit_quant_storage,
+        bnb_4bit_quant_type=q.bnb_4bit_quant_type,
+        bnb_4bit_use_double_quant=q.use_bnb_nested_quant,
+        bnb_4bit_quant_storage=q.bnb_4bit_quant_storage,
     )

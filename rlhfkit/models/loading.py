@@ -28,7 +28,7 @@ from transformers import (
 )
 
 from rlhfkit.errors import ConfigError, ModelLoadError
-from rlhfkit.models.adapters import quantization_config
+from rlhfkit.models.adapters import NOT_QUANTIZED, Quantization, quantization_config
 
 
 def native_dtype() -> torch.dtype:
@@ -63,11 +63,6 @@ class Hub(NamedTuple):
     revision: str = "main"  # branch, tag or commit of a hub id (ignored for local directories)
     trust_remote_code: bool = False  # run the modelling code a checkpoint ships (off unless asked, as in TRL)
     attn_implementation: str | None = None  # transformers' choice when None
-
-    @classmethod
-    def from_args(cls, args) -> Hub:
-        """The options of a training config (TrainConfig)."""
-        return cls(args.model_revision, args.trust_remote_code, args.attn_implementation)
 
 
 DEFAULT_HUB = Hub()
@@ -351,38 +346,47 @@ def _score_head(model: nn.Module) -> nn.Module | None:
     return getattr(model, "score", None) or getattr(model, "classifier", None)
 
 
-def load_quantized_policy(name: str, dtype, args, flag: str = "sft_model_path", hub: Hub = DEFAULT_HUB) -> nn.Module:
+def load_quantized_policy(
+    name: str, dtype, quantization: Quantization, flag: str = "sft_model_path", hub: Hub = DEFAULT_HUB
+) -> nn.Module:
     """A causal LM with quantised base weights (bitsandbytes) on this process's GPU, prepared for adapter training
     (peft's prepare_model_for_kbit_training: base frozen, norms in fp32; gradient checkpointing is left to
     --gradient_checkpointing). Needs a CUDA GPU: not exercised by rlhfkit's CPU tests."""
     from accelerate import PartialState
     from peft import prepare_model_for_kbit_training
 
-    quantization = quantization_config(args, dtype)
     model = _from_pretrained(
         AutoModelForCausalLM,
         name,
         flag,
         hub,
         dtype=dtype,
-        quantization_config=quantization,
+        quantization_config=quantization_config(quantization, dtype),
         device_map={"": PartialState().local_process_index},
         **_build_options(hub),
     )
     return prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
 
 
-def load_trained_policy(name: str, args, flag: str, hub: Hub = DEFAULT_HUB) -> nn.Module:
-    """The policy a run trains, from a hub id or local directory (`args`: a TrainConfig): with --load_in_4bit /
-    --load_in_8bit its base weights quantised (QLoRA: a CUDA GPU and bitsandbytes), else in --dtype's weights
-    (float32 by default, the master weights of --bf16 / --fp16 mixed precision). Both trainers load it here. With
-    GRPO's cast_lm_head_to_fp32 its LM head is cast at once, before an adapter, a reference copy or an engine's
-    wrapper is made from it."""
-    dtype = weight_dtype(args.dtype)
-    if args.load_in_4bit or args.load_in_8bit:
-        model = load_quantized_policy(name, dtype, args, flag, hub)
+def load_trained_policy(
+    name: str,
+    flag: str,
+    hub: Hub = DEFAULT_HUB,
+    *,
+    dtype: str | None,
+    quantization: Quantization = NOT_QUANTIZED,
+    lm_head_fp32: bool = False,
+) -> nn.Module:
+    """The policy a run trains, from a hub id or local directory: with --load_in_4bit / --load_in_8bit
+    (`quantization`) its base weights quantised (QLoRA: a CUDA GPU and bitsandbytes), else in --dtype's weights
+    (`dtype`; float32 by default, the master weights of --bf16 / --fp16 mixed precision). Both trainers load it here.
+    With lm_head_fp32 (GRPO's cast_lm_head_to_fp32) its LM head is cast at once, before an adapter, a reference copy
+    or an engine's wrapper is made from it."""
+    weights = weight_dtype(dtype)
+    if quantization.load_in_4bit or quantization.load_in_8bit:
+        model = load_quantized_policy(name, weights, quantization, flag, hub)
     else:
-        model = load_policy(name, dtype, flag, hub)
-    if getattr(args, "cast_lm_head_to_fp32", False):  # a GRPOConfig field; PPOConfig has none
+        model = load_policy(name, weights, flag, hub)
+    if lm_head_fp32:
         cast_lm_head_to_fp32(model)
     return model

@@ -78,7 +78,9 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
+    LORA_FLAGS,
     Hub,
+    Quantization,
     completion_token_stats,
     disable_dropout,
     frozen_copy,
@@ -175,11 +177,31 @@ class GRPOTrainer(TRLTrainerAPI):
         self.generation_worker: AsyncGeneration | None = (
             start_generation_worker(run, args) if args.async_generation else None
         )
-        hub = Hub.from_args(args)
+        hub = Hub(
+            revision=args.model_revision,
+            trust_remote_code=args.trust_remote_code,
+            attn_implementation=args.attn_implementation,
+        )
         if isinstance(model, str):
-            model = load_trained_policy(model, args, "model_name_or_path", hub)
+            quantization = Quantization(
+                args.load_in_4bit,
+                args.load_in_8bit,
+                args.bnb_4bit_quant_type,
+                args.use_bnb_nested_quant,
+                args.bnb_4bit_quant_storage,
+            )
+            lm_head_fp32 = args.cast_lm_head_to_fp32
+            model = load_trained_policy(
+                model,
+                "model_name_or_path",
+                hub,
+                dtype=args.dtype,
+                quantization=quantization,
+                lm_head_fp32=lm_head_fp32,
+            )
         if args.use_peft:  # LoRA: only the adapter trains; the reference is the model with it disabled
-            model = with_lora(model, args)
+            lora = {flag: getattr(args, flag) for flag in LORA_FLAGS.values()}
+            model = with_lora(model, lora, disable_dropout=args.disable_dropout, revision=args.model_revision)
         tok = processing_class or load_tokenizer(model.config._name_or_path, "model_name_or_path", hub)
         self.tokenizer = tok
         self.task = task

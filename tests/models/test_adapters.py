@@ -32,7 +32,8 @@ def test_all_linear_is_peft_s_shorthand_both_ways():
 
 
 def test_other_fields_replace_the_flags_values():
-    config = lora_config(ModelConfig(lora_dropout=0.1), "SEQ_CLS", lora_dropout=0.0, revision="v1")
+    flags = {flag: getattr(ModelConfig(lora_dropout=0.1), flag) for flag in LORA_FLAGS.values()}
+    config = lora_config("SEQ_CLS", flags, lora_dropout=0.0, revision="v1")
     assert (config.task_type, config.lora_dropout, config.revision) == ("SEQ_CLS", 0.0, "v1")
     assert ModelConfig().lora_config() is None  # without --use_peft
 
