@@ -1,4 +1,4 @@
-"""ModelConfig's LoRA flags and peft's LoraConfig (rlhfkit/lora.py): one mapping, read both ways."""
+"""ModelConfig's LoRA flags and peft's LoraConfig (rlhfkit/models/adapters.py): one mapping, read both ways."""
 
 import pytest
 
