@@ -40,7 +40,6 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 from torch import nn
 
-from rlhfkit.config import TrainConfig
 from rlhfkit.errors import ConfigError
 
 
@@ -89,7 +88,16 @@ class Engine:
         return self.kind == "fsdp" or (self.kind == "deepspeed" and self.zero_stage == 3)
 
 
-def check_supported(engine: Engine, args: TrainConfig) -> None:
+def check_supported(
+    engine: Engine,
+    *,
+    ds3_gather_for_generation: bool,
+    sync_ref_model: bool,
+    merge_adapter: bool,
+    cache_implementation: str | None,
+    load_in_4bit: bool,
+    load_in_8bit: bool,
+) -> None:
     """Exit 2 (ConfigError) for what rlhfkit does not do under `engine`, before anything is loaded or written."""
     if engine.kind == "fsdp" and engine.fsdp_version != 2:
         raise ConfigError(
@@ -102,30 +110,30 @@ def check_supported(engine: Engine, args: TrainConfig) -> None:
     if not engine.lockstep:
         return
     name = f"under {engine}"
-    if not args.ds3_gather_for_generation:
+    if not ds3_gather_for_generation:
         raise ConfigError(
             f"--ds3_gather_for_generation false {name}: rlhfkit samples from the policy's gathered weights (one "
             "full copy per process while sampling) and does not sample sharded. Leave it true; if the full policy "
             "does not fit one device, train a LoRA adapter (--use_peft) or use ZeRO-2."
         )
-    if getattr(args, "sync_ref_model", False):
+    if sync_ref_model:
         raise ConfigError(
             f"--sync_ref_model {name}: moving a sharded reference towards the policy is not supported. Use ZeRO-1/2 "
             "or DDP (multi_gpu.yaml) for TR-DPO, or leave sync_ref_model off."
         )
-    if args.merge_adapter:
+    if merge_adapter:
         raise ConfigError(
             f"--merge_adapter {name}: merging needs the whole base model in one process. Train without it and "
             "merge the saved adapter afterwards: PeftModel.from_pretrained(base_model, OUTPUT_DIR)"
             ".merge_and_unload().save_pretrained(MERGED_DIR)."
         )
-    if getattr(args, "cache_implementation", None) == "static":
+    if cache_implementation == "static":
         raise ConfigError(
             f"--cache_implementation static {name}: the compiled decode step is built over the policy's whole weights "
             "and is not tested on weights gathered per generation. Leave it unset (the dynamic cache), or use DDP "
             "or ZeRO-1/2."
         )
-    if args.load_in_4bit or args.load_in_8bit:
+    if load_in_4bit or load_in_8bit:
         raise ConfigError(
             f"--load_in_4bit / --load_in_8bit {name}: quantised weights are not sharded by rlhfkit. Use DDP "
             "(multi_gpu.yaml) with QLoRA, or ZeRO-3 / FSDP2 with --use_peft on bf16 weights."
@@ -137,7 +145,19 @@ def _torch_older(major: int, minor: int) -> bool:
     return version < (major, minor)
 
 
-def make_accelerator(args: TrainConfig, precision: str, trackers) -> tuple[Accelerator, Engine]:
+def make_accelerator(
+    precision: str,
+    trackers,
+    *,
+    per_device_train_batch_size: int,
+    max_grad_norm: float | None,
+    ds3_gather_for_generation: bool,
+    sync_ref_model: bool,
+    merge_adapter: bool,
+    cache_implementation: str | None,
+    load_in_4bit: bool,
+    load_in_8bit: bool,
+) -> tuple[Accelerator, Engine]:
     """The run's Accelerator for the engine `accelerate launch` asked for, with every process joined to one process
     group, and that engine; what rlhfkit does not do under it is refused first (check_supported).
 
@@ -156,7 +176,15 @@ def make_accelerator(args: TrainConfig, precision: str, trackers) -> tuple[Accel
     if engine.kind == "deepspeed":  # its plugin reads a DeepSpeed JSON, which may name the stage
         kwargs["deepspeed_plugin"] = plugin = DeepSpeedPlugin(zero3_init_flag=False)
         engine = Engine("deepspeed", zero_stage=int(plugin.zero_stage))
-    check_supported(engine, args)
+    check_supported(
+        engine,
+        ds3_gather_for_generation=ds3_gather_for_generation,
+        sync_ref_model=sync_ref_model,
+        merge_adapter=merge_adapter,
+        cache_implementation=cache_implementation,
+        load_in_4bit=load_in_4bit,
+        load_in_8bit=load_in_8bit,
+    )
     if engine.kind == "fsdp":
         # sync_module_states broadcasts rank 0's weights, which every process loaded anyway; accelerate cannot do it
         # without an accelerator device.
@@ -176,7 +204,7 @@ def make_accelerator(args: TrainConfig, precision: str, trackers) -> tuple[Accel
     if engine.kind == "fsdp":
         _keep_output_dtypes(kwargs["fsdp_plugin"])
     if engine.kind == "deepspeed":
-        _configure_deepspeed(accelerator, args)
+        _configure_deepspeed(accelerator, per_device_train_batch_size, max_grad_norm)
     return accelerator, engine
 
 
@@ -208,7 +236,9 @@ def _shard_on_cpu(accelerator: Accelerator, plugin) -> None:
     AcceleratorState._shared_state["fsdp_plugin"] = plugin
 
 
-def _configure_deepspeed(accelerator: Accelerator, args: TrainConfig) -> None:
+def _configure_deepspeed(
+    accelerator: Accelerator, per_device_train_batch_size: int, max_grad_norm: float | None
+) -> None:
     """Fill the DeepSpeed config's batch settings from the run's flags, and refuse settings rlhfkit owns.
 
     accelerate fills "auto" batch sizes from dataloaders, which an RL trainer does not prepare: the micro-batch is
@@ -225,9 +255,9 @@ def _configure_deepspeed(accelerator: Accelerator, args: TrainConfig) -> None:
 
     unset_hf_deepspeed_config()
     plugin.dschf = None
-    clipping = args.max_grad_norm if args.max_grad_norm is not None else 0.0
+    clipping = max_grad_norm if max_grad_norm is not None else 0.0
     owned = {
-        "train_micro_batch_size_per_gpu": (args.per_device_train_batch_size, "--per_device_train_batch_size"),
+        "train_micro_batch_size_per_gpu": (per_device_train_batch_size, "--per_device_train_batch_size"),
         "gradient_accumulation_steps": (1, "--gradient_accumulation_steps (rlhfkit accumulates itself)"),
         "gradient_clipping": (clipping, "--max_grad_norm"),
     }
@@ -239,7 +269,7 @@ def _configure_deepspeed(accelerator: Accelerator, args: TrainConfig) -> None:
                 f'{key} from the DeepSpeed config (or set it to "auto") and use {flag.split(" ")[0]}.'
             )
         config[key] = value
-    config["train_batch_size"] = args.per_device_train_batch_size * accelerator.num_processes
+    config["train_batch_size"] = per_device_train_batch_size * accelerator.num_processes
     for key, flag in (("optimizer", "--optim"), ("scheduler", "--lr_scheduler_type")):
         if key in config:
             raise ConfigError(

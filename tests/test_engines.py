@@ -2,8 +2,6 @@
 rows are shared out in lockstep. Training under each engine is tested end to end in
 tests/trainers/test_accelerate_configs.py."""
 
-from types import SimpleNamespace
-
 import pytest
 
 from rlhfkit.engines import Engine, check_supported, process_share
@@ -38,7 +36,7 @@ def _args(**overrides):
         ds3_gather_for_generation=True, sync_ref_model=False, merge_adapter=False, load_in_4bit=False,
         load_in_8bit=False, cache_implementation=None,
     )  # fmt: skip
-    return SimpleNamespace(**{**fields, **overrides})
+    return {**fields, **overrides}
 
 
 ZERO3, FSDP2 = Engine("deepspeed", 3), Engine("fsdp", fsdp_version=2)
@@ -58,7 +56,7 @@ ZERO3, FSDP2 = Engine("deepspeed", 3), Engine("fsdp", fsdp_version=2)
 )
 def test_what_rlhfkit_does_not_do_under_an_engine_is_refused_with_the_fix(engine, overrides, message):
     with pytest.raises(ConfigError, match=None) as e:
-        check_supported(engine, _args(**overrides))
+        check_supported(engine, **_args(**overrides))
     assert message in str(e.value)
 
 
@@ -66,7 +64,9 @@ def test_what_rlhfkit_does_not_do_under_an_engine_is_refused_with_the_fix(engine
 def test_without_sharded_weights_the_same_settings_are_fine(engine):
     check_supported(
         engine,
-        _args(ds3_gather_for_generation=False, sync_ref_model=True, merge_adapter=True, cache_implementation="static"),
+        **_args(
+            ds3_gather_for_generation=False, sync_ref_model=True, merge_adapter=True, cache_implementation="static"
+        ),
     )
 
 

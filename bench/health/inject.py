@@ -193,7 +193,7 @@ def entropy_bonus_from(trainer, step: int, coef: float, learning_rate: float | N
     import rlhfkit.trainers.ppo.model as ppo_model
     import rlhfkit.trainers.ppo.trainer as ppo
 
-    token_stats, policy_loss = ppo_model.response_token_stats, ppo.ops.clipped_policy_loss
+    token_stats, policy_loss = ppo_model.completion_token_stats, ppo.ops.clipped_policy_loss
     entropies = []  # the entropy of the micro-batch's training forward, with its gradient
 
     def stats_with_entropy_grad(*args, **kwargs):
@@ -209,7 +209,7 @@ def entropy_bonus_from(trainer, step: int, coef: float, learning_rate: float | N
         bonus = ppo.ops.masked_mean(entropies.pop(), mask)
         return out._replace(loss=out.loss - coef * bonus)
 
-    ppo_model.response_token_stats = stats_with_entropy_grad  # the policy's forward (PolicyAndValue)
+    ppo_model.completion_token_stats = stats_with_entropy_grad  # the policy's forward (PolicyAndValue)
     ppo.ops = _Patched(ppo.ops, clipped_policy_loss=with_bonus)
 
 

@@ -149,9 +149,11 @@ def _generation_wrapped(memory: PhaseMemory) -> None:
 
 
 def patch_forward(memory: PhaseMemory, module, label: str) -> None:
-    """The policy's forward as `module` calls it: response_token_stats (log-probs with the LM head in chunks, from
-    issue 39 on), or response_logits (the (B, T, V) logits, rlhfkit before it)."""
-    name = "response_token_stats" if hasattr(module, "response_token_stats") else "response_logits"
+    """The policy's forward as `module` calls it: completion_token_stats (log-probs with the LM head in chunks; named
+    response_token_stats from issue 39 until House 3), or response_logits (the (B, T, V) logits, rlhfkit before
+    issue 39)."""
+    names = ("completion_token_stats", "response_token_stats", "response_logits")
+    name = next(n for n in names if hasattr(module, n))
     memory.patch(module, name, label)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import field
 
-from rlhfkit import lora
 from rlhfkit.config.rules import (
     FLAG,
     PATH,
@@ -238,7 +237,9 @@ class ModelConfig(CheckedConfig):
         ``get_peft_config(model_args)``); None without --use_peft."""
         if not self.use_peft:
             return None
-        return lora.lora_config(self, self.lora_task_type)
+        from rlhfkit.models.adapters import LORA_FLAGS, lora_config  # torch and transformers only when asked
+
+        return lora_config(self.lora_task_type, {flag: getattr(self, flag) for flag in LORA_FLAGS.values()})
 
     def quantised(self) -> str | None:
         """The flag that loads quantised weights, if any."""

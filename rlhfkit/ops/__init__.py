@@ -36,9 +36,17 @@ from rlhfkit.ops.losses import (
     vespo_gamma_weights,
 )
 from rlhfkit.ops.masked import masked_mean, masked_sum, masked_var, masked_whiten
-from rlhfkit.ops.sequences import first_true_index, last_true_index, mask_from_lengths, truncate_after_stop_token
+from rlhfkit.ops.sequences import (
+    apply_eos_trick,
+    first_true_index,
+    last_true_index,
+    last_true_value,
+    mask_from_lengths,
+    truncate_after_stop_token,
+)
 
 __all__ = [
+    "apply_eos_trick",
     "AdaptiveKLController",
     "IS_CORRECTION_MODES",
     "GRPOLossOutput",
@@ -67,6 +75,7 @@ __all__ = [
     "kl_penalized_rewards",
     "kl_per_token",
     "last_true_index",
+    "last_true_value",
     "logprobs_from_hidden",
     "logprobs_from_linear",
     "logprobs_from_logits",

@@ -1,4 +1,4 @@
-"""Index and mask helpers for right-padded completion batches."""
+"""Index and mask helpers for right-padded completion batches, and the EOS trick on their scores."""
 
 from collections.abc import Sequence
 
@@ -29,6 +29,15 @@ def last_true_index(mask: Tensor) -> Tensor:
     return T - 1 - first_true_index(mask.flip(-1))
 
 
+def last_true_value(values: Tensor, mask: Tensor) -> Tensor:
+    """Each row's value at its last True: a reward model's score of a sequence, read at its last real token (with a
+    left-padded prompt and a right-padded completion, the completion's terminator, or its last token if truncated).
+
+    values: (B, L). mask: (B, L) bool. Returns (B,); a row with no True gives its first value.
+    """
+    return values.gather(1, last_true_index(mask).clamp(min=0)[:, None]).squeeze(1)
+
+
 def truncate_after_stop_token(tokens: Tensor, stop_token_id: int | Sequence[int], pad_token_id: int) -> Tensor:
     """Replace everything after the first stop token of each row with padding; the stop token itself is kept.
 
@@ -51,3 +60,23 @@ def mask_from_lengths(lengths: Tensor, T: int) -> Tensor:
     because the pad id is often the EOS id, and the EOS that ends a completion must count.
     """
     return torch.arange(T, device=lengths.device) < lengths.unsqueeze(-1)
+
+
+def apply_eos_trick(
+    scores: torch.Tensor,
+    terminated: torch.Tensor,
+    missing_eos_penalty: float | None,
+    non_eos_penalty: bool,
+    penalty_reward_value: float,
+) -> torch.Tensor:
+    """Penalise completions that never produced the stop token.
+
+    non_eos_penalty replaces their score by penalty_reward_value (the N+ implementation details / CleanRL);
+    missing_eos_penalty subtracts a constant (TRL's current option). Both may be combined: replace, then subtract.
+    """
+    scores = scores.clone()
+    if non_eos_penalty:
+        scores[~terminated] = penalty_reward_value
+    if missing_eos_penalty is not None:
+        scores[~terminated] -= missing_eos_penalty
+    return scores

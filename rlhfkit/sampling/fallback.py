@@ -21,7 +21,7 @@ from torch import nn
 from transformers import GenerationConfig
 
 from rlhfkit import ops
-from rlhfkit.models import response_token_stats
+from rlhfkit.models import completion_token_stats
 from rlhfkit.sampling.decoders import CACHE_ARGS, LEAN_LOOP_ARGS, Generated
 from rlhfkit.sampling.settings import generation_config_fields, stop_ids, temperature_of
 
@@ -177,7 +177,8 @@ def hf_generate(
     input_ids = torch.cat([prompt_ids, raw], dim=1)
     attention_mask = torch.cat([prompt_mask.bool(), torch.ones_like(raw, dtype=torch.bool)], dim=1)
     return Generated(
-        tokens, response_token_stats(model, input_ids, attention_mask, prompt_ids.shape[1], raw, temperature).logprobs
+        tokens,
+        completion_token_stats(model, input_ids, attention_mask, prompt_ids.shape[1], raw, temperature).logprobs,
     )
 
 

@@ -92,7 +92,7 @@ TASK_BUDGETS: dict[str, dict] = {
 }
 
 
-def train_sft(task, tokenizer, train_examples, preset: BuildPreset, seed: int, log):
+def train_sft(tokenizer, train_examples, preset: BuildPreset, seed: int, log):
     """Supervised warm start on "prompt + answer + EOS"; cross-entropy on the answer and EOS tokens only."""
     from transformers import LlamaForCausalLM
 
@@ -281,7 +281,7 @@ def _build(out_dir: Path, seed: int, cfg: BuildPreset, preset_name: str, log, ta
     log(f"[build-tiny] task {spec.name}, preset {preset_name}, seed {seed}: {len(train_prompts)} train prompts")
 
     # 2. supervised warm start
-    sft = train_sft(spec, tokenizer, train_examples, cfg, seed, log)
+    sft = train_sft(tokenizer, train_examples, cfg, seed, log)
     t_sft = time.perf_counter() - t0
 
     # 3. reward-model pairs: synthetic near misses + wrong completions sampled from the SFT model

@@ -24,7 +24,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState
 
 from rlhfkit.checkpoint import save_into
 from rlhfkit.errors import ConfigError
-from rlhfkit.lora import lora_flags
+from rlhfkit.models import lora_flags
 from rlhfkit.tracking.rundir import LOCK_FILE, MUTEX_FILE
 from rlhfkit.trainers.callbacks import EVAL_PREFIX
 from rlhfkit.trainers.datasets import tokenize_eval_dataset

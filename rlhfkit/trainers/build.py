@@ -8,6 +8,7 @@ from rlhfkit.data import load_prompt_splits
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import (
     Hub,
+    Quantization,
     check_lora_setup,
     check_same_vocabulary,
     load_reward_model,
@@ -183,7 +184,14 @@ def build_grpo_trainer(
         apply_builtin_task(args, explicit, preset, builtin)
         if "reward_funcs" not in explicit:
             args.reward_funcs = list(load_task(args.task).reward_funcs)
-    check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
+    quantization = Quantization(
+        args.load_in_4bit,
+        args.load_in_8bit,
+        args.bnb_4bit_quant_type,
+        args.use_bnb_nested_quant,
+        args.bnb_4bit_quant_storage,
+    )
+    check_lora_setup(args.use_peft, quantization)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 now
     train, test, task = _load_data_and_task(args, explicit)
     return GRPOTrainer(
         model=args.model_name_or_path,
@@ -206,7 +214,14 @@ def build_ppo_trainer(
     `builtin` (its `preset` build)."""
     if uses_builtin_task(args):
         apply_builtin_task(args, explicit, preset, builtin)
-    check_lora_setup(args)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 before anything loads
+    quantization = Quantization(
+        args.load_in_4bit,
+        args.load_in_8bit,
+        args.bnb_4bit_quant_type,
+        args.use_bnb_nested_quant,
+        args.bnb_4bit_quant_storage,
+    )
+    check_lora_setup(args.use_peft, quantization)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 now
     if args.reward_model_path is None and not args.reward_funcs:
         # TRL 1.12's ppo.py defaulted the reward model to EleutherAI/pythia-160m, a causal LM with a fresh score head:
         # a random reward. rlhfkit does not train against one without being told which reward to use.
@@ -216,13 +231,17 @@ def build_ppo_trainer(
             "'module:function'). Without model flags, rlhfkit runs its built-in task with its reward model."
         )
     train, test, task = _load_data_and_task(args, explicit)
-    hub = Hub.from_args(args)
+    hub = Hub(
+        revision=args.model_revision,
+        trust_remote_code=args.trust_remote_code,
+        attn_implementation=args.attn_implementation,
+    )
     sft_path = args.sft_model_path or args.model_name_or_path
     sft_flag = "sft_model_path" if args.sft_model_path else "model_name_or_path"
     tokenizer_flag = "model_name_or_path" if args.model_name_or_path else sft_flag
     tokenizer = load_tokenizer(args.model_name_or_path or sft_path, tokenizer_flag, hub)
     dtype = weight_dtype(args.dtype)
-    policy = load_trained_policy(sft_path, args, sft_flag, hub)
+    policy = load_trained_policy(sft_path, sft_flag, hub, dtype=args.dtype, quantization=quantization)
     # PPOTrainer scores the reward functions, then the reward model: --reward_weights weigh them in that order (TRL
     # 1.12's PPO had a reward model alone; `trl grpo` puts its reward models first).
     reward_funcs = resolve_reward_funcs(args.reward_funcs, task) if args.reward_funcs else None

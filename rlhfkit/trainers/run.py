@@ -191,7 +191,18 @@ class TrainingRun:
         # a run is a fresh start (a notebook's second trainer, a test), so forget it. The process group (PartialState)
         # stays.
         AcceleratorState._reset_state()
-        accelerator, engine = make_accelerator(args, precision, self._trackers())
+        accelerator, engine = make_accelerator(
+            precision,
+            self._trackers(),
+            per_device_train_batch_size=args.per_device_train_batch_size,
+            max_grad_norm=args.max_grad_norm,
+            ds3_gather_for_generation=args.ds3_gather_for_generation,
+            sync_ref_model=getattr(args, "sync_ref_model", False),  # GRPO's; PPOConfig has none
+            merge_adapter=args.merge_adapter,
+            cache_implementation=getattr(args, "cache_implementation", None),  # GRPO's; PPOConfig has none
+            load_in_4bit=args.load_in_4bit,
+            load_in_8bit=args.load_in_8bit,
+        )
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if accelerator.num_processes != launched:  # each process would train alone: N copies of one run
             raise ConfigError(

@@ -87,3 +87,27 @@ def test_mask_from_lengths_hand_computed():
         [False, False, False],
         [True, True, True],
     ]
+
+
+def test_last_true_value_reads_each_row_at_its_last_real_token():
+    # A left-padded prompt and a right-padded completion: the score is the last real token's (a reward model's).
+    values = torch.tensor([[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0], [8.0, 9.0, 10.0, 11.0]])
+    mask = torch.tensor([[False, True, True, False], [True, True, True, True], [False, False, False, False]])
+    torch.testing.assert_close(ops.last_true_value(values, mask), torch.tensor([2.0, 7.0, 8.0]))  # none: the first
+
+
+def test_eos_trick_replaces_then_subtracts_on_unterminated_completions_only():
+    scores = torch.tensor([1.0, 2.0, 3.0])
+    terminated = torch.tensor([True, False, False])
+    same = ops.apply_eos_trick(scores, terminated, None, False, -1.0)
+    assert torch.equal(same, scores) and same is not scores  # a copy: the caller's scores stay
+    torch.testing.assert_close(
+        ops.apply_eos_trick(scores, terminated, 0.5, False, -1.0), torch.tensor([1.0, 1.5, 2.5])
+    )
+    torch.testing.assert_close(
+        ops.apply_eos_trick(scores, terminated, None, True, -1.0), torch.tensor([1.0, -1.0, -1.0])
+    )
+    torch.testing.assert_close(
+        ops.apply_eos_trick(scores, terminated, 0.5, True, -1.0), torch.tensor([1.0, -1.5, -1.5])
+    )
+    assert torch.equal(scores, torch.tensor([1.0, 2.0, 3.0]))

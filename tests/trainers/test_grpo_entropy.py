@@ -10,7 +10,7 @@ import torch
 from rlhfkit import GRPOConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import ConfigError
-from rlhfkit.models import response_logits
+from rlhfkit.models import completion_logits
 from rlhfkit.trainers.build import build_grpo_trainer
 from tests.trainers.test_grpo import grpo_config, read_jsonl, train_rows
 from tests.trainers.test_resume import assert_same_run, resume_from
@@ -80,7 +80,7 @@ def test_static_coefficient_adds_the_bonus_to_loss_and_gradient(tiny_assets, tmp
     # The reference: the bonus's own gradient, through a float64 entropy of the same forward.
     trainer.model.zero_grad()
     mask = batch.loss_mask[idx]
-    logits = response_logits(trainer.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width)
+    logits = completion_logits(trainer.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width)
     entropy = reference_entropy(logits, args.temperature)
     tokens = mask
     if top_entropy_quantile < 1.0:

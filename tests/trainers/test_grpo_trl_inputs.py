@@ -1,4 +1,4 @@
-"""The forms of input TRL 1.16's GRPOTrainer takes (trainers/grpo/trainer.py, shared.py, rewards.py): a streamed train set
+"""The forms of input TRL 1.16's GRPOTrainer takes (trainers/grpo/trainer.py, datasets.py, rewards/): a streamed train set
 with max_steps, one reward tokenizer for one reward model, TRL's reward attributes, completions no reward function
 scores (a warning, reward 0, training goes on), and reward_funcs left out."""
 

@@ -16,7 +16,7 @@ from rlhfkit.config import GRPOConfig, PPOArguments, PPOConfig
 from rlhfkit.config.parse import parse_config
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry
-from rlhfkit.models import is_peft_model, load_scalar_model, policy_logits, response_logits, with_lora
+from rlhfkit.models import LORA_FLAGS, completion_logits, is_peft_model, load_scalar_model, policy_logits, with_lora
 from rlhfkit.ops import logprobs_from_logits
 from rlhfkit.trainers.build import build_grpo_trainer, build_ppo_trainer
 from tests.helpers import asset_flags, expand_templates, run_two_processes
@@ -105,9 +105,9 @@ def test_ppo_reference_is_the_base_model_without_a_second_copy(ppo_run, tiny_ass
         width = 2  # the logits that predict tokens 2.. (all but the first two positions are "response")
         tokens, temperature = ids[:, width:], trainer.args.temperature
         reference = trainer.generation.reference_logprobs(trainer.unwrapped, ids, mask, width, tokens)
-        expected = logprobs_from_logits(response_logits(base, ids, mask, width), tokens, temperature)
+        expected = logprobs_from_logits(completion_logits(base, ids, mask, width), tokens, temperature)
         policy = logprobs_from_logits(
-            response_logits(trainer.unwrapped.policy.eval(), ids, mask, width), tokens, temperature
+            completion_logits(trainer.unwrapped.policy.eval(), ids, mask, width), tokens, temperature
         )
     assert torch.equal(reference, expected)
     assert not torch.allclose(policy, expected)
@@ -272,7 +272,9 @@ def test_lora_dropout_is_kept_when_dropout_is_not_disabled(tiny_assets):
     from transformers import AutoModelForCausalLM as Auto
 
     model = Auto.from_pretrained(tiny_assets / "sft")
-    wrapped = with_lora(model, PPOConfig(use_peft=True, disable_dropout=False, lora_dropout=0.1))
+    config = PPOConfig(use_peft=True, disable_dropout=False, lora_dropout=0.1)
+    lora = {flag: getattr(config, flag) for flag in LORA_FLAGS.values()}
+    wrapped = with_lora(model, lora, disable_dropout=config.disable_dropout, revision=config.model_revision)
     assert wrapped.peft_config["default"].lora_dropout == 0.1
 
 

@@ -1,5 +1,5 @@
 """--padding_free: both trainers' policy and reference forwards run on the batch's real tokens packed into one row
-(models.response_token_stats), with the padded batch's numbers."""
+(models.completion_token_stats), with the padded batch's numbers."""
 
 import math
 import os

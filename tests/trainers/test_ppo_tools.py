@@ -14,7 +14,7 @@ from rlhfkit import ops
 from rlhfkit.config import PPOConfig
 from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry
-from rlhfkit.models import response_token_stats
+from rlhfkit.models import completion_token_stats
 from rlhfkit.sampling import completions as sampling_completions
 from rlhfkit.sampling.decoders import Generated
 from rlhfkit.trainers.ppo import PPOTrainer
@@ -118,7 +118,7 @@ def scripted_sampler(tok):
         if not config.do_sample:
             return Generated(tokens, None)
         ids, mask = torch.cat([prompt_ids, tokens], 1), torch.cat([prompt_mask, torch.ones_like(tokens).bool()], 1)
-        stats = response_token_stats(model, ids, mask, prompt_ids.shape[1], tokens, config.temperature)
+        stats = completion_token_stats(model, ids, mask, prompt_ids.shape[1], tokens, config.temperature)
         return Generated(tokens, stats.logprobs.float())
 
     return generate

@@ -250,7 +250,7 @@ def test_a_failing_tracker_is_dropped_and_training_goes_on(tiny_assets, tmp_path
 @pytest.mark.parametrize("limit", [2])
 def test_nonfinite_losses_skip_steps_then_stop_with_a_checkpoint(tiny_assets, tmp_path, limit):
     """Rewards that overflow make the loss NaN: the NaN health rule fires, the steps are skipped, then training stops.
-    (A reward function's own NaN means "not applicable", as None: tests/test_rewards.py.)"""
+    (A reward function's own NaN means "not applicable", as None: tests/rewards/test_calling.py.)"""
     from rlhfkit.errors import NonFiniteStop
 
     args = grpo_config(

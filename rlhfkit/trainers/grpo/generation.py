@@ -41,7 +41,7 @@ from rlhfkit.agents.episodes import CustomRollout, sample_episodes
 from rlhfkit.config import GRPOConfig
 from rlhfkit.config.batch_sizes import GRPOBatchSizes
 from rlhfkit.metrics import registry as M
-from rlhfkit.models import adapter_disabled, response_token_stats
+from rlhfkit.models import adapter_disabled, completion_token_stats
 from rlhfkit.rewards import RewardOutput, RewardSources
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
 from rlhfkit.trainers.evaluation import count_task_success
@@ -399,7 +399,7 @@ class GRPOGeneration:
         parts = []
         for i in range(0, len(ids), step):
             rows = slice(i, i + step)
-            part = response_token_stats(
+            part = completion_token_stats(
                 model, ids[rows], mask[rows], width, completion_ids[rows], args.temperature,
                 padding_free=args.padding_free,
             )  # fmt: skip

@@ -86,13 +86,15 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
+    LORA_FLAGS,
     Hub,
+    Quantization,
     cast_lm_head_to_fp32,
+    completion_token_stats,
     disable_dropout,
     frozen_copy,
     load_tokenizer,
     load_trained_policy,
-    response_token_stats,
     weight_dtype,
     with_lora,
 )
@@ -173,11 +175,31 @@ class GRPOTrainer(TRLTrainerAPI):
         self.generation_worker: AsyncGeneration | None = (
             start_generation_worker(run, args) if args.async_generation else None
         )
-        hub = Hub.from_args(args)
+        hub = Hub(
+            revision=args.model_revision,
+            trust_remote_code=args.trust_remote_code,
+            attn_implementation=args.attn_implementation,
+        )
         if isinstance(model, str):
-            model = load_trained_policy(model, args, "model_name_or_path", hub)
+            quantization = Quantization(
+                args.load_in_4bit,
+                args.load_in_8bit,
+                args.bnb_4bit_quant_type,
+                args.use_bnb_nested_quant,
+                args.bnb_4bit_quant_storage,
+            )
+            lm_head_fp32 = args.cast_lm_head_to_fp32
+            model = load_trained_policy(
+                model,
+                "model_name_or_path",
+                hub,
+                dtype=args.dtype,
+                quantization=quantization,
+                lm_head_fp32=lm_head_fp32,
+            )
         if args.use_peft:  # LoRA: only the adapter trains; the reference is the model with it disabled
-            model = with_lora(model, args)
+            lora = {flag: getattr(args, flag) for flag in LORA_FLAGS.values()}
+            model = with_lora(model, lora, disable_dropout=args.disable_dropout, revision=args.model_revision)
         tok = processing_class or load_tokenizer(model.config._name_or_path, "model_name_or_path", hub)
         self.tokenizer = tok
         self.task = task
@@ -455,7 +477,7 @@ class GRPOTrainer(TRLTrainerAPI):
         mask = batch.loss_mask[idx]
         self.run.count_training_tokens(batch.attention_mask[idx])  # perf/mfu
         # The entropy term backpropagates through the entropy; without one the entropy is only measured.
-        logprobs, entropy_with_grad = response_token_stats(
+        logprobs, entropy_with_grad = completion_token_stats(
             self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width,
             batch.completion_ids[idx], args.temperature, entropy=True, entropy_grad=entropy_coef is not None,
             padding_free=args.padding_free,

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from rlhfkit.agents.episodes import sample_episodes
 from rlhfkit.config import PPOConfig
 from rlhfkit.config.batch_sizes import PPOBatchSizes
-from rlhfkit.models import adapter_disabled, response_token_stats, token_values
+from rlhfkit.models import adapter_disabled, completion_token_stats, token_values
 from rlhfkit.rewards import RewardOutput, RewardSources, apply_eos_trick
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
 from rlhfkit.trainers.ppo.model import PolicyAndValue
@@ -193,6 +193,6 @@ class PPOGeneration:
         args = (input_ids, attention_mask, prompt_width, completion_ids, self.args.temperature)
         packed = self.args.padding_free
         if self.ref_model is not None:
-            return response_token_stats(self.ref_model, *args, padding_free=packed).logprobs
+            return completion_token_stats(self.ref_model, *args, padding_free=packed).logprobs
         with adapter_disabled(model.policy) as base:
-            return response_token_stats(base, *args, padding_free=packed).logprobs
+            return completion_token_stats(base, *args, padding_free=packed).logprobs

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlhfkit.models import TokenStats, no_split_modules, response_token_stats, token_values
+from rlhfkit.models import TokenStats, completion_token_stats, no_split_modules, token_values
 
 
 class PolicyAndValue(nn.Module):
@@ -31,7 +31,7 @@ class PolicyAndValue(nn.Module):
     ) -> tuple[TokenStats, torch.Tensor]:
         """The completion tokens' (B, T) log-probs (and detached entropies, when asked) at `temperature`, and (B, L)
         values at every position."""
-        stats = response_token_stats(
+        stats = completion_token_stats(
             self.policy, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy,
             padding_free=self.padding_free,
         )  # fmt: skip

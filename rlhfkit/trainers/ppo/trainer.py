@@ -55,6 +55,7 @@ from rlhfkit.errors import ConfigError
 from rlhfkit.metrics import registry as M
 from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
+    LORA_FLAGS,
     Hub,
     disable_dropout,
     frozen_copy,
@@ -236,7 +237,14 @@ class PPOTrainer(TRLTrainerAPI):
         args, acc = self.args, self.accelerator
         names, funcs = [], []
         if reward_funcs is not None:
-            dtype, hub = weight_dtype(args.dtype), Hub.from_args(args)
+            dtype, hub = (
+                weight_dtype(args.dtype),
+                Hub(
+                    revision=args.model_revision,
+                    trust_remote_code=args.trust_remote_code,
+                    attn_implementation=args.attn_implementation,
+                ),
+            )
             names, funcs = reward_sources(reward_funcs, processing_classes, self.tokenizer, dtype, acc.device, hub)
         if reward_model is not None:
             name, size = reward_name(reward_model), args.local_rollout_forward_batch_size
@@ -257,7 +265,10 @@ class PPOTrainer(TRLTrainerAPI):
                 "PPOTrainer got a ref_model and use_peft: with LoRA the reference is the policy with its adapter "
                 "disabled. Pass ref_model=None."
             )
-        return with_lora(model, self.args), with_lora(value_model, self.args, task_type="SEQ_CLS")
+        args = self.args
+        lora = {flag: getattr(args, flag) for flag in LORA_FLAGS.values()}
+        settings = dict(disable_dropout=args.disable_dropout, revision=args.model_revision)
+        return with_lora(model, lora, **settings), with_lora(value_model, lora, **settings, task_type="SEQ_CLS")
 
     # ------------------------------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: bool | str | None = None) -> TrainOutput:

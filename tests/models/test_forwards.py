@@ -1,8 +1,7 @@
-"""The forwards in rlhfkit.models that the losses read: logits of the response positions only, and the float32 LM
-head of cast_lm_head_to_fp32."""
+"""rlhfkit/models/forwards.py, the forwards the losses read: logits of the response positions only, log-probs and
+entropies with the LM head in chunks of positions, padding-free batches."""
 
 import functools
-import json
 import warnings
 
 import pytest
@@ -14,25 +13,14 @@ from rlhfkit import ops
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import (
     cast_lm_head_to_fp32,
+    completion_logits,
+    completion_token_stats,
     enable_gradient_checkpointing,
-    frozen_copy,
     policy_logits,
-    response_logits,
-    response_token_stats,
     takes_logits_to_keep,
 )
 from rlhfkit.sampling import left_pad
-
-
-@pytest.fixture(scope="module")
-def batch(tiny_assets):
-    tokenizer = AutoTokenizer.from_pretrained(tiny_assets / "sft")
-    model = AutoModelForCausalLM.from_pretrained(tiny_assets / "sft").eval()
-    queries, mask = left_pad([tokenizer(p)["input_ids"] for p in ("sort 4312=", "sort 12=")], tokenizer.pad_token_id)
-    response = torch.tensor([[5, 6, 7, 1], [8, 1, 0, 0]])
-    ids = torch.cat([queries, response], dim=1)
-    attention = torch.cat([mask, torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], dtype=torch.bool)], dim=1)
-    return model, ids, attention, queries.shape[1]
+from tests.models.common import Wrapper, bf16_model
 
 
 class NoLogitsToKeep(nn.Module):
@@ -44,17 +32,6 @@ class NoLogitsToKeep(nn.Module):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, use_cache=None):
         return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-
-
-class Wrapper(nn.Module):
-    """Like DDP or a DeepSpeed engine: forward(*args, **kwargs) into .module."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
 
 
 def lm_head_rows(model) -> tuple[list[int], object]:
@@ -69,7 +46,7 @@ def test_response_logits_are_the_full_forwards_response_positions(batch, wrap):
     model, ids, attention, width = batch
     expected = policy_logits(model, ids, attention)[:, width - 1 : -1]
     rows, handle = lm_head_rows(model)
-    got = response_logits(wrap(model), ids, attention, width)
+    got = completion_logits(wrap(model), ids, attention, width)
     handle.remove()
     assert takes_logits_to_keep(wrap(model))
     assert rows == [ids.shape[1] - width + 1]
@@ -82,7 +59,7 @@ def test_a_forward_without_logits_to_keep_gets_every_position_then_the_cut(batch
     legacy = NoLogitsToKeep(model)
     assert not takes_logits_to_keep(legacy) and not takes_logits_to_keep(Wrapper(legacy))
     rows, handle = lm_head_rows(model)
-    got = response_logits(Wrapper(legacy), ids, attention, width)
+    got = completion_logits(Wrapper(legacy), ids, attention, width)
     handle.remove()
     assert rows == [ids.shape[1]]
     torch.testing.assert_close(got, policy_logits(model, ids, attention)[:, width - 1 : -1], atol=0, rtol=0)
@@ -98,136 +75,14 @@ def test_a_peft_model_is_looked_into(batch):
     assert takes_logits_to_keep(lora) and takes_logits_to_keep(Wrapper(lora))
     lora.eval()
     torch.testing.assert_close(
-        response_logits(lora, ids, attention, width),
+        completion_logits(lora, ids, attention, width),
         policy_logits(lora, ids, attention)[:, width - 1 : -1],
         atol=1e-5,
         rtol=0,
     )
 
 
-# ---- cast_lm_head_to_fp32 ----
-
-
-def bf16_model(tiny_assets, tied: bool):
-    """The built-in task's tiny Llama (tied embeddings) in bf16, or an untied copy of it."""
-    model = AutoModelForCausalLM.from_pretrained(tiny_assets / "sft", dtype=torch.bfloat16).eval()
-    if tied:
-        return model
-    config = model.config
-    config.tie_word_embeddings = False
-    untied = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    untied.load_state_dict(model.state_dict(), strict=False)
-    untied.lm_head.weight.data.normal_(generator=torch.Generator().manual_seed(0))  # its own weights
-    return untied
-
-
-def logits_and_reference(model, ids, attention, width):
-    """response_logits of `model`, and the float64 product of the very hidden states the head got with its weight."""
-    seen = []
-    handle = model.lm_head.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
-    logits = response_logits(model, ids, attention, width)
-    handle.remove()
-    hidden = seen[0][:, :-1]  # the head ran on the T + 1 kept positions; the last predicts nothing here
-    reference = hidden.double() @ model.lm_head.weight.double().T
-    return logits, reference
-
-
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_cast_lm_head_to_fp32_computes_float32_logits(tiny_assets, batch, tied):
-    _, ids, attention, width = batch
-    model = bf16_model(tiny_assets, tied)
-    plain, reference = logits_and_reference(model, ids, attention, width)
-    assert plain.dtype == torch.bfloat16
-    bf16_error = (plain.double() - reference).abs().max().item()
-
-    assert cast_lm_head_to_fp32(model) is model
-    assert model.lm_head.weight.dtype == torch.float32
-    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tied  # a tied weight stays one weight
-    for autocast in (False, True):  # also under mixed precision, which would compute the product in bf16
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            logits, reference = logits_and_reference(model, ids, attention, width)
-        assert logits.dtype == torch.float32
-        # float32 rounding of a float64 product of the same inputs: a few ulps of the largest logit
-        scale = reference.abs().max().item()
-        torch.testing.assert_close(logits.double(), reference, atol=4 * scale * 2**-24, rtol=0)
-    assert bf16_error > 100 * scale * 2**-24  # what the cast removes
-
-
-def test_cast_lm_head_to_fp32_keeps_the_layers_inputs_and_travels_with_copies(tiny_assets, batch):
-    _, ids, attention, width = batch
-    model = bf16_model(tiny_assets, tied=True)
-    outputs = []
-
-    def record(module, args, out):
-        outputs.append(out)
-
-    handle = model.model.embed_tokens.register_forward_hook(record)
-    before = model(input_ids=ids, attention_mask=attention).logits
-    handle.remove()
-    cast_lm_head_to_fp32(model)
-    cast_lm_head_to_fp32(model)  # again: no second hook, no change
-    model.model.embed_tokens.register_forward_hook(record)  # after the cast's own hook: what the layers get
-    after = model(input_ids=ids, attention_mask=attention).logits
-    # the layers saw the same bf16 embeddings (the tied weight is float32 now, its values are the bf16 ones)
-    assert outputs[1].dtype == torch.bfloat16 and torch.equal(outputs[0], outputs[1])
-    assert len(model.model.embed_tokens._forward_hooks) == 2  # the test's and the cast's
-    torch.testing.assert_close(after, before.float(), atol=0.07, rtol=0)  # bf16 rounding of the logits only
-    copy = frozen_copy(model)  # the reference of a GRPO run with beta > 0
-    torch.testing.assert_close(
-        response_logits(copy, ids, attention, width), response_logits(model, ids, attention, width)
-    )
-    assert response_logits(copy, ids, attention, width).dtype == torch.float32
-
-
-@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
-def test_cast_lm_head_to_fp32_refuses_a_lora_adapter_on_the_head(tiny_assets):
-    peft = pytest.importorskip("peft")
-    model = bf16_model(tiny_assets, tied=False)
-    lora = peft.get_peft_model(model, peft.LoraConfig(r=2, target_modules=["q_proj", "lm_head"]))
-    with pytest.raises(ConfigError, match="LoRA adapter on the LM head"):
-        cast_lm_head_to_fp32(lora)
-    beside = peft.get_peft_model(bf16_model(tiny_assets, tied=False), peft.LoraConfig(r=2, target_modules=["q_proj"]))
-    cast_lm_head_to_fp32(beside)  # an adapter elsewhere is fine
-    assert beside.get_output_embeddings().weight.dtype == torch.float32
-    # lora_modules_to_save=["lm_head"] trains a copy of the head: the copy and the base head are both float32
-    saved = bf16_model(tiny_assets, tied=True)
-    saved = peft.get_peft_model(saved, peft.LoraConfig(r=2, target_modules=["q_proj"], modules_to_save=["lm_head"]))
-    cast_lm_head_to_fp32(saved)
-    ids = torch.tensor([[1, 2, 3]])
-    assert saved(input_ids=ids).logits.dtype == torch.float32
-    with saved.disable_adapter():
-        assert saved(input_ids=ids).logits.dtype == torch.float32
-
-
-def test_a_model_that_ships_its_own_code_is_explained_not_called_missing(tmp_path):
-    from rlhfkit.errors import ModelLoadError
-    from rlhfkit.models import load_policy
-
-    config = {"model_type": "rlhfkit-custom", "auto_map": {"AutoModelForCausalLM": "modeling_custom.CustomLM"}}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    (tmp_path / "modeling_custom.py").write_text("raise RuntimeError('never imported without trust')\n")
-    with pytest.raises(ModelLoadError, match="ships its own modelling code.*pass --trust_remote_code"):
-        load_policy(str(tmp_path), torch.float32, "model_name_or_path")
-
-
-def test_a_cached_hub_model_that_ships_its_own_code_is_not_called_missing(tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    from rlhfkit.models import DEFAULT_HUB, _why_not_loaded
-    from tests.hub_cache import cache_model
-
-    saved = tmp_path / "saved"
-    saved.mkdir()
-    (saved / "config.json").write_text(json.dumps({"model_type": "x", "auto_map": {"AutoModel": "m.X"}}))
-    cache_model(tmp_path / "hub", "org/custom", saved)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    message = _why_not_loaded("org/custom", "model_name_or_path", DEFAULT_HUB, OSError("offline"))
-    assert "ships its own modelling code" in message and "not in the hub cache" not in message
-    assert "not in the hub cache" in _why_not_loaded("org/absent", "model_name_or_path", DEFAULT_HUB, OSError("x"))
-
-
-# ---- response_token_stats: log-probs and entropies with the LM head in chunks of positions ----
+# ---- completion_token_stats: log-probs and entropies with the LM head in chunks of positions ----
 
 
 def float64_model(tiny_assets, tied: bool = True):
@@ -245,7 +100,7 @@ def float64_model(tiny_assets, tied: bool = True):
 
 def full_logits_stats(model, ids, attention, width, tokens, temperature):
     """What rlhfkit computed before the chunked head: the (B, T, V) logits, then the ops."""
-    logits = response_logits(model, ids, attention, width)
+    logits = completion_logits(model, ids, attention, width)
     return ops.logprobs_from_logits(logits, tokens, temperature), ops.entropy_from_logits(logits, temperature)
 
 
@@ -265,7 +120,7 @@ def assert_same_numbers(model, ids, attention, width, temperature, atol, wrap=la
     mask = attention[:, width:]
     chunked = values_and_gradients(
         model,
-        lambda: response_token_stats(wrap(model), ids, attention, width, tokens, temperature, True, True),
+        lambda: completion_token_stats(wrap(model), ids, attention, width, tokens, temperature, True, True),
         mask,
     )
     full = values_and_gradients(
@@ -323,7 +178,7 @@ def test_token_stats_with_lora(tiny_assets, batch, two_position_chunks, lora):
     with model.disable_adapter():  # the reference of a LoRA run
         tokens = ids[:, width:]
         with torch.no_grad():
-            got = response_token_stats(model, ids, attention, width, tokens, 0.7).logprobs
+            got = completion_token_stats(model, ids, attention, width, tokens, 0.7).logprobs
             expected = full_logits_stats(model, ids, attention, width, tokens, 0.7)[0]
     torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
 
@@ -339,7 +194,7 @@ def test_token_stats_in_bf16_equal_the_full_path_and_the_float64_reference(
     if cast:
         cast_lm_head_to_fp32(model)
     tokens, mask = ids[:, width:], attention[:, width:]
-    chunked = response_token_stats(model, ids, attention, width, tokens, 0.7, True, True)
+    chunked = completion_token_stats(model, ids, attention, width, tokens, 0.7, True, True)
     full = full_logits_stats(model, ids, attention, width, tokens, 0.7)
     assert chunked.logprobs.dtype == torch.float32
     torch.testing.assert_close(chunked.logprobs * mask, full[0] * mask, atol=1e-5, rtol=0)
@@ -347,7 +202,7 @@ def test_token_stats_in_bf16_equal_the_full_path_and_the_float64_reference(
     chunked_grad = torch.autograd.grad((chunked.logprobs * mask).sum(), model.lm_head.weight)[0]
     full_grad = torch.autograd.grad((full[0] * mask).sum(), model.lm_head.weight)[0]
     torch.testing.assert_close(chunked_grad.float(), full_grad.float(), atol=2e-2, rtol=1e-2)
-    reference = response_token_stats(float64_model(tiny_assets), ids, attention, width, tokens, 0.7)
+    reference = completion_token_stats(float64_model(tiny_assets), ids, attention, width, tokens, 0.7)
     torch.testing.assert_close(chunked.logprobs.double() * mask, reference.logprobs * mask, atol=0.1, rtol=0)
 
 
@@ -372,13 +227,13 @@ def test_a_forward_that_changes_the_heads_output_is_computed_the_full_way_and_sa
     model = ScaledLogits(float64_model(tiny_assets))
     tokens = ids[:, width:]
     with pytest.warns(UserWarning, match="ScaledLogits's forward changes the LM head's output"):
-        got = response_token_stats(model, ids, attention, width, tokens, 1.0, entropy=True)
+        got = completion_token_stats(model, ids, attention, width, tokens, 1.0, entropy=True)
     expected = full_logits_stats(model, ids, attention, width, tokens, 1.0)
     torch.testing.assert_close(got.logprobs, expected[0], atol=1e-12, rtol=0)
     torch.testing.assert_close(got.entropy, expected[1].detach(), atol=1e-12, rtol=0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once
-        response_token_stats(model, ids, attention, width, tokens, 1.0)
+        completion_token_stats(model, ids, attention, width, tokens, 1.0)
 
 
 def test_token_stats_keep_no_batch_by_vocabulary_tensor_for_the_backward():
@@ -407,7 +262,7 @@ def test_token_stats_keep_no_batch_by_vocabulary_tensor_for_the_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        response_token_stats(model, ids, attention, width, tokens, 0.7, entropy=True, entropy_grad=True)
+        completion_token_stats(model, ids, attention, width, tokens, 0.7, entropy=True, entropy_grad=True)
     chunked_max = max(saved)
     saved.clear()
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
@@ -444,7 +299,7 @@ def test_a_padding_free_forward_gives_the_padded_numbers(tiny_assets, two_positi
     results = []
     for packed in (False, True):
         stats = functools.partial(
-            response_token_stats, model, ids, attention, width, tokens, 0.7, True, True, padding_free=packed
+            completion_token_stats, model, ids, attention, width, tokens, 0.7, True, True, padding_free=packed
         )
         results.append(values_and_gradients(model, stats, mask))
     handle.remove()
@@ -458,7 +313,6 @@ def test_a_padding_free_forward_gives_the_padded_numbers(tiny_assets, two_positi
 
 
 def test_padding_free_is_refused_where_the_attention_cannot_tell_sequences_apart(tiny_assets):
-    from rlhfkit.errors import ConfigError
     from rlhfkit.models import padding_free_refused
 
     model = float64_model(tiny_assets)
@@ -467,4 +321,4 @@ def test_padding_free_is_refused_where_the_attention_cannot_tell_sequences_apart
     assert "attention implementation is 'paged_attention'" in padding_free_refused(model)
     ids, attention, width = ragged_batch(tiny_assets)
     with pytest.raises(ConfigError, match="padding_free.*paged_attention"):
-        response_token_stats(model, ids, attention, width, ids[:, width:], 1.0, padding_free=True)
+        completion_token_stats(model, ids, attention, width, ids[:, width:], 1.0, padding_free=True)

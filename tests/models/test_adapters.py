@@ -1,9 +1,9 @@
-"""ModelConfig's LoRA flags and peft's LoraConfig (rlhfkit/lora.py): one mapping, read both ways."""
+"""ModelConfig's LoRA flags and peft's LoraConfig (rlhfkit/models/adapters.py): one mapping, read both ways."""
 
 import pytest
 
 from rlhfkit.config import ConfigError, ModelConfig
-from rlhfkit.lora import LORA_FLAGS, lora_config, lora_flags
+from rlhfkit.models.adapters import LORA_FLAGS, lora_config, lora_flags
 
 peft = pytest.importorskip("peft")
 
@@ -32,7 +32,8 @@ def test_all_linear_is_peft_s_shorthand_both_ways():
 
 
 def test_other_fields_replace_the_flags_values():
-    config = lora_config(ModelConfig(lora_dropout=0.1), "SEQ_CLS", lora_dropout=0.0, revision="v1")
+    flags = {flag: getattr(ModelConfig(lora_dropout=0.1), flag) for flag in LORA_FLAGS.values()}
+    config = lora_config("SEQ_CLS", flags, lora_dropout=0.0, revision="v1")
     assert (config.task_type, config.lora_dropout, config.revision) == ("SEQ_CLS", 0.0, "v1")
     assert ModelConfig().lora_config() is None  # without --use_peft
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rlhfkit.errors import RewardFunctionError
-from rlhfkit.rewards import score_completions, weighted_total
+from rlhfkit.rewards.calling import score_completions, weighted_total
 
 PROMPTS = ["p0", "p1", "p2", "p3"]
 COMPLETIONS = ["c0", "c1", "c2", "c3"]
