@@ -241,6 +241,18 @@ class ModelConfig(CheckedConfig):
 
         return lora_config(self.lora_task_type, {flag: getattr(self, flag) for flag in LORA_FLAGS.values()})
 
+    def quantization(self):
+        """The models' Quantization of --load_in_4bit / --load_in_8bit and the 4-bit settings."""
+        from rlhfkit.models.adapters import Quantization  # torch and transformers only when asked
+
+        return Quantization(
+            self.load_in_4bit,
+            self.load_in_8bit,
+            self.bnb_4bit_quant_type,
+            self.use_bnb_nested_quant,
+            self.bnb_4bit_quant_storage,
+        )
+
     def quantised(self) -> str | None:
         """The flag that loads quantised weights, if any."""
         return "load_in_4bit" if self.load_in_4bit else "load_in_8bit" if self.load_in_8bit else None

@@ -8,7 +8,6 @@ from rlhfkit.data import load_prompt_splits
 from rlhfkit.errors import ConfigError
 from rlhfkit.models import (
     Hub,
-    Quantization,
     check_lora_setup,
     check_same_vocabulary,
     load_reward_model,
@@ -184,13 +183,7 @@ def build_grpo_trainer(
         apply_builtin_task(args, explicit, preset, builtin)
         if "reward_funcs" not in explicit:
             args.reward_funcs = list(load_task(args.task).reward_funcs)
-    quantization = Quantization(
-        args.load_in_4bit,
-        args.load_in_8bit,
-        args.bnb_4bit_quant_type,
-        args.use_bnb_nested_quant,
-        args.bnb_4bit_quant_storage,
-    )
+    quantization = args.quantization()
     check_lora_setup(args.use_peft, quantization)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 now
     train, test, task = _load_data_and_task(args, explicit)
     return GRPOTrainer(
@@ -214,13 +207,7 @@ def build_ppo_trainer(
     `builtin` (its `preset` build)."""
     if uses_builtin_task(args):
         apply_builtin_task(args, explicit, preset, builtin)
-    quantization = Quantization(
-        args.load_in_4bit,
-        args.load_in_8bit,
-        args.bnb_4bit_quant_type,
-        args.use_bnb_nested_quant,
-        args.bnb_4bit_quant_storage,
-    )
+    quantization = args.quantization()
     check_lora_setup(args.use_peft, quantization)  # --use_peft without peft, --load_in_4bit without a GPU: exit 2 now
     if args.reward_model_path is None and not args.reward_funcs:
         # TRL 1.12's ppo.py defaulted the reward model to EleutherAI/pythia-160m, a causal LM with a fresh score head:

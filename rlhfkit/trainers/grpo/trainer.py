@@ -88,7 +88,6 @@ from rlhfkit.metrics.accumulate import MetricAccumulator
 from rlhfkit.models import (
     LORA_FLAGS,
     Hub,
-    Quantization,
     cast_lm_head_to_fp32,
     completion_token_stats,
     disable_dropout,
@@ -181,13 +180,7 @@ class GRPOTrainer(TRLTrainerAPI):
             attn_implementation=args.attn_implementation,
         )
         if isinstance(model, str):
-            quantization = Quantization(
-                args.load_in_4bit,
-                args.load_in_8bit,
-                args.bnb_4bit_quant_type,
-                args.use_bnb_nested_quant,
-                args.bnb_4bit_quant_storage,
-            )
+            quantization = args.quantization()
             lm_head_fp32 = args.cast_lm_head_to_fp32
             model = load_trained_policy(
                 model,
