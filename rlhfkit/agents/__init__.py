@@ -1,5 +1,6 @@
-"""Agent training: the tools a policy may call during its episodes (tools.py). The multi-turn episodes themselves are
-sampled by the trainers' generation (agents/episodes.py); docs/agents.md describes the interface."""
+"""Agent training, for both trainers and evaluation: the tools a policy may call during its episodes (tools.py), the
+environments that begin and score them (environments.py) and the multi-turn episode loop itself, entered through
+`sample_episodes` (episodes.py); docs/agents.md describes the interface."""
 
 from rlhfkit.agents.tools import TOOL_ERROR_CHARS, TOOL_TIMEOUT_S, ToolBox, ToolResult
 

@@ -1,5 +1,9 @@
 """From a config to a ready trainer, as ``rlhfkit ppo|grpo|quickstart`` build it: the built-in task when no model is
-given, then the data and the task (a bad dataset fails before any model loads), then the models."""
+given, then the data and the task (a bad dataset fails before any model loads), then the models.
+
+PPO's models load here and GRPO's in its trainer because the two trainers take what TRL's take: TRL 1.12's PPOTrainer
+gets model objects (policy, reference, reward and value models), so a command loads them by name first; TRL 1.16's
+GRPOTrainer gets the policy's hub id or path (and reward models' names) and loads them itself, as rlhfkit's does."""
 
 from __future__ import annotations
 

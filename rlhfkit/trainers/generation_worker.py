@@ -1,13 +1,13 @@
 """Asynchronous generation: a worker process samples completions with its own copy of the policy while the trainer
-optimises (GRPO's --async_generation; docs/async.md).
+optimises (--async_generation, PPO's and GRPO's; docs/async.md).
 
-The trainer asks for one generation round at a time (`_RoundRequest`: prompts' token ids, the policy version the
+The trainer asks for one generation at a time (`_Request`: prompts' token ids, the policy version the
 worker must sample with, and optionally the sampler's RNG state) through a multiprocessing queue, and the worker
-answers in order (`_RoundResult`: the sampler's Chunks, with its log-probs, and the version it used). New weights travel
+answers in order (`_Result`: the sampler's Chunks, with its log-probs, and the version it used). New weights travel
 over a private two-rank gloo process group (TCPStore + ProcessGroupGloo, apart from accelerate's), one flat tensor
 per dtype, sent just before the request that needs them; the worker receives them when it reaches that request, so
-every round is sampled with exactly the version named in it. The trainer bounds staleness by how far ahead it asks
-(`AsyncGeneration.next_round`), and notices a dead worker while waiting (`GenerationWorkerDied`).
+every generation is sampled with exactly the version named in it. The trainer bounds staleness by how far ahead it asks
+(`AsyncGeneration.next_generation`), and notices a dead worker while waiting (`GenerationWorkerDied`).
 
 Scoring stays in the trainer: reward functions, reward models and the metrics never leave its process.
 """
@@ -35,15 +35,15 @@ from rlhfkit.errors import GenerationWorkerDied
 from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, complete
 
-_POLL_S = 1.0  # how often the trainer checks that the worker is alive while waiting for a round
+_POLL_S = 1.0  # how often the trainer checks that the worker is alive while waiting for a generation
 _CONNECT_TIMEOUT = timedelta(minutes=10)  # the worker's start (imports, model) and each weight transfer
 
 
-# The worker's messages: a request per generation round, answered in order by a result or a failure. Private to this
-# module: what a trainer gets from a round is its Chunks (next_round).
+# The worker's messages: a request per generation, answered in order by a result or a failure. Private to this
+# module: what a trainer gets from a generation is its Chunks (next_generation).
 @dataclass
-class _RoundRequest:
-    index: int  # the generation round, counted from the start of training
+class _Request:
+    index: int  # the generation, counted from the start of training
     prompt_ids: list[list[int]]  # this process's prompts (GRPO: G copies of each), in order
     batch_size: int  # prompts per sampling chunk
     version: int  # the optimizer steps behind the weights to sample with
@@ -52,12 +52,12 @@ class _RoundRequest:
 
 
 @dataclass
-class _RoundResult:
+class _Result:
     index: int
     version: int
     chunks: list[Chunk]  # prompts, completions and the sampler's log-probs, on the CPU, chunk by chunk
-    rng: dict[str, torch.Tensor]  # the sampler's RNG state after the round
-    generate_s: float  # seconds the worker spent sampling the round
+    rng: dict[str, torch.Tensor]  # the sampler's RNG state after the generation
+    generate_s: float  # seconds the worker spent sampling the generation
     idle_s: float  # seconds the worker waited for this request (held back by the staleness bound)
     weights_s: float  # seconds the worker spent receiving and loading weights for it
 
@@ -166,7 +166,7 @@ def _worker_main(
                 ]
             generate_s = time.perf_counter() - start
             results.put(
-                _RoundResult(
+                _Result(
                     request.index,
                     request.version,
                     chunks,
@@ -188,8 +188,8 @@ def _kill(process) -> None:
 
 
 class AsyncGeneration:
-    """The trainer's side: starts the worker, gives it the policy (`load`), asks for rounds up to `max_staleness`
-    ahead, sends weights, hands the rounds back in order.
+    """The trainer's side: starts the worker, gives it the policy (`load`), asks for generations up to `max_staleness`
+    ahead, sends weights, hands the generations back in order.
 
     The process starts at once, so that its imports (seconds) overlap with the rest of the trainer's construction.
     device: where it samples. threads: its torch threads (0: its default). autocast_dtype: the precision sampling
@@ -239,11 +239,11 @@ class AsyncGeneration:
     def request(
         self, prompt_ids: list[list[int]], batch_size: int, context: Any, version: int, rng: dict | None
     ) -> None:
-        """Ask for one round of `prompt_ids` sampled in chunks of `batch_size` with the weights of `version` (the
+        """Ask for one generation of `prompt_ids` sampled in chunks of `batch_size` with the weights of `version` (the
         trainer's current ones, sent now if the worker has older ones). context: kept and handed back with the
-        round."""
+        generation."""
         if not self.process.is_alive():
-            raise self._died(f"before the trainer asked for generation round {self.next_index}")
+            raise self._died(f"before the trainer asked for generation {self.next_index}")
         if self.group is None:  # the first request: join the worker's group once it has started
             start = time.perf_counter()
             while not self._started.wait(_POLL_S):
@@ -263,13 +263,13 @@ class AsyncGeneration:
                 raise self._died(f"while the trainer sent it the weights of update {version} ({e})") from None
             self.sent_version = version
             self.weight_sync_s += time.perf_counter() - start
-        self.requests.put(_RoundRequest(self.next_index, prompt_ids, batch_size, version, weights, rng))
+        self.requests.put(_Request(self.next_index, prompt_ids, batch_size, version, weights, rng))
         self.pending.append((self.next_index, context))
         self.next_index += 1
 
-    def _receive(self) -> tuple[_RoundResult, Any, float, int]:
-        """The oldest round asked for, waiting for it: its result, the context it was asked with, the seconds waited
-        and the rounds ready in the queue when it was taken (itself included). Raises GenerationWorkerDied if the
+    def _receive(self) -> tuple[_Result, Any, float, int]:
+        """The oldest generation asked for, waiting for it: its result, the context it was asked with, the seconds waited
+        and the generations ready in the queue when it was taken (itself included). Raises GenerationWorkerDied if the
         worker stops first."""
         index, context = self.pending.popleft()
         start = time.perf_counter()
@@ -279,10 +279,10 @@ class AsyncGeneration:
                 break
             except queue.Empty:
                 if not self.process.is_alive():
-                    raise self._died(f"while the trainer waited for generation round {index}") from None
+                    raise self._died(f"while the trainer waited for generation {index}") from None
         wait_s = time.perf_counter() - start
         if isinstance(result, _Failure):
-            raise GenerationWorkerDied(f"the generation worker failed on round {index}:\n{result.text}")
+            raise GenerationWorkerDied(f"the generation worker failed on generation {index}:\n{result.text}")
         assert result.index == index, (result.index, index)
         return result, context, wait_s, 1 + self._ready()
 
@@ -308,12 +308,14 @@ class AsyncGeneration:
         value, self.weight_sync_s = self.weight_sync_s, 0.0
         return value
 
-    def next_round(self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]) -> tuple[list[Chunk], Any, int]:
+    def next_generation(
+        self, run, ask: Callable[[], tuple[list[list[int]], int, Any]]
+    ) -> tuple[list[Chunk], Any, int]:
         """The trainer's next generation: its chunks (on the trainer's device), the context it was asked with, and its
         staleness (optimizer steps between the weights that sampled it and the trainer's now).
 
-        First ask for rounds until max_staleness + 1 are in flight, each on the current weights (run.progress.step
-        updates), `ask()` giving the next round's (prompt ids, chunk size, context); then take the oldest and log the
+        First ask for generations until max_staleness + 1 are in flight, each on the current weights (run.progress.step
+        updates), `ask()` giving the next generation's (prompt ids, chunk size, context); then take the oldest and log the
         asynchronous metrics into run.metrics. The first call waits for the worker to start (seconds: a new Python
         process imports torch and transformers), which the first update's perf/rollout_wait_s shows; the trainers
         start it first thing, so it imports while they load.
@@ -348,7 +350,7 @@ class AsyncGeneration:
         return chunks, context, staleness
 
     def close(self) -> None:
-        """Stop the worker: at once if it is generating rounds no one will take (they would only delay the end of
+        """Stop the worker: at once if it is generating generations no one will take (they would only delay the end of
         the run), else after it reads the stop request."""
         if self.process.is_alive() and not self.pending:
             self.requests.put(None)

@@ -1,4 +1,4 @@
-"""No silent meaning changes on the command line (issue 29): `rlhfkit grpo` weighs reward models and functions in
+"""No silent meaning changes on the command line: `rlhfkit grpo` weighs reward models and functions in
 `trl grpo`'s order, PPO without a reward exits 2 instead of training on a random head, and an evaluation asked for
 without its test split exits 2 instead of being skipped. Real parses and builds on the tiny built-in task."""
 

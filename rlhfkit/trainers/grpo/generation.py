@@ -17,10 +17,10 @@ trains on.
 With --async_generation the generation is off-policy: the worker samples with a copy of the policy up to
 max_staleness optimizer steps older than the weights the batch trains (the batch's `staleness`); the loss keeps
 GRPO's ratio to logp_old (the trainer's log-probs of the batch) and, for a stale batch, multiplies each token's loss
-by TRL 1.16's truncated or masked importance weight pi_old / pi_behaviour (async_generation.off_policy_weights, in
+by TRL 1.16's truncated or masked importance weight pi_old / pi_behaviour (offpolicy.off_policy_weights, in
 GRPOTrainer.micro_step).
 
-With tools (GRPOTrainer(tools=[...])) a round's completions are multi-turn episodes (episodes.ToolEpisodes: the
+With tools (GRPOTrainer(tools=[...])) a round's completions are multi-turn episodes (agents.episodes.ToolEpisodes: the
 policy's turns and the tools' results between them); the chunk's tool_mask keeps the tool results out of the loss mask
 and the completion lengths, and the reward functions get each episode's messages, as in TRL.
 """
@@ -174,7 +174,7 @@ class GRPOGeneration:
 
     @torch.no_grad()
     def receive(self, prompts: Iterator[list[int]]) -> GRPOBatch:
-        """async_generation: the worker's next generation (AsyncGeneration.next_round: asked for up to max_staleness
+        """async_generation: the worker's next generation (AsyncGeneration.next_generation: asked for up to max_staleness
         steps ahead, each on the weights of its time), scored and made into a batch as generate_and_score does with
         its own samples."""
 
@@ -182,7 +182,7 @@ class GRPOGeneration:
             rows = self.round_rows(next(prompts))
             return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
 
-        (chunk,), rows, staleness = self.sampler.worker.next_round(self.run, ask)
+        (chunk,), rows, staleness = self.sampler.worker.next_generation(self.run, ask)
         with self.run.gathered(self.model) as model:
             scored = self.score_round(rows, chunk)
             batch = self.batch_of(model, scored, scored.gathered, [scored])

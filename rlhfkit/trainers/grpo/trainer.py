@@ -45,7 +45,8 @@ Asynchronous generation (--async_generation): the off-policy variant of TRL 1.16
 samples each generation with a copy of the policy up to ``max_staleness`` optimizer steps older than the weights it
 trains; the ratio r stays relative to logp_old (the trainer's log-probs), and a stale batch's per-token loss is
 multiplied by the truncated or masked importance weight pi_old / pi_behaviour (``vllm_importance_sampling_*``;
-generation.py, async_generation.py, docs/async.md). ``max_staleness 0`` is the synchronous algorithm exactly.
+trainers/generation_worker.py, trainers/offpolicy.py, docs/async.md). ``max_staleness 0`` is the synchronous algorithm
+exactly.
 
 LoRA (--use_peft): the policy trains an adapter; the reference (beta > 0) is the policy with its adapter disabled, not
 a copy (GRPOGeneration.reference_logprobs).
@@ -124,7 +125,7 @@ class GRPOTrainer(TRLTrainerAPI):
     arguments and the methods are TRL 1.16's (api.py: callbacks, state, save_model, evaluate, log, ...; peft_config
     is a LoRA config, which sets --use_peft and the lora_* fields; quantization_config a BitsAndBytesConfig).
     tools: TRL 1.16's tools, typed functions with Google-style docstrings (sync or async) the policy may call in
-    multi-turn episodes, up to max_tool_calling_iterations rounds of results (episodes.py, docs/agents.md); kept as
+    multi-turn episodes, up to max_tool_calling_iterations rounds of results (agents/episodes.py, docs/agents.md); kept as
     ``trainer.tools``. environment_factory: TRL 1.16's environments, a class (or a dict name -> class routing rows by
     their ``environment`` column) built once per episode, whose public methods are the episode's tools, ``reset``
     begins it and an optional ``get_reward`` scores it (agents/environments.py); with one, train_dataset may be

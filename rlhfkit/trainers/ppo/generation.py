@@ -95,7 +95,7 @@ class PPOGeneration:
                 rows = [self.train_dataset[i] for i in next(prompts)]
                 return [r["input_ids"] for r in rows], size, rows
 
-            chunks, rows, staleness = self.sampler.worker.next_round(self.run, ask)
+            chunks, rows, staleness = self.sampler.worker.next_generation(self.run, ask)
             batch = self.generate_and_score(rows, chunks, staleness)
         self.run.progress.episode += self.sizes.batch_size
         return batch

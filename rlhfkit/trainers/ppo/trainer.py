@@ -24,11 +24,16 @@ LoRA (--use_peft): the policy and the value model train adapters (the value mode
 reference is the policy with its adapter disabled, not a copy (add_adapters, reference_logprobs).
 
 Tools (PPOTrainer(tools=[...]), max_tool_calling_iterations; no TRL PPO has them, verl's multi-turn PPO does): each
-completion is a multi-turn episode (episodes.ToolEpisodes: the policy's turns, the tools' results between them), the
+completion is a multi-turn episode (agents.episodes.ToolEpisodes: the policy's turns, the tools' results between them), the
 reward functions get its messages. The policy and the value model read every token, but only the policy's own tokens
 (Chunk.model_mask, PPOBatch.model_mask) are steps: the KL penalty, the score (on the last of them), GAE (which skips the
 tool results, ops.gae: each turn's last token bootstraps from the next turn's first value), the whitening, both losses
 and every per-token metric are over them; completion lengths count them.
+
+Asynchronous generation (--async_generation, docs/async.md): a worker process samples each update's completions with a
+copy of the policy up to max_staleness updates older (generation_worker.py); the batch keeps its staleness, and
+micro_step weights a stale batch's policy term by TRL 1.16's importance-sampling correction (offpolicy.py). The value
+model, the reference and the rewards stay in the trainer.
 """
 
 from __future__ import annotations
