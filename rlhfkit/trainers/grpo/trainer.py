@@ -152,86 +152,50 @@ class GRPOTrainer(TRLTrainerAPI):
         task=None,
     ):
         args = trl_constructor_arguments(args or GRPOConfig(), peft_config, quantization_config, optimizers)
-        # Tool schemas and environments checked before anything loads (each environment is built once, as a probe).
-        environments = None if environment_factory is None else Environments(environment_factory, tools or [])
-        toolbox = environments.toolbox if environments else ToolBox(tools) if tools else None
-        check_agent_arguments("GRPOTrainer", args, toolbox, rollout_func, environment_factory)
         self.args = args  # a GRPOArguments: a TRL script's GRPOConfig gets the script and model groups' defaults
         if args.model_init_kwargs:  # TRL's script sets them after building the config
             args.apply_model_init_kwargs()
+        # 1. Agents: tool schemas and environments checked before anything loads (each environment built once, as a
+        #    probe); an environment that writes the prompts stands in for a train_dataset.
+        environments = None if environment_factory is None else Environments(environment_factory, tools or [])
+        toolbox = environments.toolbox if environments else ToolBox(tools) if tools else None
+        check_agent_arguments("GRPOTrainer", args, toolbox, rollout_func, environment_factory)
         if train_dataset is None:
             train_dataset = environment_prompts(args, environments)
-        reward_funcs = [] if reward_funcs is None else reward_funcs
-        reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        environment_rewards = environments.reward_functions() if environments else []
-        if not reward_funcs and not environment_rewards:
-            raise ConfigError(
-                "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them, "
-                "or an environment_factory whose environments score their episodes (a get_reward method)."
-            )
-        self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
-        self.accelerator = acc = run.accelerator
-        # async_generation: the worker starts now and imports while the models load; it gets the policy at the end
+        reward_funcs = given_reward_funcs(reward_funcs, environments)
+        # 2. The run: output_dir, trackers, checkpoint to resume (read, nothing written yet); async_generation's worker
+        #    starts now and imports while the models load (it gets the policy at the end).
+        self.run = run = TrainingRun(args)
+        self.accelerator = run.accelerator
         self.generation_worker: AsyncGeneration | None = (
             start_generation_worker(run, args) if args.async_generation else None
         )
+        # 3. The policy (loaded by name, with its LoRA adapter) and its tokenizer.
         hub = Hub(
             revision=args.model_revision,
             trust_remote_code=args.trust_remote_code,
             attn_implementation=args.attn_implementation,
         )
-        if isinstance(model, str):
-            quantization = args.quantization()
-            lm_head_fp32 = args.cast_lm_head_to_fp32
-            model = load_trained_policy(
-                model,
-                "model_name_or_path",
-                hub,
-                dtype=args.dtype,
-                quantization=quantization,
-                lm_head_fp32=lm_head_fp32,
-            )
-        if args.use_peft:  # LoRA: only the adapter trains; the reference is the model with it disabled
-            lora = {flag: getattr(args, flag) for flag in LORA_FLAGS.values()}
-            model = with_lora(model, lora, disable_dropout=args.disable_dropout, revision=args.model_revision)
-        tok = processing_class or load_tokenizer(model.config._name_or_path, "model_name_or_path", hub)
-        self.tokenizer = tok
-        self.task = task
+        model, tok = self.load_policy(model, processing_class, hub)
+        self.tokenizer, self.task = tok, task
         self.stop_ids = terminator_ids(tok, model)
         model.generation_config.pad_token_id = tok.pad_token_id
-        dtype = weight_dtype(args.dtype)
-        names, funcs = [], []
-        if reward_funcs:
-            names, funcs = reward_sources(reward_funcs, reward_processing_classes, tok, dtype, acc.device, hub)
-        weights = args.reward_weights  # the environments' own rewards weigh 1, as in TRL
-        if environment_rewards:
-            weights = None if weights is None else [*weights, *[1.0] * len(environment_rewards)]
-            names, funcs = names + [f.__name__ for f in environment_rewards], funcs + environment_rewards
-        self.rewards = RewardSources(names, funcs, weights, args.dataset_text_field)
-        self.rewards.prepare_models(run.prepare_frozen)  # sharded for ZeRO-3 / FSDP as the policy is
-        # TRL 1.16's attributes: the reward models (modules) and functions, their names, weights and tokenizers.
-        self.reward_funcs, self.reward_func_names = self.rewards.sources, names
+        # 4. Rewards: the reward functions and models, then the environments' own; TRL 1.16's attributes for them.
+        self.rewards = self.reward_sources(reward_funcs, reward_processing_classes, environments, hub)
+        self.reward_funcs, self.reward_func_names = self.rewards.sources, self.rewards.names
         self.reward_weights = torch.tensor(self.rewards.weights, dtype=torch.float32)
         self.reward_processing_classes = self.rewards.processing_classes
+        # 5. Data: a streamed train set held as the rows its steps draw; the prompts tokenized (conversations shown
+        #    their tools: TRL 1.16's `tools` attribute, empty without them); multi-turn sampling with tools (and
+        #    environments) or a rollout_func in place of the plain one.
         self.streamed = isinstance(train_dataset, IterableDataset)
-        if self.streamed:  # TRL's streamed train set: the rows max_steps steps draw, in the stream's order
-            if args.max_steps <= 0:
-                raise ConfigError(
-                    f"train_dataset is a streamed IterableDataset, whose length is unknown, and max_steps is "
-                    f"{args.max_steps}: set max_steps (e.g. --max_steps 500), as TRL requires."
-                )
-            sizes = grpo_batch_sizes(args, acc.num_processes, 0)
-            generations = math.ceil(
-                args.max_steps * args.gradient_accumulation_steps / sizes.micro_steps_per_generation
-            )
-            train_dataset = take_streamed(train_dataset, generations * sizes.prompts)
-        # TRL 1.16's attribute: the tool functions (empty without tools). Conversations show the model its tools.
+        if self.streamed:
+            train_dataset = self.held_stream(train_dataset)
         self.tools = [] if toolbox is None else toolbox.functions
         self.train_dataset, self.eval_dataset = tokenize_datasets(
             args, tok, train_dataset, eval_dataset, self.tools or None
         )
         self.rollout_func = rollout_func
-        # Sampling in place of the plain one: multi-turn episodes with tools (and environments), or a rollout_func.
         self.episodes: ToolEpisodes | CustomRollout | None = None
         if toolbox is not None:
             self.episodes = tool_episodes(
@@ -239,8 +203,9 @@ class GRPOTrainer(TRLTrainerAPI):
             )
         elif rollout_func is not None:
             self.episodes = CustomRollout(rollout_func, self, args.dataset_text_field)
-        self.sizes = grpo_batch_sizes(args, acc.num_processes, len(self.train_dataset))
-
+        self.sizes = sizes = grpo_batch_sizes(args, run.accelerator.num_processes, len(self.train_dataset))
+        # 6. The models prepared for the engine: the policy with its optimizer, the frozen reference (beta > 0, without
+        #    LoRA, whose reference is the policy with its adapter disabled).
         if args.disable_dropout:  # logp_old and logp must agree exactly when a batch is reused (num_iterations > 1)
             disable_dropout(model)
         self.ref_model = None
@@ -249,23 +214,71 @@ class GRPOTrainer(TRLTrainerAPI):
         self.model, self.optimizer = run.prepare_trained(model, model, (model,))
         if args.cast_lm_head_to_fp32:
             self.cast_lm_heads()
-        # Steps 1-4: prompts to the batch the loss trains on; step 5's loss, its settings bound once.
+        # 7. Steps 1-4, prompts to the batch the loss trains on; step 5's loss, its settings bound once; the entropy
+        #    coefficient (TRL's attribute, moved by the adaptive controller) and the last step's mean entropy (inf
+        #    before the first: the adaptive bonus waits for a measurement), both part of a checkpoint (state_dict).
         sampler = Sampler(self.sampling_config, self.episodes, self.generation_worker)
         self.generation = GRPOGeneration(
-            args, self.sizes, run, self.model, self.ref_model, self.rewards, sampler, tok, self.train_dataset, task
+            args, sizes, run, self.model, self.ref_model, self.rewards, sampler, tok, self.train_dataset, task
         )
         self.loss = GRPOLoss.from_config(args)
-        # Entropy regularisation: the coefficient (TRL's trainer attribute; the adaptive controller moves it) and the
-        # mean entropy of the last optimizer step, inf before the first (the adaptive bonus waits for a measurement).
-        # Both are part of a checkpoint (state_dict).
         self.entropy_coef = args.entropy_coef
         self.last_window_entropy = float("inf")
-        extra_metrics = [m for pair in self.rewards.metrics for m in pair]
-        extra_metrics += tool_metrics(toolbox)
-        sizes = self.sizes
+        # 8. The run takes its trainer: the steps, the epochs' ends, the metrics this run adds, the callbacks.
+        extra_metrics = [m for pair in self.rewards.metrics for m in pair] + tool_metrics(toolbox)
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
         run.start(self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks, loss=M.LOSS)
+
+    def load_policy(
+        self, model: str | nn.Module, processing_class, hub: Hub
+    ) -> tuple[nn.Module, PreTrainedTokenizerBase]:
+        """The policy (loaded by hub id or path, quantised and with its LM head in float32 as the flags say; with
+        --use_peft, with its LoRA adapter) and its tokenizer (processing_class, else loaded from the model's path)."""
+        args = self.args
+        if isinstance(model, str):
+            model = load_trained_policy(
+                model,
+                "model_name_or_path",
+                hub,
+                dtype=args.dtype,
+                quantization=args.quantization(),
+                lm_head_fp32=args.cast_lm_head_to_fp32,
+            )
+        if args.use_peft:  # LoRA: only the adapter trains; the reference is the model with it disabled
+            lora = {flag: getattr(args, flag) for flag in LORA_FLAGS.values()}
+            model = with_lora(model, lora, disable_dropout=args.disable_dropout, revision=args.model_revision)
+        tok = processing_class or load_tokenizer(model.config._name_or_path, "model_name_or_path", hub)
+        return model, tok
+
+    def reward_sources(self, reward_funcs: list, processing_classes, environments, hub: Hub) -> RewardSources:
+        """The reward functions and reward models of reward_funcs (reward models read with their own tokenizers,
+        processing_classes), then each environment's get_reward, weighing 1 as in TRL; prepared for the engine."""
+        args, acc = self.args, self.accelerator
+        names, funcs = [], []
+        if reward_funcs:
+            dtype = weight_dtype(args.dtype)
+            names, funcs = reward_sources(reward_funcs, processing_classes, self.tokenizer, dtype, acc.device, hub)
+        weights = args.reward_weights
+        environment_rewards = environments.reward_functions() if environments else []
+        if environment_rewards:
+            weights = None if weights is None else [*weights, *[1.0] * len(environment_rewards)]
+            names, funcs = names + [f.__name__ for f in environment_rewards], funcs + environment_rewards
+        rewards = RewardSources(names, funcs, weights, args.dataset_text_field)
+        rewards.prepare_models(self.run.prepare_frozen)  # sharded for ZeRO-3 / FSDP as the policy is
+        return rewards
+
+    def held_stream(self, train_dataset: IterableDataset) -> Dataset:
+        """TRL's streamed train set: the rows max_steps steps draw, in the stream's order, held in memory."""
+        args = self.args
+        if args.max_steps <= 0:
+            raise ConfigError(
+                f"train_dataset is a streamed IterableDataset, whose length is unknown, and max_steps is "
+                f"{args.max_steps}: set max_steps (e.g. --max_steps 500), as TRL requires."
+            )
+        sizes = grpo_batch_sizes(args, self.accelerator.num_processes, 0)
+        generations = math.ceil(args.max_steps * args.gradient_accumulation_steps / sizes.micro_steps_per_generation)
+        return take_streamed(train_dataset, generations * sizes.prompts)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
     def write_models(self, directory: str, state_dict: dict | None = None) -> None:
@@ -616,3 +629,16 @@ class GRPOTrainer(TRLTrainerAPI):
             count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])
         _, logged = take_reward_logs(self.rewards, self.accelerator, prefix="eval/")
         return {**metrics.reduce(self.accelerator).scalars, **{k: v for k, v in logged.items() if v == v}}
+
+
+def given_reward_funcs(reward_funcs, environments) -> list:
+    """GRPOTrainer's reward_funcs as a list (one source, a list or tuple of them, or None); refused when there are
+    none and no environment scores its episodes."""
+    reward_funcs = [] if reward_funcs is None else reward_funcs
+    reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+    if not reward_funcs and not (environments and environments.reward_functions()):
+        raise ConfigError(
+            "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them, "
+            "or an environment_factory whose environments score their episodes (a get_reward method)."
+        )
+    return reward_funcs

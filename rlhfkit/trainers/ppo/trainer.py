@@ -132,7 +132,8 @@ class PPOTrainer(TRLTrainerAPI):
         tools: Sequence[Callable] | None = None,
     ):
         args = trl_constructor_arguments(args, peft_config, optimizers=optimizers, data_collator=data_collator)
-        toolbox = ToolBox(tools) if tools else None  # tool schemas checked before anything loads
+        # 1. What can be refused before anything loads: the tools' schemas, the agent arguments, no data, no reward.
+        toolbox = ToolBox(tools) if tools else None
         check_agent_arguments("PPOTrainer", args, toolbox)
         if train_dataset is None:
             raise ConfigError("PPOTrainer needs a train_dataset with a prompt column.")
@@ -142,26 +143,28 @@ class PPOTrainer(TRLTrainerAPI):
                 "vocabulary) and/or reward_funcs (functions f(prompts, completions, **columns) -> list[float])."
             )
         self.args = args
-        self.run = run = TrainingRun(args)  # output_dir, trackers, checkpoint to resume: read, nothing written yet
+        # 2. The run: output_dir, trackers, checkpoint to resume (read, nothing written yet); async_generation's worker
+        #    starts now and imports while the models load (it gets the policy at the end).
+        self.run = run = TrainingRun(args)
         self.accelerator = run.accelerator
-        # async_generation: the worker starts now and imports while the models load; it gets the policy at the end
         self.generation_worker: AsyncGeneration | None = (
             start_generation_worker(run, args) if args.async_generation else None
         )
+        # 3. Data: the prompts tokenized (conversations shown their tools: TRL 1.16's `tools` attribute, empty without
+        #    them), multi-turn sampling with tools.
         self.tokenizer = processing_class
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
-        # TRL 1.16's attribute (GRPOTrainer's): the tool functions, empty without tools. Conversations show them.
         self.tools = [] if toolbox is None else toolbox.functions
         self.train_dataset, self.eval_dataset = tokenize_datasets(
             args, processing_class, train_dataset, eval_dataset, self.tools or None
         )
-        # multi-turn sampling, with tools
         self.episodes = tool_episodes(
             "PPOTrainer", toolbox, processing_class, self.train_dataset, args, args.response_length
         )
         self.sizes = ppo_batch_sizes(args, run.accelerator.num_processes, len(self.train_dataset))
-
+        # 4. The models: the value model, LoRA adapters or the frozen reference, prepared for the engine with the
+        #    reward sources; the policy and the value model trained behind one forward, with their optimizer.
         if value_model is None:  # from the reward model (TRL), else from the policy's weights with a zero head
             value_model = frozen_copy(reward_model) if reward_model is not None else value_model_from_policy(model)
         if args.use_peft:  # LoRA: adapters on the policy and the value model; no reference copy (see add_adapters)
@@ -183,6 +186,8 @@ class PPOTrainer(TRLTrainerAPI):
         )
         # Where exact (run.sampling_logprobs_exact), generation skips the policy forward; PPO's first ratio is then 1
         # up to fp32 rounding. Elsewhere a full forward recomputes them, as the update will see them.
+        # 5. Step 1, the generation: a batch of prompts completed, with log-probs, reference log-probs and values,
+        #    and scored; the adaptive KL controller (kl_target); then the run takes its trainer.
         sampler = Sampler(self.sampling_config, self.episodes, self.generation_worker)
         self.generation = PPOGeneration(
             args, self.sizes, run, self.model, self.ref_model, self.rewards, sampler, processing_class,
