@@ -105,7 +105,7 @@ def greedy_episodes(model_path: str, task, prompts: list[list[dict]], flag: str,
     from rlhfkit.agents import ToolBox
     from rlhfkit.agents.episodes import ToolEpisodes, sample_episodes
     from rlhfkit.data import prompt_text
-    from rlhfkit.evaluation.generation import load_generator
+    from rlhfkit.evaluation.completions import load_generator
     from rlhfkit.sampling import decode, sampling_config, terminator_ids
     from rlhfkit.tasks.agent import tool_calls
 

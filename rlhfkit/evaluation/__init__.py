@@ -10,7 +10,7 @@ from rlhfkit.errors import EvalError, JudgeError
 
 from .cli import cmd_eval
 from .compare import Comparison, compare_judges, judge_completions, load_eval_prompts
-from .generation import Generations, generate_texts
+from .completions import Generations, generate_texts
 from .judges import (
     OpenAIJudge,
     Outcome,

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 from rlhfkit.errors import EvalError
 
-from .generation import Generations, generate_texts
+from .completions import Generations, generate_texts
 from .judges import PairwiseJudge, Verdict
 from .winrate import WinRate, tally
 

@@ -3,9 +3,9 @@ and cached."""
 
 from .base import Task, import_ref
 from .build import BUILDER_VERSION, PRESETS, build_tiny, builtin_assets
-from .generation import evaluate_success, generate_completions
 from .layout import Assets
 from .registry import DEFAULT_TASK, TASKS, load_task
+from .success import evaluate_success, generate_completions
 from .tokenizer import build_tokenizer
 
 __all__ = [

@@ -35,10 +35,10 @@ from rlhfkit.sampling import right_pad
 from .agent_build import AGENT_PRESETS, build_agent
 from .chat_tokenizer import build_chat_tokenizer
 from .fitting import fit, model_config, seed_everything, torch_threads
-from .generation import evaluate_success, generate_completions
 from .layout import Assets, ensure_replaceable, install
 from .presets import BuildPreset
 from .registry import DEFAULT_TASK, TASKS
+from .success import evaluate_success, generate_completions
 from .tokenizer import build_tokenizer
 
 BUILDER_VERSION = 2  # 2: the reverse and addition tasks got their own budgets in the default preset (TASK_BUDGETS)

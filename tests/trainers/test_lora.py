@@ -157,7 +157,7 @@ def test_ppo_saved_policy_loads_as_adapter_and_as_merged_model(ppo_run):
         # readers (rlhfkit eval / quickstart judge output_dir as a policy through models.load_policy).
         adapter = AutoModelForCausalLM.from_pretrained(out)
         torch.testing.assert_close(policy_logits(adapter, ids, mask), trained, rtol=0, atol=1e-6)
-    from rlhfkit.evaluation.generation import generate_texts
+    from rlhfkit.evaluation.completions import generate_texts
 
     texts = generate_texts(out, ["sort 312="], max_new_tokens=4, flag="model", device="cpu").texts
     assert len(texts) == 1
