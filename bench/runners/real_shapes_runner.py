@@ -44,7 +44,7 @@ def reward(prompts=None, completions=None, completion_ids=None, **kwargs) -> lis
 def count_ppo_completions(library: str, trainer) -> None:
     """PPO's completion lengths (its reward is a model): the real tokens of each sampled completion."""
     if library == "rlhfkit":
-        from rlhfkit.trainers import ppo
+        ppo = _ppo_modules()[0]  # where PPO samples
 
         original = ppo.complete
 
@@ -148,10 +148,23 @@ def _generation_wrapped(memory: PhaseMemory) -> None:
     memory.patch(GenerationMixin, "generate", lambda *a, **k: None if inner in memory.current() else "sampling")
 
 
+def _ppo_modules():
+    """(the module PPO samples and scores in, the module of PolicyAndValue): ppo/generation.py and ppo/model.py since
+    House 3, trainers/ppo.py for both before."""
+    try:
+        from rlhfkit.trainers.ppo import generation, model
+
+        return generation, model
+    except ImportError:
+        from rlhfkit.trainers import ppo
+
+        return ppo, ppo
+
+
 def patch_forward(memory: PhaseMemory, module, label: str) -> None:
     """The policy's forward as `module` calls it: completion_token_stats (log-probs with the LM head in chunks; named
-    response_token_stats from issue 39 until House 3), or response_logits (the (B, T, V) logits, rlhfkit before
-    issue 39)."""
+    response_token_stats until House 3's rename), or response_logits (the (B, T, V) logits, before the LM head ran in
+    chunks)."""
     names = ("completion_token_stats", "response_token_stats", "response_logits")
     name = next(n for n in names if hasattr(module, n))
     memory.patch(module, name, label)
@@ -173,8 +186,12 @@ def phases_rlhfkit(memory: PhaseMemory, trainer, kind: str) -> None:
     memory.patch(trainer.run, "save_checkpoint", "final checkpoint (train() saves it)")
     memory.patch(run, "save_into", "final model save (train() saves it)")
     if kind == "grpo":
-        from rlhfkit.trainers import generation as gen
-        from rlhfkit.trainers import grpo
+        try:  # the layout since House 3: each algorithm in its folder
+            from rlhfkit.trainers.grpo import generation as gen
+            from rlhfkit.trainers.grpo import trainer as grpo
+        except ImportError:  # a measured commit before it
+            from rlhfkit.trainers import generation as gen
+            from rlhfkit.trainers import grpo
 
         g = type(trainer.generation)
         memory.patch(g, "generate_and_score", "generation batch")
@@ -193,15 +210,17 @@ def phases_rlhfkit(memory: PhaseMemory, trainer, kind: str) -> None:
 
         type(trainer).micro_step = micro_step
         return
-    from rlhfkit.trainers import ppo
-
+    ppo, model = _ppo_modules()
     t = type(trainer)
-    memory.patch(t, "generate_and_score", "rollout")
-    memory.patch(t, "reference_logprobs", "reference log-probs")
-    patch_forward(memory, ppo, "model forward (logits)")
+    g = type(getattr(trainer, "generation", trainer))  # PPOGeneration since House 3, the trainer before
+    memory.patch(g, "generate_and_score", "rollout")
+    memory.patch(g, "reference_logprobs", "reference log-probs")
+    patch_forward(memory, model, "model forward (logits)")
+    if ppo is not model:  # the reference's forward, in the generation module
+        patch_forward(memory, ppo, "model forward (logits)")
     memory.patch(ppo, "token_values", "value forward")
     memory.patch(
-        ppo.PolicyAndValue,
+        model.PolicyAndValue,
         "forward",
         lambda *a, **k: "training forward (logits + values)" if torch.is_grad_enabled() else "old log-probs forward",
     )

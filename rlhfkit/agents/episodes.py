@@ -267,9 +267,9 @@ class ToolEpisodes:
             raise ConfigError(
                 "tools= needs a chat template that renders a conversation's earlier messages the same whatever follows "
                 "(prefix-preserving): this one renders the assistant's tool-call turn differently once tool results "
-                "follow it. Render the episodes with a training template that does not: chat_template_kwargs="
-                "{'chat_template': TEMPLATE} (TRL's trl.chat_template_utils.get_training_chat_template(tokenizer) makes "
-                "one for Qwen3's; TRL's GRPOTrainer swaps it in for you, rlhfkit never imports TRL: docs/agents.md)."
+                "follow it. Give the tokenizer a training template that does not: tokenizer.chat_template = TEMPLATE "
+                "(TRL's trl.chat_template_utils.get_training_chat_template(tokenizer) makes one for Qwen3's; TRL's "
+                "GRPOTrainer swaps it in for you, rlhfkit never imports TRL: docs/agents.md)."
             )
         return after[len(before) :]
 

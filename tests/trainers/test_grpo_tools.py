@@ -410,8 +410,7 @@ def qwen3_tokenizer():
 
 def test_a_qwen3_script_runs_with_trl_s_template_helpers_called_in_the_script(monkeypatch, tmp_path):
     # TRL's GRPOTrainer sets the response_template of the chat templates it knows and renders episodes with its
-    # prefix-preserving training template. rlhfkit never imports TRL: the script calls the same two helpers and passes
-    # the training template for the episodes.
+    # prefix-preserving training template. rlhfkit never imports TRL: the script calls the same two helpers.
     from trl.chat_template_utils import add_response_schema, get_training_chat_template
 
     tok = qwen3_tokenizer()
@@ -422,7 +421,8 @@ def test_a_qwen3_script_runs_with_trl_s_template_helpers_called_in_the_script(mo
 
     monkeypatch.setattr(sampling_completions, "generate", scripted_generate(tok, script))
     add_response_schema(tok)
-    template = {"enable_thinking": False, "chat_template": get_training_chat_template(tok)}
+    tok.chat_template = get_training_chat_template(tok)
+    template = {"enable_thinking": False}
     args = config(
         tmp_path, max_steps=1, max_prompt_length=800, max_completion_length=200, chat_template_kwargs=template
     )
