@@ -36,7 +36,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit.agents.environments import ROUTE_COLUMN, Environments
-from rlhfkit.agents.tools import ToolBox
+from rlhfkit.agents.tools import ToolBox, run_tool_calls
 from rlhfkit.data import is_conversational
 from rlhfkit.errors import ConfigError, DataError
 from rlhfkit.metrics import registry as M
@@ -174,8 +174,9 @@ class ToolEpisodes:
         iteration = 0
         while pending and (self.max_iterations is None or iteration < self.max_iterations):
             continuing, contexts, suffixes = [], [], []
-            for i in pending:
-                results = boxes[i].run(messages[i][-1]["tool_calls"])
+            # every pending episode's calls at once: a slow tool costs the round one latency, not one per episode
+            answered = run_tool_calls([(boxes[i], messages[i][-1]["tool_calls"]) for i in pending])
+            for i, results in zip(pending, answered):
                 stats.calls += len(results)
                 for r in results:
                     stats.failures += r.failed

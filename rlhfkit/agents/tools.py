@@ -17,9 +17,12 @@ TOOL_ERROR_CHARS, and counts as a failure; the episode goes on:
 - a result that cannot be turned into text. As in TRL, a result that is not a string is turned into one with
   ``str()`` (TRL's own example tool returns an int), and that is not a failure.
 
-Async tools of one completion's turn are awaited together (asyncio.gather), as TRL does, in a fresh event loop per
-turn (in a worker thread when the calling thread already runs one): an object bound to an event loop must not be kept
-between calls. Results are in the order of the calls (TRL lists the sync tools' results before the async ones').
+A batch's tool calls run concurrently (`run_tool_calls`: every episode's calls of one round of tool results): the
+async ones awaited together (asyncio.gather, as TRL awaits one turn's) in a fresh event loop per round, in a thread of
+its own (an object bound to an event loop must not be kept between calls), while
+the sync ones run in daemon threads, at most TOOL_THREADS at a time, each with its own timeout from when it starts. So a
+slow tool (a web search, a code run) costs a batch about one latency per round, not one per episode. Results are in the
+order of the calls (TRL lists the sync tools' results before the async ones').
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ TOOL_TIMEOUT_S = 30.0
 # Characters of an error's text kept in the conversation (an exception may carry a huge message, or echo the model's
 # arguments back).
 TOOL_ERROR_CHARS = 500
+# Sync tool calls of a batch that run at once (each in its own daemon thread; the rest wait for a free one).
+TOOL_THREADS = 32
 
 # JSON schema type -> the Python types a parsed JSON value of that type has (bool is not a number in JSON).
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -100,22 +105,7 @@ class ToolBox:
         """The results of one assistant turn's tool calls (parsed dicts, TRL's form ``{"type": "function",
         "function": {"name": ..., "arguments": {...}}}``), in the calls' order. Never raises for anything the model
         wrote or a tool did."""
-        results: list[ToolResult | None] = [None] * len(calls)
-        pending: list[tuple[int, str, Callable, dict]] = []  # async calls: (position, name, tool, arguments)
-        for i, call in enumerate(calls):
-            name, checked = self._checked(call)
-            if isinstance(checked, str):  # the reason the call cannot be made
-                results[i] = _failure(name, checked, 0.0, name in self.by_name)
-                continue
-            fn, arguments = checked
-            if inspect.iscoroutinefunction(fn):
-                pending.append((i, name, fn, arguments))
-            else:
-                results[i] = self._call_sync(name, fn, arguments)
-        if pending:
-            for (i, *_), result in zip(pending, _run_coroutine(self._call_async_together(pending))):
-                results[i] = result
-        return results  # type: ignore[return-value]
+        return run_tool_calls([(self, calls)])[0]
 
     def _checked(self, call: Any) -> tuple[str, tuple[Callable, dict] | str]:
         """(name, (tool, arguments)) for a call that may be made, else (name, why not)."""
@@ -147,41 +137,101 @@ class ToolBox:
                 return name, f"wrong arguments: {key} must be {wanted}, got {type(value).__name__}"
         return name, (fn, arguments)
 
-    def _call_sync(self, name: str, fn: Callable, arguments: dict) -> ToolResult:
-        """Run a sync tool in a daemon thread, waiting at most timeout_s."""
-        outcome: dict[str, Any] = {}
-        done = threading.Event()
 
-        def target() -> None:
-            try:
-                outcome["value"] = fn(**arguments)
-            except BaseException as e:  # noqa: BLE001 - anything a tool raises is its failure, not the run's
-                outcome["error"] = e
-            finally:
-                done.set()
+def run_tool_calls(turns: Sequence[tuple[ToolBox, list]], threads: int = TOOL_THREADS) -> list[list[ToolResult]]:
+    """The results of several turns' tool calls, each turn (toolbox, its parsed calls) answered in its calls' order:
+    all of them run concurrently, async tools awaited together in one event loop, sync tools in at most `threads`
+    daemon threads at a time; every call fails alone at its toolbox's timeout_s, counted from its start."""
+    results: list[list[ToolResult | None]] = [[None] * len(calls) for _, calls in turns]
+    sync: list[tuple[int, int, str, Callable, dict, float]] = []  # (turn, position, name, tool, arguments, timeout)
+    pending: list[tuple[int, int, str, Callable, dict, float]] = []  # the async ones
+    for t, (box, calls) in enumerate(turns):
+        for i, call in enumerate(calls):
+            name, checked = box._checked(call)
+            if isinstance(checked, str):  # the reason the call cannot be made
+                results[t][i] = _failure(name, checked, 0.0, name in box.by_name)
+                continue
+            fn, arguments = checked
+            (pending if inspect.iscoroutinefunction(fn) else sync).append((t, i, name, fn, arguments, box.timeout_s))
+    awaited = None
+    if pending:  # awaited in a thread of its own while the sync calls run here
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlhfkit-tools")
+        awaited = pool.submit(asyncio.run, _call_async_together(pending))
+        pool.shutdown(wait=False)
+    for (t, i, *_), result in zip(sync, _call_sync_bounded(sync, threads)):
+        results[t][i] = result
+    if awaited is not None:
+        for (t, i, *_), result in zip(pending, awaited.result()):
+            results[t][i] = result
+    return results  # type: ignore[return-value]
 
+
+def _call_sync_bounded(calls: list[tuple[int, int, str, Callable, dict, float]], threads: int) -> list[ToolResult]:
+    """Run sync tool calls in daemon threads, at most `threads` at once, each failing at its timeout (counted from its
+    start; the thread of a call that timed out is abandoned, not waited for: Python cannot stop a thread)."""
+    results: list[ToolResult | None] = [None] * len(calls)
+    waiting, running = list(range(len(calls))), {}  # running: index -> (done, outcome, start)
+    finished_one = threading.Event()
+    while waiting or running:
+        while waiting and len(running) < threads:
+            k = waiting.pop(0)
+            _, _, name, fn, arguments, _ = calls[k]
+            running[k] = _start_thread(name, fn, arguments, finished_one)
+        finished_one.clear()
+        now = time.perf_counter()
+        for k, (done, outcome, start) in list(running.items()):
+            name, timeout_s = calls[k][2], calls[k][5]
+            if done.is_set():
+                latency = outcome["end"] - start
+                error = outcome.get("error")
+                results[k] = (
+                    _failure(name, _describe(error), latency)
+                    if error
+                    else _result(name, outcome.get("value"), latency)
+                )
+            elif now - start >= timeout_s:
+                results[k] = _failure(name, f"timed out after {timeout_s:g} s", now - start)
+            else:
+                continue
+            del running[k]
+        if running and not (waiting and len(running) < threads):
+            deadline = min(start + calls[k][5] for k, (_, _, start) in running.items())
+            finished_one.wait(max(0.0, deadline - time.perf_counter()))
+    return results  # type: ignore[return-value]
+
+
+def _start_thread(name: str, fn: Callable, arguments: dict, finished_one: threading.Event):
+    """Start one sync tool call in a daemon thread: (its done event, its outcome dict, its start time)."""
+    outcome: dict[str, Any] = {}
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome["value"] = fn(**arguments)
+        except BaseException as e:  # noqa: BLE001 - anything a tool raises is its failure, not the run's
+            outcome["error"] = e
+        finally:
+            outcome["end"] = time.perf_counter()
+            done.set()
+            finished_one.set()
+
+    start = time.perf_counter()
+    threading.Thread(target=target, name=f"rlhfkit-tool-{name}", daemon=True).start()
+    return done, outcome, start
+
+
+async def _call_async_together(pending: list[tuple[int, int, str, Callable, dict, float]]) -> list[ToolResult]:
+    async def one(name: str, fn: Callable, arguments: dict, timeout_s: float) -> ToolResult:
         start = time.perf_counter()
-        threading.Thread(target=target, name=f"rlhfkit-tool-{name}", daemon=True).start()
-        finished = done.wait(self.timeout_s)
-        latency = time.perf_counter() - start
-        if not finished:
-            return _failure(name, f"timed out after {self.timeout_s:g} s", latency)
-        if "error" in outcome:
-            return _failure(name, _describe(outcome["error"]), latency)
-        return _result(name, outcome.get("value"), latency)
+        try:
+            value = await asyncio.wait_for(fn(**arguments), timeout_s)
+        except asyncio.TimeoutError:
+            return _failure(name, f"timed out after {timeout_s:g} s", time.perf_counter() - start)
+        except Exception as e:  # noqa: BLE001 - anything a tool raises is its failure
+            return _failure(name, _describe(e), time.perf_counter() - start)
+        return _result(name, value, time.perf_counter() - start)
 
-    async def _call_async_together(self, pending: list[tuple[int, str, Callable, dict]]) -> list[ToolResult]:
-        async def one(name: str, fn: Callable, arguments: dict) -> ToolResult:
-            start = time.perf_counter()
-            try:
-                value = await asyncio.wait_for(fn(**arguments), self.timeout_s)
-            except asyncio.TimeoutError:
-                return _failure(name, f"timed out after {self.timeout_s:g} s", time.perf_counter() - start)
-            except Exception as e:  # noqa: BLE001 - anything a tool raises is its failure
-                return _failure(name, _describe(e), time.perf_counter() - start)
-            return _result(name, value, time.perf_counter() - start)
-
-        return list(await asyncio.gather(*(one(name, fn, arguments) for _, name, fn, arguments in pending)))
+    return list(await asyncio.gather(*(one(name, fn, args, timeout) for _, _, name, fn, args, timeout in pending)))
 
 
 def _has_json_type(value: Any, wanted: str | list) -> bool:
@@ -217,13 +267,3 @@ def _result(name: str, value: Any, latency_s: float) -> ToolResult:
     if not isinstance(text, str):
         return _failure(name, "the result could not be turned into text", latency_s)
     return ToolResult(name, text, False, latency_s, True)
-
-
-def _run_coroutine(coroutine):
-    """Run `coroutine` to its end in a fresh event loop; in a worker thread when this thread already runs one."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:  # the usual case: the training loop runs no event loop
-        return asyncio.run(coroutine)
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rlhfkit-tools") as pool:
-        return pool.submit(asyncio.run, coroutine).result()

@@ -9,6 +9,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 from rlhfkit.agents import TOOL_ERROR_CHARS, ToolBox
+from rlhfkit.agents.tools import run_tool_calls
 from rlhfkit.errors import ConfigError
 
 
@@ -161,3 +162,89 @@ def test_timeouts_fail_the_call_and_the_caller_goes_on():
     assert [r.failed for r in results] == [True, True, False]
     assert results[0].content == results[1].content == "{'error': 'timed out after 0.2 s'}"
     assert elapsed < 1.0 and results[0].latency_s >= 0.2
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A batch's calls (run_tool_calls): every episode's calls of a round run at once, sync ones in bounded threads.
+
+
+def rendezvous_tools(parties: int):
+    """A sync and an async tool that each return only once `parties` calls of its kind are running together (each
+    waits at most 2 s, then fails): they pass only where the calls run concurrently."""
+    barrier = threading.Barrier(parties, timeout=2.0)
+    arrived = {"n": 0}
+
+    def meet(x: int) -> int:
+        """Waits for the others.
+
+        Args:
+            x: Anything.
+        """
+        barrier.wait()
+        return x
+
+    async def async_meet(x: int) -> int:
+        """Waits for the others.
+
+        Args:
+            x: Anything.
+        """
+        arrived["n"] += 1
+        for _ in range(200):
+            if arrived["n"] >= parties:
+                return x
+            await asyncio.sleep(0.01)
+        raise TimeoutError("alone")
+
+    return meet, async_meet
+
+
+def test_a_batch_s_calls_of_different_episodes_run_together():
+    meet, async_meet = rendezvous_tools(4)
+    box = ToolBox([meet, async_meet], timeout_s=5.0)
+    # four episodes, one sync call each: they meet only when all four run at once
+    results = run_tool_calls([(box, [call("meet", {"x": i})]) for i in range(4)])
+    assert [r[0].content for r in results] == ["0", "1", "2", "3"]
+    # four episodes' async calls are awaited in one event loop, together
+    results = run_tool_calls([(box, [call("async_meet", {"x": i})]) for i in range(4)])
+    assert [r[0].content for r in results] == ["0", "1", "2", "3"] and not any(r[0].failed for r in results)
+
+
+def test_sync_calls_run_at_most_threads_at_once():
+    meet, _ = rendezvous_tools(3)
+    box = ToolBox([meet], timeout_s=5.0)
+    # 2 threads: the third call starts only when one of the first two ends, which waits for 3 to meet: none meets
+    results = run_tool_calls([(box, [call("meet", {"x": i})]) for i in range(3)], threads=2)
+    assert all(r[0].failed and "BrokenBarrierError" in r[0].content for r in results)
+    meet, _ = rendezvous_tools(3)
+    box = ToolBox([meet], timeout_s=5.0)
+    assert not any(r[0].failed for r in run_tool_calls([(box, [call("meet", {"x": i})]) for i in range(3)], threads=3))
+
+
+def test_a_waiting_call_s_timeout_counts_from_its_own_start():
+    def nap(x: int) -> int:
+        """Sleeps 0.1 s.
+
+        Args:
+            x: Anything.
+        """
+        time.sleep(0.1)
+        return x
+
+    box = ToolBox([nap], timeout_s=0.35)
+    # one thread: four calls one after another take 0.4 s in all, each well within its own 0.35 s
+    results = run_tool_calls([(box, [call("nap", {"x": i})]) for i in range(4)], threads=1)
+    assert [r[0].content for r in results] == ["0", "1", "2", "3"]
+
+
+def test_each_turn_keeps_its_calls_order_and_failures():
+    box = ToolBox([multiply, slow_add, fails], timeout_s=2.0)
+    turns = [
+        (box, [call("slow_add", {"a": 1, "b": 2}), call("multiply", {"a": 2, "b": 3})]),
+        (box, [call("fails", {"x": "boom"}), call("nope")]),
+        (box, []),
+    ]
+    results = run_tool_calls(turns)
+    assert [[r.content for r in turn] for turn in results[:1]] == [["3", "6"]]
+    assert [r.failed for r in results[1]] == [True, True] and "ValueError: boom" in results[1][0].content
+    assert results[1][1].content == "{'error': 'Tool nope not found.'}" and results[2] == []
