@@ -369,3 +369,52 @@ def test_a_rollout_func_with_tools_is_refused(tmp_path):
         GRPOTrainer(tool_chat_model(tok), len, config(tmp_path), train_dataset=data, processing_class=tok,
                     rollout_func=lambda p, t: {}, environment_factory=IncrementEnv)  # fmt: skip
     assert not (tmp_path / "run").exists()
+
+
+class CounterEnv:
+    """TRL 1.16's test of an environment-owned reward: reset writes no prompt, get_reward (the final counter) is the
+    run's only reward."""
+
+    def reset(self, **kwargs):
+        self._counter = 0
+
+    def increment(self, step: int) -> int:
+        """
+        Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+
+        Returns:
+            The updated counter value.
+        """
+        self._counter += step
+        return self._counter
+
+    def get_reward(self) -> float:
+        return float(self._counter)
+
+
+def test_an_environment_s_get_reward_as_the_only_reward_trains(monkeypatch, tmp_path):
+    # As TRL's test: no reward_funcs, no train_dataset; of each group of 3 one episode increments by 1, one calls a tool
+    # that does not exist, one answers without a call: counters 1, 0, 0, rewards 1, 0, 0.
+    tok = tool_chat_tokenizer()
+    first = [call_text("increment", {"step": 1}), call_text("decrement", {"step": 2}), f"I won't increment{END}"]
+    turns = iter(first * 100)
+
+    def script(text):
+        return f"Done!{END}" if "<tool_response>" in text else next(turns)
+
+    monkeypatch.setattr(sampling_completions, "generate", scripted_generate(tok, script))
+    args = config(tmp_path, num_generations=3, per_device_train_batch_size=3, max_steps=2, learning_rate=0.1)
+    model = tool_chat_model(tok)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = GRPOTrainer(model, args=args, processing_class=tok, environment_factory=CounterEnv)
+    assert trainer.reward_func_names == ["CounterEnv"] and trainer.reward_weights.tolist() == [1.0]
+    assert [t.__name__ for t in trainer.tools] == ["increment"]  # neither reset nor get_reward is a tool
+    trainer.train()
+    rows = metric_rows(args)
+    assert [r["rewards/CounterEnv/mean"] for r in rows] == [pytest.approx(1 / 3)] * 2
+    logged = [r for r in trainer.state.log_history if "rewards/CounterEnv/mean" in r]  # the callbacks' view too
+    assert len(logged) == 2 and logged[-1]["rewards/CounterEnv/mean"] == pytest.approx(1 / 3)
+    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
