@@ -5,7 +5,9 @@
     rlhfkit eval --model M --baseline B --dataset data/tldr --judge openai:gpt-4o-mini --num_examples 1000
 
 Prints TRL's "Model win rate: X%" line per judge, then ties, the baseline's rate, a confidence interval, the
-decisive-only rate and any malformed verdicts.
+decisive-only rate and any malformed verdicts. On the agent task (--task: its assets, which `rlhfkit quickstart --task
+agent` builds into ~/.cache/rlhfkit), each model's greedy episodes run the task's tools, as training samples them; the task judge reads each
+episode's final answer, and each side's accuracy and tool use are printed too.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ def _validate(args: argparse.Namespace) -> None:
 
 def _run(argv: Sequence[str]) -> int:
     from rlhfkit.tasks import builtin_assets, load_task
+    from rlhfkit.tasks.agent import AgentTask
     from rlhfkit.tasks.layout import Assets
 
     from .compare import compare_judges, load_eval_prompts
@@ -136,6 +139,8 @@ def _run(argv: Sequence[str]) -> int:
     _validate(args)
     task_dir = functools.cache(lambda: Path(args.task) if args.task else builtin_assets())
     judge_specs = args.judge or ["task"]
+    if args.dataset is None and isinstance(load_task(task_dir()), AgentTask):  # before any judge is made
+        return _run_agent(args, judge_specs, task_dir())
     judges = [
         make_judge(
             spec,
@@ -178,6 +183,45 @@ def _run(argv: Sequence[str]) -> int:
         ("baseline", args.baseline, comparison.baseline),
     ):
         print(f"  {label + ':':9} {path} ({sum(gen.truncated)} of {len(prompts)} completions cut off at the limit)")
+    for win_rate in comparison.win_rates:
+        print()
+        print(format_report(win_rate))
+    return 0 if all(w.judged for w in comparison.win_rates) else 1
+
+
+def _run_agent(args: argparse.Namespace, judge_specs: list[str], task_dir: Path) -> int:
+    """The agent task: greedy episodes with the task's tools, judged by the task's checker (evaluation/episodes.py)."""
+    from datasets import load_from_disk
+
+    from rlhfkit.tasks import load_task
+    from rlhfkit.tasks.layout import Assets
+
+    from .episodes import judge_episodes
+    from .winrate import format_report
+
+    if judge_specs != ["task"]:
+        raise EvalError(
+            f"--judge {' '.join(s for s in judge_specs if s != 'task')}: the agent task is judged on its episodes' final "
+            "answers by its own checker only (--judge task, the default). Drop the other judges."
+        )
+    for flag, value in (("temperature", args.temperature or None), ("max_new_tokens", args.max_new_tokens)):
+        if value is not None:
+            raise EvalError(
+                f"--{flag}: the agent task's episodes are greedy, with the task's own length budget and tool rounds "
+                "(as its training samples them). Drop the flag."
+            )
+    task = load_task(task_dir)
+    conversations = list(load_from_disk(str(Assets(task_dir).prompts))["test"]["prompt"])[: args.num_examples]
+    print(
+        f"rlhfkit eval: {len(conversations)} prompts of the agent task {task_dir}; greedy episodes with its tools "
+        f"({', '.join(t.__name__ for t in task.tools)}), up to {task.max_tool_calling_iterations} rounds of results"
+    )
+    comparison, sides = judge_episodes(args.model, args.baseline, task, conversations, batch_size=args.batch_size)
+    for label, path, side in (("model", args.model, sides["policy"]), ("baseline", args.baseline, sides["sft"])):
+        print(
+            f"  {label + ':':9} {path}: accuracy {side['accuracy']:.1%}, tool calls per episode "
+            f"{side['tool_calls_per_episode']:.2f} ({side['episodes_calling_a_tool']:.1%} of the episodes call a tool)"
+        )
     for win_rate in comparison.win_rates:
         print()
         print(format_report(win_rate))

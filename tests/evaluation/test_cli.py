@@ -150,3 +150,57 @@ def test_openai_judge_through_the_cli_reports_malformed_answers(tiny_assets, ran
     assert "judge: openai:local-judge;" in out
     assert "malformed verdicts: 1 of 6 (excluded from the win rate, which is over the 5 well-formed" in out
     assert "'no idea'" in out and "position bias: the judge picked the completion shown first" in out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The agent task: greedy episodes whose tools run, judged on their final answers.
+
+
+@pytest.fixture(scope="module")
+def agent_assets():
+    from rlhfkit.tasks import builtin_assets
+
+    return builtin_assets("test", task="agent", log=lambda *a, **k: None)
+
+
+def calculator_script(text: str) -> str:
+    """A model that calls the calculator on the user's question, then answers with the result it read."""
+    from rlhfkit.tasks.chat_tokenizer import CALL_CLOSE, CALL_OPEN, TOOL_CALL, TOOL_CALL_END
+
+    question = text.split("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+    if "<tool_response>" in text:
+        return text.rsplit("<tool_response>", 1)[1].split("</tool_response>", 1)[0] + "<|im_end|>"
+    return f"{TOOL_CALL}{CALL_OPEN}{question}{CALL_CLOSE}{TOOL_CALL_END}<|im_end|>"
+
+
+def test_agent_task_is_judged_on_episodes_whose_tools_run(agent_assets, monkeypatch, capsys):
+    from rlhfkit.sampling import completions as sampling_completions
+    from tests.tool_chat import scripted_generate
+
+    sft = str(agent_assets / "sft")
+    argv = ["--model", sft, "--baseline", sft, "--task", str(agent_assets), "--num_examples", "6"]
+    tokenizer = AutoTokenizer.from_pretrained(sft)
+    monkeypatch.setattr(sampling_completions, "generate", scripted_generate(tokenizer, calculator_script))
+    assert cmd_eval(argv) == 0
+    out = capsys.readouterr().out
+    assert "6 prompts of the agent task" in out and "greedy episodes with its tools (calculator)" in out
+    # every episode called the calculator once and answered with its result: right every time, on both sides
+    assert out.count("accuracy 100.0%, tool calls per episode 1.00 (100.0% of the episodes call a tool)") == 2
+    assert "Model win rate: 50.00%" in out and "judge: task:agent; 6 verdicts (wins 0, ties 6, losses 0)" in out
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            ["--judge", "openai:gpt-4o-mini"],
+            r"--judge openai:gpt-4o-mini: the agent task is judged .* by its own checker",
+        ),
+        (["--temperature", "0.7"], r"--temperature: the agent task's episodes are greedy"),
+        (["--max_new_tokens", "12"], r"--max_new_tokens: the agent task's episodes are greedy"),
+    ],
+)
+def test_agent_task_flags_that_do_not_apply_are_refused(agent_assets, extra, message, capsys):
+    sft = str(agent_assets / "sft")
+    assert cmd_eval(["--model", sft, "--baseline", sft, "--task", str(agent_assets), *extra]) == 2
+    assert __import__("re").search(message, capsys.readouterr().err)
