@@ -51,17 +51,18 @@ def expand_templates(
 ) -> list[registry.Metric]:
     """`metrics` with every template replaced by its expansion for each reward function (tools/ templates: for each
     tool), order kept: what a run with those reward functions logs (without async_generation, none of the metrics
-    only it logs; without tool_names, none of the tools/ ones; nor those the machine's device does not give,
+    only it logs; without tool_names, none of the tools/ and eval/tools/ ones; nor those the machine's device does not give,
     not_logged_on_this_machine)."""
     out: list[registry.Metric] = []
     for m in metrics:
         if m.when.startswith("async_generation") and not async_generation:
             continue
-        if m.name.startswith("tools/") and tool_names is None:
+        tools = m.name.startswith(("tools/", "eval/tools/"))
+        if tools and tool_names is None:
             continue
         if m.name in not_logged_on_this_machine():
             continue
-        names = tool_names if m.name.startswith("tools/") else reward_func_names
+        names = tool_names if tools else reward_func_names
         out += [registry.expand(m, name) for name in names] if registry.is_template(m) else [m]
     return out
 

@@ -60,23 +60,25 @@ class ToolStats:
     tool_tokens: list[int] = field(default_factory=list)
 
 
-def log_tool_stats(metrics, stats: ToolStats) -> None:
-    """A round's tool calls into `metrics` (the run's MetricWindow), for either trainer: TRL's tools/call_frequency and
-    tools/failure_frequency, each tool's calls, failures and seconds, the turns per episode, how episodes ended and
-    their tool tokens (pooled when reduced)."""
+def log_tool_stats(metrics, stats: ToolStats, evaluation: bool = False) -> None:
+    """A round's tool calls into `metrics` (the run's MetricWindow, or an evaluation's accumulator with `evaluation`:
+    the eval/tools/... twins), for either trainer: TRL's tools/call_frequency and tools/failure_frequency, each tool's
+    calls, failures and seconds, the turns per episode, how episodes ended and their tool tokens (pooled when
+    reduced)."""
     m, episodes = metrics, len(stats.turns)
-    m.add(M.TOOLS_CALL_FREQUENCY, stats.calls, episodes)
-    m.add(M.TOOLS_FAILURE_FREQUENCY, stats.failures, stats.calls)
+    named = M.evaluated if evaluation else (lambda metric: metric)
+    m.add(named(M.TOOLS_CALL_FREQUENCY), stats.calls, episodes)
+    m.add(named(M.TOOLS_FAILURE_FREQUENCY), stats.failures, stats.calls)
     turns = torch.tensor(stats.turns, dtype=torch.float64)
-    m.add_tensor(M.TOOLS_MEAN_TURNS, turns)
-    m.add_tensor(M.TOOLS_MAX_TURNS, turns)
-    m.add(M.TOOLS_TURN_CAP_RATIO, stats.capped, episodes)
-    m.add(M.TOOLS_ROLLED_BACK_RATIO, stats.rolled_back, episodes)
-    m.add(M.TOOLS_MEAN_TOOL_TOKENS, sum(stats.tool_tokens), episodes)
+    m.add_tensor(named(M.TOOLS_MEAN_TURNS), turns)
+    m.add_tensor(named(M.TOOLS_MAX_TURNS), turns)
+    m.add(named(M.TOOLS_TURN_CAP_RATIO), stats.capped, episodes)
+    m.add(named(M.TOOLS_ROLLED_BACK_RATIO), stats.rolled_back, episodes)
+    m.add(named(M.TOOLS_MEAN_TOOL_TOKENS), sum(stats.tool_tokens), episodes)
     for name, (calls, failures, seconds) in stats.per_tool.items():
-        m.add(M.expand(M.TOOLS_TOOL_CALLS, name), calls, episodes)
-        m.add(M.expand(M.TOOLS_TOOL_FAILURE_FREQUENCY, name), failures, calls)
-        m.add(M.expand(M.TOOLS_TOOL_LATENCY, name), seconds, calls)
+        m.add(named(M.expand(M.TOOLS_TOOL_CALLS, name)), calls, episodes)
+        m.add(named(M.expand(M.TOOLS_TOOL_FAILURE_FREQUENCY, name)), failures, calls)
+        m.add(named(M.expand(M.TOOLS_TOOL_LATENCY, name)), seconds, calls)
 
 
 class Episodes(NamedTuple):
@@ -449,17 +451,17 @@ def environment_prompts(args, environments: Environments | None):
 
 
 def sample_episodes(sampler, model: nn.Module, rows: list[dict], config: GenerationConfig, batch_size: int, device,
-                    metrics=None):  # fmt: skip
+                    metrics=None, evaluation: bool = False):  # fmt: skip
     """The one way in to multi-turn sampling, for both trainers and evaluation: episodes of `rows` (dataset rows with
     their ``input_ids``) sampled by `model` with `sampler` (a ToolEpisodes, or a rollout_func's CustomRollout) in
-    chunks of `batch_size`, each chunk's tool statistics added to `metrics` (a MetricAccumulator; None: not logged,
-    as in evaluation). Returns each chunk's Episodes and the rows as their episodes began (with environments: the
+    chunks of `batch_size`, each chunk's tool statistics added to `metrics` (a MetricAccumulator; None: not logged),
+    as eval/tools/... with `evaluation`. Returns each chunk's Episodes and the rows as their episodes began (with environments: the
     prompt reset() wrote and the instance; a rollout_func's: with its extra columns)."""
     episodes, began = [], []
     for start in range(0, len(rows), batch_size):
         sampled, part = sampler.sample_rows(model, rows[start : start + batch_size], config, device)
         if metrics is not None and sampled.stats is not None:
-            log_tool_stats(metrics, sampled.stats)
+            log_tool_stats(metrics, sampled.stats, evaluation)
         episodes.append(sampled)
         began += part
     return episodes, began
@@ -508,7 +510,9 @@ def tool_episodes(
     )
 
 
-def tool_metrics(toolbox: ToolBox | None) -> list[M.Metric]:
-    """The per-tool metrics a run with `toolbox` logs (tools/{tool_name}/...), for run.start's extra_metrics."""
+def tool_metrics(toolbox: ToolBox | None, evaluation: bool = False) -> list[M.Metric]:
+    """The per-tool metrics a run with `toolbox` logs (tools/{tool_name}/...; eval/tools/... with `evaluation`), for
+    run.start's extra_metrics and an evaluation's accumulator."""
     templates = (M.TOOLS_TOOL_CALLS, M.TOOLS_TOOL_FAILURE_FREQUENCY, M.TOOLS_TOOL_LATENCY)
-    return [M.expand(m, name) for name in (toolbox.names if toolbox else []) for m in templates]
+    named = M.evaluated if evaluation else (lambda metric: metric)
+    return [named(M.expand(m, name)) for name in (toolbox.names if toolbox else []) for m in templates]

@@ -1101,8 +1101,38 @@ TOOLS_TOOL_LATENCY = Metric(
     trainers=BOTH,
     section="Tools",
     when="once per tool, named after its function; tools",
-    watch="Async tools of a turn run together; sync ones one after another, in the generation's time.",
+    watch="A round's calls run together, every episode's (sync ones in threads, async ones awaited together): a "
+    "slow tool costs a round one latency, in the generation's time.",
 )
+
+
+def _evaluated(metric: Metric) -> Metric:
+    """The same tool metric of an evaluation's episodes (eval/tools/..., at evaluation steps)."""
+    return replace(
+        metric,
+        name=f"eval/{metric.name}",
+        meaning=f"{metric.meaning} Of an evaluation's episodes (greedy, the tools run as in training).",
+        formula=metric.formula.replace(_TOOLS_WINDOW, "over the evaluation's episodes, all processes"),
+        when=f"{metric.when}; an eval dataset; at evaluation steps",
+        importance="",
+        watch="",
+        vs_trl="",
+        section="Evaluation",
+    )
+
+
+# The tools metrics of an evaluation: the training ones' twins (agents.episodes.log_tool_stats(evaluation=True)).
+EVAL_TOOLS_CALL_FREQUENCY = _evaluated(TOOLS_CALL_FREQUENCY)
+EVAL_TOOLS_FAILURE_FREQUENCY = _evaluated(TOOLS_FAILURE_FREQUENCY)
+EVAL_TOOLS_MEAN_TURNS = _evaluated(TOOLS_MEAN_TURNS)
+EVAL_TOOLS_MAX_TURNS = _evaluated(TOOLS_MAX_TURNS)
+EVAL_TOOLS_TURN_CAP_RATIO = _evaluated(TOOLS_TURN_CAP_RATIO)
+EVAL_TOOLS_ROLLED_BACK_RATIO = _evaluated(TOOLS_ROLLED_BACK_RATIO)
+EVAL_TOOLS_MEAN_TOOL_TOKENS = _evaluated(TOOLS_MEAN_TOOL_TOKENS)
+EVAL_TOOLS_TOOL_CALLS = _evaluated(TOOLS_TOOL_CALLS)
+EVAL_TOOLS_TOOL_FAILURE_FREQUENCY = _evaluated(TOOLS_TOOL_FAILURE_FREQUENCY)
+EVAL_TOOLS_TOOL_LATENCY = _evaluated(TOOLS_TOOL_LATENCY)
+
 _ASYNC = "async_generation"
 _PER_ROUND = "over the window's generations"
 ASYNC_STALENESS_MEAN = Metric(
@@ -1513,6 +1543,21 @@ def expand(metric: Metric, name: str) -> Metric:
         raise ValueError(f"invalid reward function or tool name {name!r} for metric {metric.name}")
     start, end = metric.name.index("{"), metric.name.index("}")
     return replace(metric, name=metric.name[:start] + name + metric.name[end + 1 :], aliases=())
+
+
+def evaluated(metric: Metric) -> Metric:
+    """The evaluation twin of a tools metric (eval/tools/..., a template's expansion too): tools/call_frequency gives
+    eval/tools/call_frequency, tools/multiply/calls eval/tools/multiply/calls."""
+    twin = REGISTRY.get(f"eval/{metric.name}")
+    if twin is not None:
+        return twin
+    for template in REGISTRY.values():
+        if is_template(template) and template.name.startswith("eval/tools/"):
+            head, tail = template.name.split("{", 1)[0], template.name.split("}", 1)[1]
+            name = f"eval/{metric.name}"
+            if name.startswith(head) and name.endswith(tail) and "/" not in name[len(head) : len(name) - len(tail)]:
+                return expand(template, name[len(head) : len(name) - len(tail)])
+    raise ValueError(f"{metric.name} has no evaluation twin")
 
 
 def metrics_for(trainer: str, kind: str | None = "scalar") -> list[Metric]:

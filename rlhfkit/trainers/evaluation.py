@@ -36,10 +36,12 @@ def eval_chunks(
     policy_of: Callable[[nn.Module], nn.Module] = lambda model: model,
     repeat: int = 1,
     episodes=None,
+    metrics: MetricAccumulator | None = None,
 ) -> list[EvalChunk]:
     """Completions of this process's share of the eval prompts (each `repeat` times), sampled with `config` by the
     policy of the prepared `model` (`policy_of(unwrapped model)`) with its whole weights, in chunks of `batch_size`;
-    multi-turn episodes with their tools when `episodes` (agents.episodes' ToolEpisodes or CustomRollout) is given.
+    multi-turn episodes with their tools when `episodes` (agents.episodes' ToolEpisodes or CustomRollout) is given,
+    their eval/tools/* metrics added to `metrics` (the evaluation's accumulator).
 
     Where forwards run in lockstep (ZeRO-3, FSDP), the shares are padded to one length: score every row of a chunk
     (the reward models run in lockstep too), then report the first `own` only."""
@@ -60,8 +62,9 @@ def eval_chunks(
             else:  # with environments, the rows as their episodes began (reset's prompt, the instances)
                 for start in range(0, len(prompts), batch_size):
                     (sampled,), rows[start : start + batch_size] = sample_episodes(
-                        episodes, policy_of(unwrapped), rows[start : start + batch_size], config, batch_size, device
-                    )  # their tools/* metrics not logged
+                        episodes, policy_of(unwrapped), rows[start : start + batch_size], config, batch_size, device,
+                        metrics, evaluation=True,
+                    )  # fmt: skip
                     chunks.append((sampled.chunk, sampled.messages))
                     advance(len(sampled.chunk.prompt_ids))
         unwrapped.train()

@@ -248,6 +248,11 @@ def test_evaluation_runs_the_tools_too(scripted, tmp_path):
     ok, unknown = seen  # greedy: one episode per prompt
     assert [m["role"] for m in ok] == ["assistant", "tool", "assistant"] and ok[1]["content"] == "12"
     assert unknown[1]["content"] == "{'error': 'Tool __import__ not found.'}"
+    # its tools metrics, as training's over the evaluation's episodes: two calls, the unknown one failed
+    assert metrics["eval_tools/call_frequency"] == 1.0 and metrics["eval_tools/failure_frequency"] == 0.5
+    assert metrics["eval_tools/multiply/calls"] == 0.5 and metrics["eval_tools/mean_turns"] == 2.0
+    logged = [r for r in read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl")) if "eval/reward" in r]
+    assert logged[-1]["eval/tools/call_frequency"] == 1.0 and "tools/call_frequency" not in logged[-1]
 
 
 def test_completion_lengths_count_the_model_s_tokens_only(scripted, tmp_path):

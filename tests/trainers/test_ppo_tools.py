@@ -86,6 +86,7 @@ def test_ppo_with_tools_trains_end_to_end_and_logs_the_tool_metrics(tmp_path):
     logged = set().union(*(r.keys() for r in rows)) - {"step"}
     expected = expand_templates(registry.metrics_for("ppo"), ["accuracy"], tool_names=["multiply", "async_add"])
     not_this_run = {"eval/scores", "eval/task_success", "rollout/task_success"}  # no evaluation, no task
+    not_this_run |= {m.name for m in expected if m.name.startswith("eval/tools/")}
     assert logged == {m.name for m in expected} - not_this_run
 
 
@@ -323,6 +324,8 @@ def test_evaluation_runs_the_tools_and_shows_the_episodes(scripted, tmp_path):
     ok, unknown = seen  # greedy: one episode per prompt
     assert [m["role"] for m in ok] == ["assistant", "tool", "assistant"] and ok[1]["content"] == "12"
     assert unknown[1]["content"] == "{'error': 'Tool __import__ not found.'}"
+    assert metrics["eval_tools/call_frequency"] == 1.0 and metrics["eval_tools/failure_frequency"] == 0.5
+    assert metrics["eval_tools/multiply/failure_frequency"] == 0.0 and metrics["eval_tools/max_turns"] == 2.0
 
 
 def test_tools_are_refused_with_async_generation_before_anything_is_written(tmp_path):

@@ -226,6 +226,7 @@ class GRPOTrainer(TRLTrainerAPI):
         self.last_window_entropy = float("inf")
         # 8. The run takes its trainer: the steps, the epochs' ends, the metrics this run adds, the callbacks.
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] + tool_metrics(toolbox)
+        self.eval_tool_metrics = tool_metrics(toolbox, evaluation=True)  # an evaluation's eval/tools/{tool}/...
         steps_per_generation = Fraction(sizes.micro_steps_per_generation, args.gradient_accumulation_steps)
         epoch_ends = epoch_end_steps(sizes.num_steps, len(self.train_dataset), sizes.prompts, steps_per_generation)
         run.start(self, sizes.num_steps, extra_metrics, epoch_ends=epoch_ends, callbacks=callbacks, loss=M.LOSS)
@@ -610,7 +611,7 @@ class GRPOTrainer(TRLTrainerAPI):
         training; with tools, multi-turn episodes whose tools run, their tools/* metrics not logged): mean total reward
         and, with a task, true success."""
         args, tok = self.args, self.tokenizer
-        metrics = MetricAccumulator()  # its own: the training window's metrics keep accumulating
+        metrics = MetricAccumulator(self.eval_tool_metrics)  # its own: the training window's keeps accumulating
         max_new, sampled = args.max_completion_length, args.num_generations_eval
         config = (
             self.sampling_config(max_new)
@@ -618,7 +619,9 @@ class GRPOTrainer(TRLTrainerAPI):
             else sampling_config(max_new, None, tok.pad_token_id, self.stop_ids)
         )
         size, repeat = args.per_device_eval_batch_size, sampled or 1
-        for part in eval_chunks(self.run, self.model, dataset, config, size, repeat=repeat, episodes=self.episodes):
+        for part in eval_chunks(
+            self.run, self.model, dataset, config, size, repeat=repeat, episodes=self.episodes, metrics=metrics
+        ):
             chunk = part.chunk
             prompts = [r[args.dataset_text_field] for r in part.rows]
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)

@@ -202,6 +202,7 @@ class PPOTrainer(TRLTrainerAPI):
         self.log_sources = reward_funcs is not None
         extra_metrics = [m for pair in self.rewards.metrics for m in pair] if self.log_sources else []
         extra_metrics += tool_metrics(toolbox)
+        self.eval_tool_metrics = tool_metrics(toolbox, evaluation=True)  # an evaluation's eval/tools/{tool}/...
         run.start(self, num_updates, extra_metrics, "update", epoch_ends, callbacks, loss=M.LOSS_TOTAL_AVG)
 
     # What the run lifecycle needs from its trainer (run.Trainee): models, own state, evaluation.
@@ -477,12 +478,17 @@ class PPOTrainer(TRLTrainerAPI):
         (returned, for the run to log). With tools, multi-turn episodes whose tools run (their tools/* metrics not
         logged), the reward functions given their messages and the table showing them as the policy read them."""
         args, tok = self.args, self.tokenizer
-        metrics, table = MetricAccumulator(), []  # its own: the training window's metrics keep accumulating
+        metrics, table = (
+            MetricAccumulator(self.eval_tool_metrics),
+            [],
+        )  # its own: the training window's keeps accumulating
         kept, scored = [], 0  # which scored completions are this process's own (the table's rows)
         size = args.per_device_eval_batch_size
         greedy = sampling_config(args.response_length, None, tok.pad_token_id, self.stop_ids)
         policy = attrgetter("policy")
-        for part in eval_chunks(self.run, self.model, dataset, greedy, size, policy, episodes=self.episodes):
+        for part in eval_chunks(
+            self.run, self.model, dataset, greedy, size, policy, episodes=self.episodes, metrics=metrics
+        ):
             chunk = part.chunk
             prompt_texts = decode(tok, chunk.prompt_ids, chunk.prompt_mask)
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
