@@ -16,12 +16,19 @@ A dict of factories routes each row by its ``environment`` column and shows each
 only. Instances are pooled: the pool of an environment grows only when one round needs more instances of it than were
 made so far, and each is reset before every episode (construct once, reset often, as TRL). Reward functions get the
 episodes' instances as ``environments=`` (one per completion, in order).
+
+Checkpoints: an environment whose class has ``state_dict() -> dict`` and ``load_state_dict(state)`` (plain data: dicts,
+lists, strings, numbers, tensors; what ``torch.load(weights_only=True)`` reads) is saved with every checkpoint, each
+pooled instance's state in pool order, and restored on resume, so a resumed run's episodes are the uninterrupted run's.
+Which instance serves which row needs no saving: each round draws its pool in row order. One without them is resumed
+as fresh instances, and the resume says so once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -31,13 +38,14 @@ from rlhfkit.agents.tools import ToolBox
 from rlhfkit.data import is_conversational, prompt_text
 from rlhfkit.errors import ConfigError, DataError
 
-RESERVED = ("reset", "get_reward")
+RESERVED = ("reset", "get_reward", "state_dict", "load_state_dict")  # not tools
 ROUTE_COLUMN = "environment"  # a dict of factories: the row's environment name
 ENVIRONMENTS_KWARG = "environments"  # what reward functions get the episodes' instances as
 
 
 def environment_methods(instance: Any) -> list[Callable]:
-    """The tools an environment offers: its public methods other than reset and get_reward, bound to `instance`.
+    """The tools an environment offers: its public methods other than RESERVED's (reset, get_reward, and the
+    checkpoint's state_dict and load_state_dict), bound to `instance`.
     Listed on the class (listing the instance would evaluate its properties), in name order as TRL lists them."""
     return [
         getattr(instance, name)
@@ -97,7 +105,7 @@ class Environments:
                 self.reward_classes.append(type(instance))
         if not union:
             raise ConfigError(
-                "environment_factory: the environments offer no tools (no public method besides reset and get_reward) "
+                "environment_factory: the environments offer no tools (no public method besides reset, get_reward, state_dict and load_state_dict) "
                 "and no tools= are given: the policy would have nothing to call. Add a method, or train without "
                 "environments."
             )
@@ -123,6 +131,39 @@ class Environments:
                 raise ConfigError(f"environment {type(instance).__name__}: {e}") from None
             self._boxes[id(instance)] = entry
         return entry[1]
+
+    def state_dict(self) -> dict:
+        """Each pool's instances' states, in pool order (None for an instance whose class cannot save its state)."""
+        return {
+            "pools": {
+                "" if name is None else name: [_saved(instance) for instance in pool]
+                for name, pool in self.pool.items()
+            }
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Grow each pool to the saved size and give every instance its saved state; an environment that cannot load
+        one is resumed as fresh instances, said once."""
+        fresh = set()
+        for key, states in state["pools"].items():
+            name = None if key == "" and not self.multi else key
+            if name not in self.factories:
+                continue  # an environment this run no longer has
+            pool = self.pool[name]
+            while len(pool) < len(states):
+                pool.append(self._make(name))
+            for instance, saved in zip(pool, states):
+                if saved is not None and callable(getattr(type(instance), "load_state_dict", None)):
+                    instance.load_state_dict(saved)
+                else:
+                    fresh.add(type(instance).__name__)
+        for cls in sorted(fresh):
+            warnings.warn(
+                f"environment {cls} has no state_dict() / load_state_dict(): the resumed run starts fresh instances of "
+                "it (what reset() does not set is not the interrupted run's). Give the class both methods to resume "
+                "it exactly (docs/agents.md).",
+                stacklevel=2,
+            )
 
     def check_routes(self, names: Sequence) -> None:
         """A dict of factories: every row's ``environment`` must be one of its names."""
@@ -213,3 +254,11 @@ def _with_observation(prompt, observation, environment: str):
 
 def _label(name: str | None) -> str:
     return "" if name is None else f"[{name!r}]"
+
+
+def _saved(instance: Any) -> Any:
+    """An instance's state to checkpoint (its state_dict()), or None when its class cannot save and load one."""
+    cls = type(instance)
+    if callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)):
+        return instance.state_dict()
+    return None

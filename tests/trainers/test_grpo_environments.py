@@ -4,6 +4,7 @@ dataset and with one, the dict of environments), each episode has its own reset 
 tools, get_reward is a reward source named after the class, reward functions get environments=; a rollout_func's
 completions are trained with its env_mask out of the loss and its extra fields reach the reward functions."""
 
+import itertools
 import os
 import random
 import re
@@ -418,3 +419,104 @@ def test_an_environment_s_get_reward_as_the_only_reward_trains(monkeypatch, tmp_
     logged = [r for r in trainer.state.log_history if "rewards/CounterEnv/mean" in r]  # the callbacks' view too
     assert len(logged) == 2 and logged[-1]["rewards/CounterEnv/mean"] == pytest.approx(1 / 3)
     assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Environments in checkpoints: a stateful environment resumes exactly.
+
+
+class CurriculumEnv:
+    """A stateful environment: its targets come from its own random generator (seeded once, each instance from the next
+    seed, not the run's), and it counts the episodes it served; state_dict / load_state_dict keep both."""
+
+    seeds = itertools.count()
+
+    def __init__(self):
+        self.rng, self.served = random.Random(next(self.seeds)), 0
+
+    def reset(self, **kwargs) -> str:
+        self.counter, self.served = 0, self.served + 1
+        self.target = self.rng.randint(1, 6)
+        return f"Increment the counter by {self.target}."
+
+    def get_reward(self) -> float:
+        return float(self.counter == self.target) + 0.01 * self.served + 0.1 * self.target
+
+    def increment(self, step: int) -> int:
+        """
+        Increment the internal counter.
+
+        Args:
+            step: Value to add to the counter.
+
+        Returns:
+            The updated counter value.
+        """
+        self.counter += step
+        return self.counter
+
+    def state_dict(self) -> dict:
+        version, internal, gauss = self.rng.getstate()
+        return {"rng": [version, list(internal), gauss], "served": self.served}
+
+    def load_state_dict(self, state: dict) -> None:
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.served = state["served"]
+
+
+class ForgetfulEnv(CurriculumEnv):
+    state_dict = None  # cannot save its state
+    load_state_dict = None
+
+
+def half_right_script(text: str) -> str:
+    """Increments by the target when it is even, by 1 otherwise: rewards differ within a group."""
+    if "<tool_response>" in text:
+        return f"Done.{END}"
+    target = int(re.search(r"by (\d)", text).group(1))
+    return call_text("increment", {"step": target if target % 2 == 0 else 1})
+
+
+def test_a_stateful_environment_resumes_exactly(scripted, tmp_path):
+    from tests.trainers.test_resume import crashed_copy, rows_of, weights
+
+    tok = scripted(half_right_script)
+
+    def run(out, **extra):
+        args = config(
+            tmp_path, output_dir=str(out), max_steps=4, save_steps=2, learning_rate=1e-2, max_completion_length=200,
+            **extra,
+        )  # fmt: skip
+        trainer = GRPOTrainer(tool_chat_model(tok), args=args, processing_class=tok, environment_factory=CurriculumEnv)
+        trainer.train()
+        return out
+
+    original = run(tmp_path / "a")
+    copy = crashed_copy(original, 2, tmp_path)  # as after a crash just after checkpoint-2
+    resumed = run(copy, resume_from_checkpoint="latest")
+
+    def comparable(rows):  # the tools' latencies are wall-clock seconds
+        return [{k: v for k, v in r.items() if not k.endswith("/latency_s")} for r in rows]
+
+    assert comparable(rows_of(resumed)) == comparable(rows_of(original))
+    assert any(r.get("reward_std", 0) > 0 for r in rows_of(original))  # the groups' rewards differ: the policy learns
+    samples = [(original / "samples.jsonl").read_text(), (resumed / "samples.jsonl").read_text()]
+    assert samples[0] == samples[1]
+    a, b = weights(original), weights(resumed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_environment_that_cannot_save_its_state_is_resumed_fresh_and_said_so(scripted, tmp_path):
+    from tests.trainers.test_resume import crashed_copy
+
+    tok = scripted(half_right_script)
+
+    def trainer(out, **extra):
+        args = config(tmp_path, output_dir=str(out), max_steps=2, save_steps=1, **extra)
+        return GRPOTrainer(tool_chat_model(tok), args=args, processing_class=tok, environment_factory=ForgetfulEnv)
+
+    trainer(tmp_path / "a").train()
+    copy = crashed_copy(tmp_path / "a", 1, tmp_path)
+    with pytest.warns(UserWarning, match="environment ForgetfulEnv has no state_dict"):
+        trainer(copy, resume_from_checkpoint="latest").train()

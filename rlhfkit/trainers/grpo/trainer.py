@@ -64,6 +64,7 @@ from dataclasses import asdict
 from fractions import Fraction
 
 import torch
+from accelerate.utils import gather_object
 from datasets import Dataset, IterableDataset
 from torch import nn
 from transformers import PreTrainedTokenizerBase
@@ -309,13 +310,23 @@ class GRPOTrainer(TRLTrainerAPI):
                 "entropy_coef": self.entropy_coef,
                 "last_window_entropy": self.last_window_entropy,
             }
+        environments = self.environments
+        if environments is not None:  # every process's pools, in process order (a collective)
+            state["environments"] = gather_object([environments.state_dict()])
         return state
+
+    @property
+    def environments(self) -> Environments | None:
+        """The environment_factory's pools, if the run has one."""
+        return getattr(self.episodes, "environments", None)
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("batch") is not None:
             # Checkpoints written before the batch's fields took the prompt / completion names keep the older ones.
             older = {"query_width": "prompt_width", "response_ids": "completion_ids"}
             self.generation.batch = GRPOBatch(**{older.get(k, k): v for k, v in state["batch"].items()})
+        if self.environments is not None and state.get("environments") is not None:
+            self.environments.load_state_dict(state["environments"][self.accelerator.process_index])
         control = state.get("entropy_control")
         if self.args.use_adaptive_entropy and control is not None:  # else the controller starts from the config
             self.entropy_coef = float(control["entropy_coef"])
