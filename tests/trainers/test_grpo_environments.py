@@ -372,28 +372,15 @@ def test_a_rollout_func_with_tools_is_refused(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-class CounterEnv:
+class CounterEnv(IncrementEnv):
     """TRL 1.16's test of an environment-owned reward: reset writes no prompt, get_reward (the final counter) is the
     run's only reward."""
 
     def reset(self, **kwargs):
-        self._counter = 0
-
-    def increment(self, step: int) -> int:
-        """
-        Increment the internal counter.
-
-        Args:
-            step: Value to add to the counter.
-
-        Returns:
-            The updated counter value.
-        """
-        self._counter += step
-        return self._counter
+        self.counter = 0
 
     def get_reward(self) -> float:
-        return float(self._counter)
+        return float(self.counter)
 
 
 def test_an_environment_s_get_reward_as_the_only_reward_trains(monkeypatch, tmp_path):
@@ -425,7 +412,7 @@ def test_an_environment_s_get_reward_as_the_only_reward_trains(monkeypatch, tmp_
 # Environments in checkpoints: a stateful environment resumes exactly.
 
 
-class CurriculumEnv:
+class CurriculumEnv(IncrementEnv):
     """A stateful environment: its targets come from its own random generator (seeded once, each instance from the next
     seed, not the run's), and it counts the episodes it served; state_dict / load_state_dict keep both."""
 
@@ -441,19 +428,6 @@ class CurriculumEnv:
 
     def get_reward(self) -> float:
         return float(self.counter == self.target) + 0.01 * self.served + 0.1 * self.target
-
-    def increment(self, step: int) -> int:
-        """
-        Increment the internal counter.
-
-        Args:
-            step: Value to add to the counter.
-
-        Returns:
-            The updated counter value.
-        """
-        self.counter += step
-        return self.counter
 
     def state_dict(self) -> dict:
         version, internal, gauss = self.rng.getstate()
