@@ -76,9 +76,9 @@ def log_tool_stats(metrics, stats: ToolStats, evaluation: bool = False) -> None:
     m.add(named(M.TOOLS_ROLLED_BACK_RATIO), stats.rolled_back, episodes)
     m.add(named(M.TOOLS_MEAN_TOOL_TOKENS), sum(stats.tool_tokens), episodes)
     for name, (calls, failures, seconds) in stats.per_tool.items():
-        m.add(named(M.expand(M.TOOLS_TOOL_CALLS, name)), calls, episodes)
-        m.add(named(M.expand(M.TOOLS_TOOL_FAILURE_FREQUENCY, name)), failures, calls)
-        m.add(named(M.expand(M.TOOLS_TOOL_LATENCY, name)), seconds, calls)
+        m.add(M.expand(named(M.TOOLS_TOOL_CALLS), name), calls, episodes)
+        m.add(M.expand(named(M.TOOLS_TOOL_FAILURE_FREQUENCY), name), failures, calls)
+        m.add(M.expand(named(M.TOOLS_TOOL_LATENCY), name), seconds, calls)
 
 
 class Episodes(NamedTuple):
@@ -515,4 +515,4 @@ def tool_metrics(toolbox: ToolBox | None, evaluation: bool = False) -> list[M.Me
     run.start's extra_metrics and an evaluation's accumulator."""
     templates = (M.TOOLS_TOOL_CALLS, M.TOOLS_TOOL_FAILURE_FREQUENCY, M.TOOLS_TOOL_LATENCY)
     named = M.evaluated if evaluation else (lambda metric: metric)
-    return [named(M.expand(m, name)) for name in (toolbox.names if toolbox else []) for m in templates]
+    return [M.expand(named(m), name) for name in (toolbox.names if toolbox else []) for m in templates]

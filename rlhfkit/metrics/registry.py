@@ -1546,18 +1546,9 @@ def expand(metric: Metric, name: str) -> Metric:
 
 
 def evaluated(metric: Metric) -> Metric:
-    """The evaluation twin of a tools metric (eval/tools/..., a template's expansion too): tools/call_frequency gives
-    eval/tools/call_frequency, tools/multiply/calls eval/tools/multiply/calls."""
-    twin = REGISTRY.get(f"eval/{metric.name}")
-    if twin is not None:
-        return twin
-    for template in REGISTRY.values():
-        if is_template(template) and template.name.startswith("eval/tools/"):
-            head, tail = template.name.split("{", 1)[0], template.name.split("}", 1)[1]
-            name = f"eval/{metric.name}"
-            if name.startswith(head) and name.endswith(tail) and "/" not in name[len(head) : len(name) - len(tail)]:
-                return expand(template, name[len(head) : len(name) - len(tail)])
-    raise ValueError(f"{metric.name} has no evaluation twin")
+    """The evaluation twin of a tools metric or template: tools/call_frequency gives eval/tools/call_frequency,
+    tools/{tool_name}/calls eval/tools/{tool_name}/calls (expand it after)."""
+    return REGISTRY[f"eval/{metric.name}"]
 
 
 def metrics_for(trainer: str, kind: str | None = "scalar") -> list[Metric]:

@@ -650,7 +650,7 @@ def given_reward_funcs(reward_funcs, environments) -> list:
     none and no environment scores its episodes."""
     reward_funcs = [] if reward_funcs is None else reward_funcs
     reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-    if not reward_funcs and not (environments and environments.reward_functions()):
+    if not reward_funcs and not (environments and environments.reward_classes):
         raise ConfigError(
             "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them, "
             "or an environment_factory whose environments score their episodes (a get_reward method)."
