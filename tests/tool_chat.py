@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import torch
 import transformers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from rlhfkit.agents.episodes import ToolEpisodes
 from rlhfkit.sampling.decoders import Generated
 from rlhfkit.tasks.chat_tokenizer import PRINTABLE
 from rlhfkit.tasks.tokenizer import char_tokenizer
@@ -140,3 +142,36 @@ async def async_add(a: int, b: int) -> int:
 def read_jsonl(path):
     with open(path) as f:
         return [json.loads(line) for line in f]
+
+
+class ScriptedEpisodes(ToolEpisodes):
+    """ToolEpisodes whose turns are `episode_script`'s, for the asynchronous agent tests: a class of an importable
+    module, so the generation worker (another process, which a monkeypatched sampler never reaches) unpickles the
+    trainer's episodes as this very class and runs the same script. `use_script(trainer)` swaps it in."""
+
+    def turns(self, model, contexts, budgets, config, device):
+        tok, ids = self.tokenizer, []
+        for context, budget in zip(contexts, budgets):
+            text = tok.decode(context, skip_special_tokens=False)
+            ids.append(tok(episode_script(text), add_special_tokens=False)["input_ids"][:budget])
+        return ids, [[0.0] * len(row) for row in ids]  # stand-in sampler log-probs (PPO's batch keeps them)
+
+
+def episode_script(text: str) -> str:
+    """A turn drawn with torch's generator (the sampler's RNG, which max_staleness 0 hands to the worker and back): an
+    environment's prompt ("Increment the counter by N.") gets increment(N), increment(1) or no call; any other prompt
+    multiply(3, 4), a tool that does not exist, or an answer. After a tool result: the answer."""
+    if "<tool_response>" in text:
+        return f"Done.{END}"
+    choice = int(torch.randint(3, ()))
+    target = re.search(r"Increment the counter by (\d)", text)
+    if target is not None:
+        return [call_text("increment", {"step": int(target.group(1))}), call_text("increment", {"step": 1}),
+                f"No.{END}"][choice]  # fmt: skip
+    return [call_text("multiply", {"a": 3, "b": 4}), call_text("divide", {"a": 1}), f"12{END}"][choice]
+
+
+def use_script(trainer):
+    """The trainer's episodes (and the generation worker's copy of them) sample with episode_script."""
+    trainer.episodes.__class__ = ScriptedEpisodes
+    return trainer

@@ -165,6 +165,12 @@ class Environments:
                 stacklevel=2,
             )
 
+    def adopt(self, pool: dict[str | None, list[Any]]) -> None:
+        """Take `pool` (the generation worker's instances after a generation, copies) as this object's pool: what the
+        trainer's checkpoints save and its evaluations draw under async_generation. The old instances' ToolBoxes go
+        with them."""
+        self.pool, self._boxes = pool, {}
+
     def check_routes(self, names: Sequence) -> None:
         """A dict of factories: every row's ``environment`` must be one of its names."""
         unknown = sorted({repr(n) for n in names if n not in self.factories})

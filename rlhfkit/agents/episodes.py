@@ -400,8 +400,9 @@ def check_agent_arguments(
     trainer: str, args, toolbox: ToolBox | None, rollout_func=None, environment_factory=None
 ) -> None:
     """What a trainer's agent arguments (`trainer`: its class name, for the messages) cannot be combined with, before
-    anything loads: the generation worker of async_generation runs neither tools nor a rollout_func; a rollout_func
-    samples on its own, so the trainer's tool loop does not run after it (give the tools to the rollout_func)."""
+    anything loads: a rollout_func samples on its own, so the trainer's tool loop does not run after it (give the tools
+    to the rollout_func), and it is called with the trainer, which the generation worker of async_generation has not
+    (tools and environments run in the worker)."""
     if rollout_func is not None and not callable(rollout_func):
         raise ConfigError(
             f"rollout_func must be a function rollout_func(prompts, trainer) -> dict, got {type(rollout_func).__name__}."
@@ -413,13 +414,11 @@ def check_agent_arguments(
             f"runs no tools after it. Run the tools inside the rollout_func (its env_mask keeps their tokens out of "
             f"the loss), or drop rollout_func and let the trainer run the {given}."
         )
-    if args.async_generation and (toolbox is not None or rollout_func is not None):
-        given = "rollout_func=..." if rollout_func is not None else "tools=..."
-        given += ", environment_factory=..." if environment_factory is not None else ""
+    if args.async_generation and rollout_func is not None:
         raise ConfigError(
-            f"{trainer}({given}) with async_generation: the generation worker samples single-turn completions "
-            f"with the policy only, so {given} would be ignored. Leave async_generation off (--async_generation "
-            "false) to train with them."
+            f"{trainer}(rollout_func=...) with async_generation: a rollout_func is called with the trainer, which "
+            "lives in another process than the generation worker, so it cannot sample ahead. Leave async_generation "
+            "off (--async_generation false) to train with it (tools and environment_factory do run asynchronously)."
         )
 
 

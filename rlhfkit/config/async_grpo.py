@@ -37,7 +37,8 @@ SERVER_FIELDS = {
     "timed out",
     "token_budget": "rlhfkit's training forwards take fixed micro-batches of per_device_train_batch_size completions "
     "(no token-budgeted packing)",
-    "fork_threshold_tokens": "multi-turn episodes (tools, environments) are not trained yet",
+    "fork_threshold_tokens": "rlhfkit's episodes never re-tokenize a conversation: each turn's tokens are appended as "
+    "sampled and the tool results as the chat template renders them after a turn, so there is no drift to fork on",
 }
 
 

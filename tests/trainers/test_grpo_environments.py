@@ -247,7 +247,6 @@ def test_a_dict_of_environments_routes_rows_and_shows_each_prompt_its_own_tools(
         ("dict_without_column", r"'environment' column, which the train_dataset lacks"),
         ("dict_unknown_route", r"'chess', not among the environments"),
         ("no_reward", r"needs reward_funcs.*get_reward"),
-        ("with_async_generation", r"with async_generation"),
     ],
 )
 def test_environment_misuse_exits_2_naming_the_fix(tmp_path, case, match):
@@ -283,8 +282,6 @@ def test_environment_misuse_exits_2_naming_the_fix(tmp_path, case, match):
         kwargs.update(environment_factory={"game": GameEnv}, train_dataset=routed)
     elif case == "no_reward":
         kwargs.update(environment_factory=GameEnv, reward_funcs=None)
-    elif case == "with_async_generation":
-        overrides["async_generation"] = True
     with pytest.raises((ConfigError, DataError), match=match):
         GRPOTrainer(tool_chat_model(tok), args=config(tmp_path, **overrides), processing_class=tok, **kwargs)
 

@@ -365,16 +365,6 @@ def test_an_episode_s_log_probs_are_its_text_s_scored_in_one_forward(scripted, t
         torch.testing.assert_close(logprobs[r, :n][mask], reference[mask], rtol=0, atol=1e-10)
 
 
-def test_tools_are_refused_with_async_generation(tmp_path):
-    tok = tool_chat_tokenizer()
-    args = config(tmp_path, async_generation=True)
-    with pytest.raises(
-        ConfigError, match=r"GRPOTrainer\(tools=\.\.\.\) with async_generation.*--async_generation false"
-    ):
-        GRPOTrainer(tool_chat_model(tok), len, args, conversations("x"), processing_class=tok, tools=[multiply])
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.parametrize(
     "dropped, old, new",
     [

@@ -328,18 +328,6 @@ def test_evaluation_runs_the_tools_and_shows_the_episodes(scripted, tmp_path):
     assert metrics["eval_tools/multiply/failure_frequency"] == 0.0 and metrics["eval_tools/max_turns"] == 2.0
 
 
-def test_tools_are_refused_with_async_generation_before_anything_is_written(tmp_path):
-    tok = tool_chat_tokenizer()
-    args = config(tmp_path, async_generation=True)
-    with pytest.raises(
-        ConfigError, match=r"PPOTrainer\(tools=\.\.\.\) with async_generation.*--async_generation false"
-    ):
-        PPOTrainer(
-            args, tok, tool_chat_model(tok), train_dataset=conversations("x"), reward_funcs=len, tools=[multiply]
-        )
-    assert not (tmp_path / "run").exists()
-
-
 def test_tools_need_conversational_prompts(tmp_path):
     tok = tool_chat_tokenizer()
     with pytest.raises(ConfigError, match=r"PPOTrainer\(tools=\.\.\.\) needs conversational prompts.*'prompt' column"):

@@ -18,8 +18,8 @@ from rlhfkit.trainers.grpo import GRPOTrainer
 class AsyncGRPOTrainer(GRPOTrainer):
     """GRPOTrainer under TRL's asynchronous trainer's signature: args is an AsyncGRPOConfig (default: one whose
     output_dir is ``<model name>-AsyncGRPO``, as TRL's), there is no eval_dataset, and TRL's vLLM plumbing
-    (rollout_worker, weight_transfer) is not taken: rlhfkit's generation worker samples. tools are refused
-    (the generation worker does not run tools yet) and so is environment_factory, which rlhfkit does not do yet."""
+    (rollout_worker, weight_transfer) is not taken: rlhfkit's generation worker samples, and runs the tools and
+    environments of multi-turn episodes (generation_worker.py)."""
 
     def __init__(
         self,

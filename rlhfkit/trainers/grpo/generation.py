@@ -175,16 +175,17 @@ class GRPOGeneration:
     @torch.no_grad()
     def receive(self, prompts: Iterator[list[int]]) -> GRPOBatch:
         """async_generation: the worker's next generation (AsyncGeneration.next_generation: asked for up to max_staleness
-        steps ahead, each on the weights of its time), scored and made into a batch as generate_and_score does with
-        its own samples."""
+        steps ahead, each on the weights of its time; with tools, episodes whose tools ran in the worker), scored and
+        made into a batch as generate_and_score does with its own samples."""
 
         def ask():
             rows = self.round_rows(next(prompts))
-            return [r["input_ids"] for r in rows], len(rows), rows  # one chunk, as sample_round samples
+            return rows, len(rows)  # one chunk, as sample_round samples
 
-        (chunk,), rows, staleness = self.sampler.worker.next_generation(self.run, ask)
+        generation = self.sampler.worker.next_generation(self.run, ask)
+        (chunk,), staleness = generation.chunks, generation.staleness
         with self.run.gathered(self.model) as model:
-            scored = self.score_round(rows, chunk)
+            scored = self.score_round(generation.rows, chunk, generation.messages)
             batch = self.batch_of(model, scored, scored.gathered, [scored])
         batch.staleness = staleness
         return batch

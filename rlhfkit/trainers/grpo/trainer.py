@@ -204,6 +204,8 @@ class GRPOTrainer(TRLTrainerAPI):
             )
         elif rollout_func is not None:
             self.episodes = CustomRollout(rollout_func, self, args.dataset_text_field)
+        if self.generation_worker is not None and toolbox is not None:  # the worker runs the tools and environments
+            self.generation_worker.sample_episodes_with(self.episodes)
         self.sizes = sizes = grpo_batch_sizes(args, run.accelerator.num_processes, len(self.train_dataset))
         # 6. The models prepared for the engine: the policy with its optimizer, the frozen reference (beta > 0, without
         #    LoRA, whose reference is the policy with its adapter disabled).
@@ -369,7 +371,8 @@ class GRPOTrainer(TRLTrainerAPI):
         args, sizes, progress = self.args, self.sizes, run.progress
         if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
             with run.gathered(self.model) as policy:
-                self.generation_worker.load(policy, self.sampling_config(args.max_completion_length), progress.step)
+                config = self.sampling_config(args.max_completion_length)
+                self.generation_worker.load(policy, config, progress.step)
         # Every process draws the same prompts (the whole generation batch) and keeps its slice of the completions.
         prompts = endless_batches(
             len(self.train_dataset),

@@ -19,6 +19,7 @@ from rlhfkit.config.batch_sizes import PPOBatchSizes
 from rlhfkit.models import adapter_disabled, completion_token_stats, token_values
 from rlhfkit.rewards import RewardOutput, RewardSources, apply_eos_trick
 from rlhfkit.sampling import Chunk, cat_padded, complete, decode, model_pad_id
+from rlhfkit.trainers.generation_worker import Generation
 from rlhfkit.trainers.ppo.model import PolicyAndValue
 from rlhfkit.trainers.run import TrainingRun
 from rlhfkit.trainers.sampler import Sampler
@@ -92,25 +93,25 @@ class PPOGeneration:
             size = self.args.local_rollout_forward_batch_size
 
             def ask():
-                rows = [self.train_dataset[i] for i in next(prompts)]
-                return [r["input_ids"] for r in rows], size, rows
+                return [self.train_dataset[i] for i in next(prompts)], size
 
-            chunks, rows, staleness = self.sampler.worker.next_generation(self.run, ask)
-            batch = self.generate_and_score(rows, chunks, staleness)
+            generation = self.sampler.worker.next_generation(self.run, ask)
+            batch = self.generate_and_score(generation.rows, generation)
         self.run.progress.episode += self.sizes.batch_size
         return batch
 
     @torch.inference_mode()
-    def generate_and_score(self, rows: list[dict], sampled: list[Chunk] | None = None, staleness: int = 0) -> PPOBatch:
+    def generate_and_score(self, rows: list[dict], sampled: Generation | None = None) -> PPOBatch:
         """Complete the prompts of `rows`, with log-probs, reference log-probs and values, in chunks of
         local_rollout_forward_batch_size; then score the completions.
 
         rows: the dataset rows (their prompts are what the task checker and the reward functions read; the prompt
-        tokens, which may have been truncated, are what the model saw). sampled: the completions' chunks when the
-        generation worker sampled them (async_generation), `staleness` updates ago; the log-probs are then the
-        current policy's, from a forward, unless the worker sampled with these very weights."""
+        tokens, which may have been truncated, are what the model saw). sampled: the generation when the worker
+        sampled it (async_generation: its chunks, with tools its episodes' messages, and its staleness); the log-probs
+        are then the current policy's, from a forward, unless the worker sampled with these very weights."""
         args, tok, device = self.args, self.tokenizer, self.run.accelerator.device
         config = self.sampler.config(args.response_length)
+        staleness = 0 if sampled is None else sampled.staleness
         reuse_sampling_logprobs = self.reuse_sampling_logprobs and staleness == 0
         fields = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "terminated", "sampling_logprobs")
         parts: dict[str, list] = {k: [] for k in (*fields, "model_mask", "old_logprobs", "ref_logprobs", "values")}
@@ -119,7 +120,7 @@ class PPOGeneration:
         with self.run.gathered(self.model) as model:  # whole weights while sampling (ZeRO-3, FSDP)
             model.eval()
             if sampled is not None:
-                chunks = sampled
+                chunks, messages = sampled.chunks, sampled.messages
             elif self.sampler.episodes is not None:  # multi-turn, with tools
                 episodes, _ = sample_episodes(
                     self.sampler.episodes, model.policy, rows, config, size, device, self.run.metrics

@@ -162,6 +162,8 @@ class PPOTrainer(TRLTrainerAPI):
         self.episodes = tool_episodes(
             "PPOTrainer", toolbox, processing_class, self.train_dataset, args, args.response_length
         )
+        if self.generation_worker is not None and self.episodes is not None:  # the worker runs the tools
+            self.generation_worker.sample_episodes_with(self.episodes)
         self.sizes = ppo_batch_sizes(args, run.accelerator.num_processes, len(self.train_dataset))
         # 4. The models: the value model, LoRA adapters or the frozen reference, prepared for the engine with the
         #    reward sources; the policy and the value model trained behind one forward, with their optimizer.
@@ -290,9 +292,8 @@ class PPOTrainer(TRLTrainerAPI):
         run.begin(resume_from_checkpoint)  # restores the checkpoint being resumed; opens the run directory
         if self.generation_worker is not None:  # the policy's weights as training starts (a resumed run's too)
             with run.gathered(self.model) as model:
-                self.generation_worker.load(
-                    model.policy, self.sampling_config(args.response_length), run.progress.step
-                )
+                config = self.sampling_config(args.response_length)
+                self.generation_worker.load(model.policy, config, run.progress.step)
         prompts = endless_batches(
             len(self.train_dataset),
             sizes.local_batch_size,
