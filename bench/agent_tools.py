@@ -8,9 +8,14 @@ async (asyncio.sleep, awaited). Two schedules:
 - concurrent: rlhfkit's (agents.tools.run_tool_calls): every episode's calls of a round at once;
 - one at a time: each episode's calls run after the previous episode's (what a loop over the episodes does).
 
-    .venv/bin/python bench/agent_tools.py            # prints the table (markdown), ~15 s
+    .venv/bin/python bench/agent_tools.py            # prints both tables (markdown), ~1 min
 
 The generation step also scores the batch (reward functions, forwards for log-probs and values), the same in both.
+
+The second table is whole runs with the same scripted episodes and the sync 100 ms tool (concurrent calls), trained
+for STEPS updates with synchronous generation and with --async_generation (max_staleness 1, the worker running the
+episodes and their tools while the trainer optimises): the median seconds per update after the first (which waits for
+the worker to start), from the runs' own step_time.
 """
 
 from __future__ import annotations
@@ -29,15 +34,16 @@ from datasets import Dataset  # noqa: E402
 
 from rlhfkit import GRPOConfig, GRPOTrainer  # noqa: E402
 from rlhfkit.agents import episodes as episodes_module  # noqa: E402
+from rlhfkit.agents.episodes import ToolEpisodes  # noqa: E402
 from rlhfkit.agents.tools import run_tool_calls  # noqa: E402
 from rlhfkit.config import PPOConfig  # noqa: E402
 from rlhfkit.models import completion_token_stats  # noqa: E402
 from rlhfkit.sampling import completions as sampling_completions  # noqa: E402
 from rlhfkit.sampling.decoders import Generated  # noqa: E402
 from rlhfkit.trainers.ppo import PPOTrainer  # noqa: E402
-from tests.tool_chat import END, call_text, scripted_generate, tool_chat_model, tool_chat_tokenizer  # noqa: E402
+from tests.tool_chat import END, call_text, read_jsonl, scripted_generate, tool_chat_model, tool_chat_tokenizer  # noqa: E402
 
-EPISODES, LATENCY_S, REPEATS = 16, 0.1, 3
+EPISODES, LATENCY_S, REPEATS, STEPS = 16, 0.1, 3, 6
 
 
 def lookup(query: str) -> str:
@@ -127,6 +133,44 @@ def measure(algorithm: str, tool, schedule) -> float:
     return statistics.median(times)
 
 
+class LookupEpisodes(ToolEpisodes):
+    """The scripted turns of the whole-run table (a call of the run's tool, then the answer after its result), as a
+    class of this module: the generation worker unpickles the trainer's episodes as it and runs the same script."""
+
+    def turns(self, model, contexts, budgets, config, device):
+        tok, tool, ids = self.tokenizer, self.toolbox.names[0], []
+        for context, budget in zip(contexts, budgets):
+            text = tok.decode(context, skip_special_tokens=False)
+            turn = f"Done.{END}" if "<tool_response>" in text else call_text(tool, {"query": "x"})
+            ids.append(tok(turn, add_special_tokens=False)["input_ids"][:budget])
+        return ids, [[0.0] * len(row) for row in ids]  # stand-in sampler log-probs
+
+
+def whole_run(algorithm: str, async_generation: bool) -> float:
+    """Median seconds per update after the first, of a STEPS-update run whose episodes call `lookup` (100 ms), on 2
+    torch threads."""
+    tok = tool_chat_tokenizer()
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"q{i}"}]} for i in range(EPISODES)])
+    torch.set_num_threads(2)  # equal cores: the synchronous run takes both, the asynchronous splits them 1 + 1
+    with tempfile.TemporaryDirectory() as out:
+        common = dict(output_dir=out, report_to=["none"], save_steps=0, seed=0, max_tool_calling_iterations=1,
+                      num_sample_generations=0, logging_steps=1, async_generation=async_generation, max_staleness=1)  # fmt: skip
+        if algorithm == "grpo":
+            args = GRPOConfig(**common, num_generations=2, per_device_train_batch_size=EPISODES,
+                              gradient_accumulation_steps=1, max_steps=STEPS, max_completion_length=128)  # fmt: skip
+            trainer = GRPOTrainer(tool_chat_model(tok), reward, args, data, processing_class=tok, tools=[lookup])
+        else:
+            args = PPOConfig(**common, per_device_train_batch_size=EPISODES, local_rollout_forward_batch_size=EPISODES,
+                             total_episodes=EPISODES * STEPS, response_length=128)  # fmt: skip
+            trainer = PPOTrainer(
+                args, tok, tool_chat_model(tok), train_dataset=data, reward_funcs=reward, tools=[lookup]
+            )
+        trainer.episodes.__class__ = LookupEpisodes
+        trainer.train()
+        rows = [r for r in read_jsonl(os.path.join(out, "metrics.jsonl")) if "step_time" in r]
+    return statistics.median(r["step_time"] for r in rows[1:])
+
+
 def main() -> None:
     torch.set_num_threads(1)
     print(f"{EPISODES} episodes per step, one {LATENCY_S * 1000:.0f} ms tool call each; median of {REPEATS} steps")
@@ -143,6 +187,19 @@ def main() -> None:
                 f"| {algorithm.upper()} | {kind} | {serial:.2f} | {concurrent:.2f} | {EPISODES / serial:.1f} | "
                 f"{EPISODES / concurrent:.1f} |"
             )
+    print()
+    print(f"Whole runs, {STEPS} updates of {EPISODES} episodes, the sync tool; median s / update after the first")
+    print()
+    print(
+        "| trainer | synchronous: s / update | async_generation: s / update | episodes/s synchronous | episodes/s async |"
+    )
+    print("|---|---|---|---|---|")
+    for algorithm in ("ppo", "grpo"):
+        synchronous, asynchronous = whole_run(algorithm, False), whole_run(algorithm, True)
+        print(
+            f"| {algorithm.upper()} | {synchronous:.2f} | {asynchronous:.2f} | {EPISODES / synchronous:.1f} | "
+            f"{EPISODES / asynchronous:.1f} |"
+        )
 
 
 if __name__ == "__main__":
