@@ -7,8 +7,9 @@ newest by N that has one); or the ``log_history`` list saved alone as JSON.
 Each log_history entry is one ``Trainer.log`` call, with its "step" (the global step). Training rows carry the bare
 names the rules read (``reward``, ``kl``, ``entropy``, ``completions/clipped_ratio``, ...); evaluation rows carry
 ``eval_<name>``, which transformers sends to the trackers as ``eval/<name>`` and so do we here (``test_`` likewise).
-The last entry of a finished run is its summary (``train_runtime``, ``train_loss``, ...): not a training row, left
-out. ``null`` values (a column TRL logs but never fills), strings and booleans are left out; ``epoch`` and ``step``
+The last entry of a finished run is its summary (``train_runtime``, ``train_loss``, ...): its own keys are left out;
+when the run's length is not a multiple of ``logging_steps`` TRL's ``log()`` has merged the last window's metrics into
+it, and those are kept as that step's training row. ``null`` values (a column TRL logs but never fills), strings and booleans are left out; ``epoch`` and ``step``
 are bookkeeping. Rows of one step (a training row and an evaluation row) are merged. A run resumed from an earlier
 checkpoint may append rows whose step goes back: the later rows replace the earlier ones from that step on.
 Python's json writes NaN and Infinity as bare literals, which json.loads reads back as floats: they are kept, for
@@ -27,8 +28,10 @@ from rlhfkit.health.rows import TRAINER_STATE_READER, Source
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-# Only the final summary row of Trainer.train() has these (transformers' speed_metrics("train", ...)).
+# Only the final summary row of Trainer.train() has these (transformers' speed_metrics("train", ...)); SUMMARY_ONLY
+# are that row's own keys, whatever else TRL merged into it.
 SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
+SUMMARY_ONLY = frozenset({*SUMMARY_KEYS, "total_flos", "train_loss"})
 BOOKKEEPING = frozenset({"step", "epoch"})
 TRACKER_PREFIXES = {"eval_": "eval/", "test_": "test/"}  # as transformers' rewrite_logs names them for trackers
 MAX_RESUME_NOTES = 3  # a log whose step never advances would otherwise note every row
@@ -109,9 +112,16 @@ def log_history_rows(entries: list[Any], where: str) -> tuple[list[dict[str, Any
             continue
         step = int(entry["step"])
         if any(key in entry for key in SUMMARY_KEYS):
-            shown = ", ".join(f"{k} {v:g}" for k, v in entry.items() if k not in BOOKKEEPING and _is_number(v))
-            notes.append(f"the final summary row at step {step} is not a training row, left out ({shown})")
-            continue
+            shown = ", ".join(f"{k} {v:g}" for k, v in entry.items() if k in SUMMARY_ONLY and _is_number(v))
+            window = {k: v for k, v in entry.items() if k not in SUMMARY_ONLY}
+            if not window.keys() - BOOKKEEPING:
+                notes.append(f"the final summary row at step {step} is not a training row, left out ({shown})")
+                continue
+            notes.append(
+                f"the final summary row at step {step} holds the last logging window's metrics (TRL merges them into "
+                f"it): kept as that step's training row, its own keys left out ({shown})"
+            )
+            entry = window
         values = {}
         for key, value in entry.items():
             if key in BOOKKEEPING:

@@ -13,9 +13,12 @@ GRPO. After the last step the run logs transformers' summary row of the train() 
 the mean of the losses the trainer gave :meth:`TrainingRun.add_loss`) and keeps train()'s TrainOutput in
 ``train_output``.
 
-The logging window: a row logged on the ``logging_strategy`` schedule (by default every ``logging_steps`` steps and
-after the last) pools every sum and count added since the previous row, as the registry declares per metric
-(histograms included), reduced across processes once. Counters of the window (skipped non-finite steps) add up
+The logging window: a row logged on the ``logging_strategy`` schedule (by default every ``logging_steps`` steps)
+pools every sum and count added since the previous row, as the registry declares per metric (histograms included),
+reduced across processes once. A window still open when training ends (a run whose length is not a multiple of
+``logging_steps``, or a callback's stop) is merged into the summary row, as TRL's ``log()`` merges its pending
+metrics into whatever it logs: that row then holds ``train_loss`` and the last window's ``reward``, ``loss``, ...,
+and the health rules see it as they see every window. Counters of the window (skipped non-finite steps) add up
 over it; "last" metrics (lr, episode, eps, kl_coef, ...) are the values at the logged step. An unfinished window is
 part of a checkpoint, so a resumed run logs the same rows.
 
@@ -141,6 +144,7 @@ class TrainingRun:
         self._rng: dict | None = None
         self._lr = 0.0
         self._row: dict[str, float] = {}  # the latest logged row: the progress bar shows it until the next one
+        self._open_window: Mapping[str, float] | None = None  # a step's "last" scalars while its window is unlogged
         self.losses = StepLosses()  # each step's training loss in the current train() call (train_loss)
         self.train_output: TrainOutput | None = None  # what the last train() call returns (its summary row)
 
@@ -579,12 +583,15 @@ class TrainingRun:
         )  # a callback may ask for a row, an evaluation, a checkpoint, a stop
         last = control.should_training_stop
         finding = None
-        if self.schedule.is_log_step(step) or control.should_log or last:
+        if self.schedule.is_log_step(step) or control.should_log:
             finding = self._log_window(step, scalars)
+            self._open_window = None
         elif self.args.logging_strategy == "no":  # no row will ever pool this window: drop it rather than grow it
             self.metrics.clear()
             self.reward_metrics.reduce()
             self.guard.take_skipped()
+        else:  # the next logging step's row pools it, or the summary row if training ends first
+            self._open_window = scalars
         self.logger.progress(step, self.num_steps, {**self._row, **self._counters()}, unit=self.unit)
         if self.schedule.is_eval_step(step) or control.should_evaluate:
             self._evaluate(step)
@@ -653,11 +660,18 @@ class TrainingRun:
         if state.epoch is not None:
             metrics[M.EPOCH.name] = state.epoch
         state.total_flos = 0.0
-        self.log(metrics, progress.step)
+        if self._open_window is not None:  # TRL's summary row: the window still open, then the summary's own keys
+            window, histograms, _ = self._window_row(progress.step, self._open_window)  # training is over: no stop
+            self.log({**window, **metrics}, progress.step)
+            self.logger.log_histograms(histograms, step=progress.step)
+            self._open_window = None
+        else:
+            self.log(metrics, progress.step)
         return TrainOutput(progress.step, loss, metrics)
 
-    def _log_window(self, step: int, scalars: Mapping[str, float]):
-        """Reduce the window into one row; health checks; log it. Returns a finding that should stop training."""
+    def _window_row(self, step: int, scalars: Mapping[str, float]):
+        """The window reduced into one row (with the step's "last" `scalars`) and checked by the health rules: the
+        row, its histograms and the health finding that should stop training (None)."""
         reduced = self.metrics.reduce(self.accelerator)
         row = {
             **reduced.scalars,
@@ -668,9 +682,14 @@ class TrainingRun:
             M.NONFINITE_STEPS.name: self.guard.take_skipped(),
         }
         finding = self.health.observe(step, row)
-        self.log(row, step)
-        self.logger.log_histograms(reduced.histograms, step=step)
         self._row = row
+        return row, reduced.histograms, finding
+
+    def _log_window(self, step: int, scalars: Mapping[str, float]):
+        """Reduce the window into one row; health checks; log it. Returns a finding that should stop training."""
+        row, histograms, finding = self._window_row(step, scalars)
+        self.log(row, step)
+        self.logger.log_histograms(histograms, step=step)
         return finding
 
     def _stop_if_asked(self, step: int, finding) -> None:

@@ -29,12 +29,14 @@ class Schedule:
         return bool(self.args.eval_strategy == "no" and self.sample_interval) or self.args.eval_on_start
 
     def is_log_step(self, step: int) -> bool:
-        """Whether `step` ends a logging window (--logging_strategy, --logging_first_step)."""
+        """Whether `step` ends a logging window with a row of its own (--logging_strategy, --logging_first_step), as
+        transformers' DefaultFlowCallback decides. A window still open after the last step is not one: the run's
+        summary row takes it (run.py, _end_of_training), as TRL's log() merges what is pending into that row."""
         args = self.args
         if args.logging_first_step and step == 1:
             return True
         if args.logging_strategy == "steps":
-            return step % self.logging_steps == 0 or step == self.num_steps
+            return step % self.logging_steps == 0
         return args.logging_strategy == "epoch" and step in self.epoch_ends
 
     def is_eval_step(self, step: int) -> bool:

@@ -176,3 +176,42 @@ def test_first_step_and_epoch_rows_pool_their_own_steps(tiny_assets, tmp_path):
             if name not in WALL_CLOCK:
                 assert row[name] == pytest.approx(value, rel=1e-9, abs=1e-12), (row["step"], name)
         assert row["lr"] == every[last - 1]["lr"] and row["episode"] == every[last - 1]["episode"]
+
+
+def test_the_window_still_open_at_the_end_is_merged_into_the_summary_row(tiny_assets, tmp_path):
+    # 3 steps logged every 2: step 3's window has no row of its own, and TRL's log() merges it into the summary row,
+    # which log_history[-1], metrics.jsonl and the callbacks (on_log) all get; its numbers are those of the row step 3
+    # gets when every step is logged.
+    from transformers import TrainerCallback
+
+    class Logs(TrainerCallback):
+        def __init__(self):
+            self.logs = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            self.logs.append(dict(logs))
+
+    def run(out, logging_steps):
+        args = grpo_config(tiny_assets, tmp_path, output_dir=str(out), max_steps=3, logging_steps=logging_steps)
+        trainer = build_grpo_trainer(args, set())
+        trainer.add_callback(callback := Logs())
+        output = trainer.train()
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            return trainer, output, [json.loads(line) for line in f], callback.logs
+
+    every = run(tmp_path / "every", 1)[2]
+    trainer, output, rows, logs = run(tmp_path / "pairs", 2)
+    assert [r["step"] for r in rows] == [2, 3]
+    summary = trainer.state.log_history[-1]
+    assert summary == rows[-1] and logs[-1] == {k: v for k, v in summary.items() if k != "step"}
+    assert summary["train_loss"] == output.training_loss
+    assert {"train_runtime", "train_samples_per_second", "total_flos", "epoch"} <= summary.keys()
+    step_3 = every[2]  # logging every step: step 3's own row (its window is the same single step)
+    assert step_3["step"] == 3 and "train_loss" not in step_3
+    for name in ("reward", "reward_std", "rewards/partial_credit/mean", "loss", "entropy", "completions/mean_length",
+                 "rollout/task_success", "episode", "lr"):  # fmt: skip
+        assert summary[name] == step_3[name], name
+    assert set(step_3) - WALL_CLOCK - {"health/warnings", "health/critical"} <= set(summary)
+    # logging every step, the last window has its own row and the summary row is transformers' alone
+    assert set(every[-1]) == {"step", "train_runtime", "train_samples_per_second", "train_steps_per_second",
+                              "total_flos", "train_loss", "epoch"}  # fmt: skip

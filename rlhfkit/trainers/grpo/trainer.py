@@ -598,7 +598,8 @@ class GRPOTrainer(TRLTrainerAPI):
         """The latest generation's completions (this process's share) on evaluation steps, and on logging steps with
         log_completions: prompt, completion, rewards, advantage."""
         schedule, batch = self.run.schedule, self.generation.batch
-        if not (schedule.is_eval_step(step) or (self.args.log_completions and schedule.is_log_step(step))):
+        logged = schedule.is_log_step(step) or step == self.run.num_steps  # the last: the summary row logs it
+        if not (schedule.is_eval_step(step) or (self.args.log_completions and logged)):
             return
         columns = ["prompt", "completion", *self.rewards.names, "advantage"]
         rewards = batch.rewards.t().tolist()
