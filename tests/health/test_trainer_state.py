@@ -101,6 +101,19 @@ def test_the_final_summary_row_is_left_out_and_noted_even_at_the_last_training_s
     assert note.startswith("the final summary row at step 2 is not a training row, left out") and "train_loss" in note
 
 
+def test_a_summary_row_holding_the_last_window_is_that_step_s_training_row():
+    # TRL's log() merges the metrics pending since the last logging step into the summary row (3 steps logged every
+    # 2): those are step 3's training row; the summary's own keys are left out.
+    summary = {**grpo_entry(3), "train_runtime": 12.5, "train_samples_per_second": 2.0, "train_loss": 0.03,
+               "total_flos": 0.0, "epoch": 0.5}  # fmt: skip
+    rows, notes = log_history_rows([grpo_entry(2), summary], "x")
+    assert [row["step"] for row in rows] == [2, 3]
+    assert rows[1] == {"step": 3, "reward": 0.5, "kl": 0.01, "entropy": 0.4, "loss": 0.0}
+    (note,) = notes
+    assert note.startswith("the final summary row at step 3 holds the last logging window's metrics")
+    assert "train_loss 0.03" in note and "reward" not in note
+
+
 def test_nulls_strings_and_booleans_are_left_out_and_noted():
     entries = [grpo_entry(step, completion_length=None, model="x", flag=True) for step in (1, 2)]
     rows, notes = log_history_rows(entries, "x")
