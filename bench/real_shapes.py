@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-rss-gb", type=float, default=14.0, help="kill a run whose RSS passes this many GB")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before a run is killed")
     p.add_argument("--quick", action="store_true", help="the tiny shape, N = 16, one run: checks the harness")
+    p.add_argument("--trim-cpu-heap", action="store_true", help="rlhfkit's runs with --trim_cpu_heap (off by default)")
     p.add_argument("--summary", type=Path, help="print the tables of a results file and exit")
     args = p.parse_args(argv)
     if args.summary:
@@ -299,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                     libraries = list(args.libraries) if run % 2 == 0 else list(reversed(args.libraries))
                     for library in libraries:  # alternate who goes first, as bench/run.py does
                         settings = (grpo_settings if trainer == "grpo" else ppo_settings)(length, library)
+                        if library == "rlhfkit" and args.trim_cpu_heap:  # rlhfkit's memory-for-time setting
+                            settings["trim_cpu_heap"] = True
                         spec = {"library": library, "trainer": trainer, "paths": assets[shape]["paths"],
                                 "settings": settings, "threads": args.threads, "seed": run, "profile": args.profile}  # fmt: skip
                         env = dict(base_env)

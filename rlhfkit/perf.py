@@ -210,9 +210,22 @@ def peak_memory_bytes(device: torch.device) -> int | None:
     return None
 
 
+_LEAN_HEAP = False  # --trim_cpu_heap, set for the process by lean_heap()
+
+
+def lean_heap() -> None:
+    """--trim_cpu_heap on a CPU, for this process: large blocks mapped on their own (map_large_blocks) and the freed
+    heap given back after sampling and before each optimizer step (return_freed_heap, a no-op until this is called).
+    Off by default: re-faulting every block of 1 MB or more costs 15-30% of a CPU run's time (issue 54's bisection),
+    for 12% of the peak at Qwen's vocabulary and nothing at small ones."""
+    global _LEAN_HEAP
+    _LEAN_HEAP = True
+    map_large_blocks()
+
+
 def return_freed_heap() -> None:
-    """Give the C heap's freed memory back to the system (glibc's malloc_trim; nothing elsewhere). Called on CPUs
-    after sampling and before each optimizer step.
+    """Give the C heap's freed memory back to the system (glibc's malloc_trim; nothing elsewhere), with
+    --trim_cpu_heap (lean_heap). Called on CPUs after sampling and before each optimizer step.
 
     glibc serves allocations below its mmap threshold from its heap and keeps what they free for the process; the
     threshold rises (up to 32 MB) each time a larger mmap'd block is freed, so a step's many mid-sized tensors (the
@@ -220,6 +233,8 @@ def return_freed_heap() -> None:
     151,936 tokens and 8 completions of 512 tokens, sampling left ~0.9 GB resident and the backward ~0.75 GB, which
     the next phase's large (mmap'd) tensors could not reuse and which counted in the step's peak (bench/README.md,
     "Real shapes (CPU)")."""
+    if not _LEAN_HEAP:
+        return
     trim = _malloc_trim()
     if trim is not None:
         trim(0)
@@ -246,13 +261,14 @@ LARGE_BLOCK_BYTES = 1 << 20
 def map_large_blocks() -> bool:
     """Have glibc serve every allocation of 1 MB or more with its own mmap, given back when freed (mallopt's
     M_MMAP_THRESHOLD, which also stops the threshold's dynamic rise); once per process, on CPUs, when a trainer is
-    built. Returns whether it was set: not under another C library, nor when the user set MALLOC_MMAP_THRESHOLD_.
+    built with --trim_cpu_heap (lean_heap). Returns whether it was set: not under another C library, nor when the
+    user set MALLOC_MMAP_THRESHOLD_.
 
     Without it the decoding loop's per-step tensors (an [8, 151,936] logits row is 4.9 MB) come from the heap once
     the threshold has risen past them, and the heap grows with every step: +1.26 GB while sampling 8 x 512 tokens
     at Qwen's vocabulary, +2.5 GB at 8 x 1024, a peak that grows with the completion length (bench/README.md, "Real
-    shapes (CPU)"). Mapping a block costs its page faults (~1% of a decoding step at that vocabulary); tensors under
-    1 MB, all of the built-in task's, are not affected."""
+    shapes (CPU)"). Mapping a block costs its page faults every time it is allocated: every activation and gradient
+    of 1 MB or more becomes a fresh mapping each step, which is what makes the setting cost 15-30% of a run."""
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     mallopt = _glibc("mallopt")

@@ -123,8 +123,8 @@ class TrainingRun:
         if self.resume is not None:
             self.changes = check_changes(self.resume, self.config, args)
         self.accelerator, self.engine = self._make_accelerator()
-        if self.accelerator.device.type == "cpu":  # no C heap that grows with every decoding step
-            perf.map_large_blocks()
+        if self.accelerator.device.type == "cpu" and args.trim_cpu_heap:  # memory for time: off by default
+            perf.lean_heap()
         if getattr(args, "async_generation", False) and self.engine.sharded:
             raise ConfigError(
                 f"async_generation with {self.engine} is not supported yet: the generation worker needs the policy's "

@@ -110,14 +110,29 @@ def test_a_bad_setting_stops_the_run_before_it_begins(tiny_assets, tmp_path, mon
         build_grpo_trainer(args, explicit={"reward_funcs"})
 
 
-def test_on_a_cpu_the_freed_heap_is_returned_after_sampling_and_before_each_optimizer_step(
+def test_without_trim_cpu_heap_the_c_heap_is_left_to_glibc(tiny_assets, tmp_path, monkeypatch):
+    """The default: no malloc_trim, no mallopt (each costs time on every step and pays only at large vocabularies)."""
+    trims, mapped = [], []
+    monkeypatch.setattr(perf, "_malloc_trim", lambda: trims.append)
+    monkeypatch.setattr(perf, "map_large_blocks", lambda: mapped.append(True))
+    monkeypatch.setattr(perf, "_LEAN_HEAP", False)
+    build_grpo_trainer(grpo_config(tiny_assets, tmp_path, max_steps=2, reward_funcs=["partial_credit"])).train()
+    assert trims == [] and mapped == []
+
+
+def test_with_trim_cpu_heap_the_freed_heap_is_returned_after_sampling_and_before_each_optimizer_step(
     tiny_assets, tmp_path, monkeypatch
 ):
-    """perf.return_freed_heap (glibc's malloc_trim) runs once per sampling call and once per optimizer step."""
-    trims = []
+    """--trim_cpu_heap: large blocks mapped on their own (once) and perf.return_freed_heap (glibc's malloc_trim) run
+    once per sampling call and once per optimizer step."""
+    trims, mapped = [], []
     monkeypatch.setattr(perf, "_malloc_trim", lambda: trims.append)
+    monkeypatch.setattr(perf, "map_large_blocks", lambda: mapped.append(True))
+    monkeypatch.setattr(perf, "_LEAN_HEAP", False)  # the flag is the process's: restored after the test
     steps = []
-    trainer = build_grpo_trainer(grpo_config(tiny_assets, tmp_path, max_steps=2, reward_funcs=["partial_credit"]))
+    args = grpo_config(tiny_assets, tmp_path, max_steps=2, reward_funcs=["partial_credit"], trim_cpu_heap=True)
+    trainer = build_grpo_trainer(args)
+    assert mapped == [True]
     original = trainer.run.optimizer_step
 
     def optimizer_step(*args, **kwargs):
