@@ -56,6 +56,12 @@ class TRLTrainerAPI:
     def state(self) -> TrainerState:
         return self.run.callbacks.state
 
+    @state.setter
+    def state(self, state: TrainerState) -> None:
+        """transformers' Trainer.state is a plain attribute that tests and callbacks replace: the run then keeps its
+        global_step, epoch and log_history in the new object, and the callbacks get it."""
+        self.run.callbacks.state = state
+
     @property
     def control(self) -> TrainerControl:
         return self.run.callbacks.control

@@ -134,6 +134,23 @@ def test_log_takes_start_time(grpo):
     assert trainer.state.log_history[-1] == {"step": 3, "custom/value": 2.5}
 
 
+def test_state_can_be_replaced_as_transformers_trainer_s_attribute(tiny_assets, tmp_path):
+    # transformers' Trainer.state is a plain attribute: a test or callback that assigns a new TrainerState sees the
+    # run's steps and rows go into it, and the callbacks get it
+    from transformers import TrainerState
+
+    recorder = Recorder()
+    args = grpo_config(tiny_assets, tmp_path, max_steps=2, logging_steps=1)
+    train = load_from_disk(str(tiny_assets / "prompts"))["train"]
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), Scored(), args, train_dataset=train, callbacks=[recorder])
+    replaced = TrainerState(max_steps=2)
+    trainer.state = replaced
+    trainer.train()
+    assert trainer.state is replaced and replaced.global_step == 2
+    assert [row["step"] for row in replaced.log_history] == [1, 2, 2] and "train_loss" in replaced.log_history[-1]
+    assert recorder.logs[-1] == (2, {k: v for k, v in replaced.log_history[-1].items() if k != "step"})
+
+
 class FakeHub:
     """huggingface_hub.HfApi, recording what push_to_hub asks of it."""
 
