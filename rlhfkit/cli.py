@@ -46,7 +46,7 @@ def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
     if launch is not None and not os.environ.get(LAUNCHED):
         if "LOCAL_RANK" not in os.environ:
             return relaunch(launch)
-        from rlhfkit.config.train import note
+        from rlhfkit.logs import note
 
         note(
             "--num_processes and --accelerate_config have no effect here: this process was already started by a "

@@ -162,12 +162,3 @@ class LoopArgumentsRejected(Exception):
 class GenerationWorkerDied(RuntimeError):
     """The generation worker exited (killed, out of memory, an error) while the trainer waited for a round
     (trainers/generation_worker.py); the run turns it into GenerationWorkerStopped, with a checkpoint."""
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Warnings: training goes on
-# ---------------------------------------------------------------------------------------------------------------------
-
-
-class UnscoredCompletionWarning(UserWarning):
-    """Every reward function returned None or NaN for a completion: it gets reward 0, and training goes on (as TRL)."""

@@ -23,8 +23,9 @@ from rlhfkit.config.rules import (
     number,
 )
 from rlhfkit.config.script import GRPOScriptArguments, ModelConfig, check_adapter_merge
-from rlhfkit.config.train import TrainConfig, config_dataclass, note
+from rlhfkit.config.train import TrainConfig, config_dataclass
 from rlhfkit.errors import ConfigError
+from rlhfkit.logs import note
 from rlhfkit.ops.advantages import GROUP_SCALES, MULTI_OBJECTIVE_AGGREGATIONS
 from rlhfkit.ops.losses import IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 

@@ -18,8 +18,9 @@ import os
 from collections.abc import Sequence
 
 from rlhfkit.config import trl_flags
-from rlhfkit.config.train import config_field_names, note
+from rlhfkit.config.train import config_field_names
 from rlhfkit.errors import UsageError
+from rlhfkit.logs import note
 
 
 def explicit_flags(argv: Sequence[str], names: Sequence[str] = ()) -> set[str]:

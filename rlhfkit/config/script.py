@@ -24,8 +24,9 @@ from rlhfkit.config.rules import (
     meta,
     number,
 )
-from rlhfkit.config.train import CheckedConfig, config_dataclass, note
+from rlhfkit.config.train import CheckedConfig, config_dataclass
 from rlhfkit.errors import ConfigError
+from rlhfkit.logs import note
 
 
 def _other_task_types() -> dict[str, str]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, TypeVar
@@ -33,6 +32,7 @@ from rlhfkit.config.rules import (
 from rlhfkit.data import PROMPT_OVERFLOW
 from rlhfkit.errors import ConfigError
 from rlhfkit.health.rules import HEALTH_MODES, parse_thresholds
+from rlhfkit.logs import note
 from rlhfkit.optim import LR_SCHEDULER_TYPES, OPTIMIZERS, lr_factor, other_optimizers, other_schedules
 from rlhfkit.tracking.trackers import REPORT_TO_NAMES, parse_report_to
 
@@ -87,12 +87,6 @@ STEPS_TEXT = {
 
 def _steps(zero: bool = False, example: Any = None) -> Checked:
     return Checked(STEPS_TEXT[zero], _steps_complaint(zero), example)
-
-
-def note(text: str) -> None:
-    """One line on stderr about a setting that has no effect or was renamed (printed by the main process only)."""
-    if os.environ.get("LOCAL_RANK", "0") == "0":
-        print(f"rlhfkit: note: {text}", file=sys.stderr)
 
 
 _Config = TypeVar("_Config", bound="CheckedConfig")

@@ -8,14 +8,14 @@ import concurrent.futures
 import inspect
 import math
 import numbers
-import warnings
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from rlhfkit.data import as_completions
-from rlhfkit.errors import RewardFunctionError, UnscoredCompletionWarning
+from rlhfkit.errors import RewardFunctionError
+from rlhfkit.logs import LOGGER
 from rlhfkit.rewards.reward_models import RewardModelFunction
 
 
@@ -123,8 +123,9 @@ def check_reward_values(name: str, out: Any, n: int) -> RewardOutput:
 def weighted_total(outputs: list[RewardOutput], weights: list[float], prompts: list[str]) -> torch.Tensor:
     """R_i = sum over the sources that apply to completion i of w_k * r_ik. (N,) float64.
 
-    A completion that no source scores gets 0, with a warning naming the first one, as TRL 1.16 does (it sums the
-    rewards with NaN left out): training goes on, and the warning says which prompt no function scored.
+    A completion that no source scores gets 0, with a warning of the rlhfkit logger naming the first one, as TRL 1.16
+    logs one (it sums the rewards with NaN left out): training goes on, and the warning says which prompt no function
+    scored.
     """
     values = torch.stack([o.values for o in outputs])  # (K, N)
     applicable = torch.stack([o.applicable for o in outputs])
@@ -132,13 +133,11 @@ def weighted_total(outputs: list[RewardOutput], weights: list[float], prompts: l
     unscored = ~applicable.any(0)
     if unscored.any():
         i = int(unscored.nonzero()[0])
-        warnings.warn(
-            f"every reward function returned None or NaN for {int(unscored.sum())} of {len(prompts)} completions, "
-            f"e.g. completion {i} (prompt {prompts[i]!r}): they get reward 0, as in TRL. Make at least one reward "
-            "function score each completion.",
-            UnscoredCompletionWarning,
-            stacklevel=2,
-        )
+        LOGGER.warning(
+            "every reward function returned None or NaN for %d of %d completions, e.g. completion %d (prompt %r): they "
+            "get reward 0, as in TRL. Make at least one reward function score each completion.",
+            int(unscored.sum()), len(prompts), i, prompts[i],
+        )  # fmt: skip
     return torch.where(applicable, w * values, 0.0).sum(0)
 
 

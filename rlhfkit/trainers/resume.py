@@ -21,8 +21,8 @@ from typing import Any
 
 from rlhfkit.checkpoint import read_state, resolve_checkpoint
 from rlhfkit.config import TrainConfig
-from rlhfkit.config.train import note
 from rlhfkit.errors import ConfigError, RunLockedError
+from rlhfkit.logs import note
 from rlhfkit.tracking.rundir import (
     CONFIG_FILE,
     HISTORY_FILE,

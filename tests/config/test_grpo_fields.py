@@ -2,6 +2,8 @@
 multi_objective_aggregation, cast_lm_head_to_fp32, pad_to_multiple_of and generation_kwargs, with TRL's names,
 defaults and values, from Python, the command line and YAML."""
 
+import unittest
+
 import pytest
 
 from rlhfkit.config import GRPOConfig
@@ -140,3 +142,9 @@ def test_a_sequence_level_ratio_with_a_token_summed_loss_gets_trls_advice(loss_t
     assert f"importance_sampling_level=sequence with loss_type={loss_type}" in capsys.readouterr().err
     GRPOConfig(importance_sampling_level="sequence", loss_type="grpo")  # GSPO as published: nothing to say
     assert capsys.readouterr().err == ""
+    # through Python's logging, on the rlhfkit logger, where a caller's log capture sees it
+    with unittest.TestCase().assertLogs("rlhfkit", "WARNING") as logs:
+        GRPOConfig(importance_sampling_level="sequence", loss_type=loss_type)
+    assert logs.output[0].startswith(
+        f"WARNING:rlhfkit:note: importance_sampling_level=sequence with loss_type={loss_type}"
+    )
