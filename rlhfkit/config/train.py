@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, TypeVar
 
 from rlhfkit.config import trl_flags
@@ -129,6 +129,17 @@ class CheckedConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def __getattr__(self, name: str) -> Any:
+        """A field of TRL's config (a transformers TrainingArguments field included) that this config does not hold:
+        TRL's default, which is what rlhfkit runs with (a config takes such a field only at its default), so a TRL
+        script that reads ``args.dataloader_num_workers`` reads what TRL's config would say. An accepted-and-ignored
+        field given another value keeps that value (the constructor sets it)."""
+        if not name.startswith("_"):
+            default = trl_flags.trl_default(type(self).trl_command, name)
+            if default is not MISSING:
+                return default
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 @dataclass_transform(field_specifiers=(field,))
 def config_dataclass(cls: type[_Config]) -> type[_Config]:
@@ -144,6 +155,7 @@ def config_dataclass(cls: type[_Config]) -> type[_Config]:
     def __init__(self: CheckedConfig, *args: Any, **kwargs: Any) -> None:
         config = type(self)
         taken = _init_names(config)
+        ignored = {}  # accepted-and-ignored keywords at another value than TRL's: kept as given, for scripts to read
         if not taken.issuperset(kwargs):
             flags = _init_names(getattr(config, "full_arguments", config))  # the flags of the command line
             for name in [name for name in kwargs if name not in taken]:
@@ -152,7 +164,10 @@ def config_dataclass(cls: type[_Config]) -> type[_Config]:
                 explained = trl_flags.screen_keyword(config.__name__, config.trl_command, name, value, flags)
                 if explained is not None:
                     note(explained)
+                    ignored[name] = value
         init(self, *args, **kwargs)
+        for name, value in ignored.items():  # not fields: asdict, the run's recorded config and resumes skip them
+            object.__setattr__(self, name, value)
 
     cls.__init__ = __init__
     return cls

@@ -173,7 +173,8 @@ GROUPS: tuple[Group, ...] = (
     Group(
         SUPPORTED_NOT,
         "devices, processes and sharding come from accelerate: pass an accelerate config file "
-        "(examples/accelerate_configs/) to accelerate launch, or accelerate launch --cpu",
+        "(examples/accelerate_configs/) to accelerate launch, or accelerate launch --cpu (accelerator_config is "
+        "taken with dispatch_batches false, which is what rlhfkit does: every process reads its own batches)",
         (
             "use_cpu",
             "ddp_find_unused_parameters",
@@ -323,23 +324,30 @@ def trl_default(command: str, name: str) -> Any:
     return _transformers_defaults().get(name, MISSING)
 
 
+# Entries of TRL's dict fields that ask for what rlhfkit does anyway, taken at these values as at the default:
+# accelerator_config's dispatch_batches False, which TRL requires with a streamed train set ("every process reads its
+# own batches"): rlhfkit never dispatches batches from the main process, every process draws the same prompt order and
+# keeps its share (trainers/datasets.py reads a stream's rows in each process).
+HONOURED = {"accelerator_config": {"dispatch_batches": False}}
+
+
 def is_default(command: str, name: str, value: Any) -> bool:
     """Whether `value` of TRL's flag `name` is TRL's default for `command`, as TRL would read it: an enum as its value
     (HubStrategy.EVERY_SAVE is "every_save"), an empty value (None, "", [], {}) as any other, a number as an equal
     number (not a bool), and for accelerator_config, which transformers fills in from None, a dict (or
-    AcceleratorConfig) that sets nothing but its defaults."""
+    AcceleratorConfig) that sets nothing but its defaults and the HONOURED entries."""
     default = trl_default(command, name)
     if default is MISSING:
         return False
     if _same(value, default):
         return True
-    filled = _filled_defaults().get(name)
+    filled = {**_filled_defaults().get(name, {}), **HONOURED.get(name, {})} or None
     value = _plain(value)
     return (
         filled is not None
         and isinstance(value, dict)
         and value.keys() <= filled.keys()
-        and all(_same(v, filled[k]) for k, v in value.items())
+        and all(_same(v, filled[k]) or _same(v, _filled_defaults()[name][k]) for k, v in value.items())
     )
 
 

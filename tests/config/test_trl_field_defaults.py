@@ -221,3 +221,17 @@ def test_rlhfkit_does_not_import_trl_to_judge_a_default():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_trl_s_fields_read_as_trl_s_defaults_and_dispatch_batches_false_is_taken():
+    # A TRL script reads TrainingArguments fields rlhfkit does not hold (args.dataloader_num_workers) and sets
+    # accelerator_config={"dispatch_batches": False}, which TRL requires with a streamed train set: what rlhfkit does.
+    for config in (GRPOConfig(output_dir="out"), PPOConfig(output_dir="out")):
+        assert config.dataloader_num_workers == 0 and config.dataloader_pin_memory is True
+        with pytest.raises(AttributeError, match="no attribute 'dataloader_num_wrokers'"):
+            config.dataloader_num_wrokers  # noqa: B018 - a misspelt name is no TRL field
+    assert GRPOConfig(output_dir="out", accelerator_config={"dispatch_batches": False}).accelerator_config is None
+    with pytest.raises(FieldNotTakenError, match=r"accelerator_config=\.\.\.\): .*dispatch_batches false"):
+        GRPOConfig(output_dir="out", accelerator_config={"dispatch_batches": True})
+    with pytest.raises(FieldNotTakenError, match=r"accelerator_config"):
+        GRPOConfig(output_dir="out", accelerator_config={"dispatch_batches": False, "split_batches": True})
