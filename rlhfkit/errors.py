@@ -63,6 +63,11 @@ class ReportError(InputError):
     """Run directories cannot be reported on (missing directory or metrics.jsonl, bad smoothing, no match)."""
 
 
+class SandboxUnavailableError(InputError):
+    """Model-written code cannot run in the sandbox here (no bubblewrap, or the sandbox cannot start); the message
+    names the install line or the cause, and the explicit opt-in to the weaker limits-only mode (rlhfkit/sandbox)."""
+
+
 class EvalError(InputError):
     """The evaluation cannot run as asked (a path, a flag value, the prompts)."""
 
@@ -171,3 +176,8 @@ class GenerationWorkerDied(RuntimeError):
 
 class UnscoredCompletionWarning(UserWarning):
     """Every reward function returned None or NaN for a completion: it gets reward 0, and training goes on (as TRL)."""
+
+
+class UnsandboxedCodeWarning(UserWarning):
+    """Model-written code runs with resource limits only, outside any sandbox, because the caller asked for it
+    (``allow_unsandboxed=True`` where bubblewrap is missing): warned once per process."""
