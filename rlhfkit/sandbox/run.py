@@ -30,6 +30,8 @@ from .result import Killed, SandboxResult, classify, exit_code_of
 from .seccomp import no_user_namespaces_filter
 
 READ_CHUNK = 1 << 16
+# Bytes a pipe takes without a reader on Linux (its default capacity).
+PIPE_BYTES = 1 << 16
 # Seconds to wait for the output pipes to close once bubblewrap (or the unsandboxed program) has exited.
 EXIT_GRACE_S = 1.0
 # bubblewrap started as root runs each program as a user id of its own, from 2^30 up: above any real account, offset
@@ -103,11 +105,24 @@ def _memfd(name: str, data: bytes) -> int:
     """A read-only descriptor of an anonymous in-memory file holding `data`, positioned at its start."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        os.write(fd, data) if len(data) < (1 << 16) else _write_all(fd, data)
+        _write_all(fd, data)
         readonly = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     finally:
         os.close(fd)
     return readonly
+
+
+def _stdin_fd(data: bytes) -> int:
+    """The read end of a pipe holding `data`, its write end closed: what is read from it is gone (a harness may hand the
+    program a secret on stdin that the program cannot read again). Data larger than a pipe holds goes in a memfd."""
+    if len(data) > PIPE_BYTES:
+        return _memfd("stdin", data)
+    read, write = os.pipe2(os.O_CLOEXEC)
+    try:
+        _write_all(write, data)
+    finally:
+        os.close(write)
+    return read
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -122,7 +137,7 @@ def _run_sandboxed(code: str, stdin: str, python: str, limits: SandboxLimits) ->
     flt = no_user_namespaces_filter()
     root = os.geteuid() == 0
     with _UIDS.taken() if root else _no_uid() as uid:
-        fds = [_memfd("program", code.encode("utf-8")), _memfd("stdin", stdin.encode("utf-8"))]
+        fds = [_memfd("program", code.encode("utf-8")), _stdin_fd(stdin.encode("utf-8"))]
         if flt is not None:
             fds.append(_memfd("seccomp", flt))
         status_r, status_w = os.pipe()
@@ -179,7 +194,7 @@ def _run_unsandboxed(code: str, stdin: str, python: str, limits: SandboxLimits) 
         program = os.path.join(work, "main.py")
         with open(program, "w", encoding="utf-8") as f:
             f.write(code)
-        stdin_fd = _memfd("stdin", stdin.encode("utf-8"))
+        stdin_fd = _stdin_fd(stdin.encode("utf-8"))
         command = [python, "-I", "-c", BOOTSTRAP, *bootstrap_args(program, -1, limits)]
         try:
             outcome = _supervise(command, stdin_fd, [], {**ENV, "HOME": work}, limits, through_bwrap=False, cwd=work)

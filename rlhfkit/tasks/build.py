@@ -226,9 +226,17 @@ def _write_assets(tmp: Path, tokenizer, sft, rm, train_prompts, test_prompts, me
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
     as_prompt = conversation if task.chat else (lambda p: p)
+
+    def split_columns(ps: list[str]) -> dict[str, list]:
+        out = {"prompt": [as_prompt(p) for p in ps], "answer": [task.answer(p) for p in ps]}
+        for p in ps if task.columns else ():  # the columns the task's rewards read (the code task's tests)
+            for name, value in task.columns(p).items():
+                out.setdefault(name, []).append(value)
+        return out
+
     DatasetDict(
         {
-            split: Dataset.from_dict({"prompt": [as_prompt(p) for p in ps], "answer": [task.answer(p) for p in ps]})
+            split: Dataset.from_dict(split_columns(ps))
             for split, ps in (("train", train_prompts), ("test", test_prompts))
         }
     ).save_to_disk(assets.prompts)
