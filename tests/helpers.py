@@ -52,8 +52,8 @@ def expand_templates(
 ) -> list[registry.Metric]:
     """`metrics` with every template replaced by its expansion for each reward function (tools/ templates: for each
     tool), order kept: what a run with those reward functions logs (without async_generation, none of the metrics
-    only it logs; without tool_names, none of the tools/ and eval/tools/ ones; without sandbox, none of the sandbox/ ones
-    that a code-running reward logs; nor those the machine's device does not give, not_logged_on_this_machine)."""
+    only it logs; without tool_names, none of the tools/ and eval/tools/ ones; without sandbox, none of the sandbox/ and
+    eval/sandbox/ ones that a code-running reward logs; nor those the machine's device does not give, not_logged_on_this_machine)."""
     out: list[registry.Metric] = []
     for m in metrics:
         if m.when.startswith("async_generation") and not async_generation:
@@ -61,7 +61,7 @@ def expand_templates(
         tools = m.name.startswith(("tools/", "eval/tools/"))
         if tools and tool_names is None:
             continue
-        if m.name.startswith("sandbox/") and not sandbox:
+        if m.name.startswith(("sandbox/", "eval/sandbox/")) and not sandbox:
             continue
         if m.name in not_logged_on_this_machine():
             continue

@@ -1565,8 +1565,29 @@ SANDBOX_MEAN_SECONDS = Metric(
     when=_SANDBOX_WHEN,
     watch="Near timeout_s: most programs time out; programs run on the sandbox pool's workers (one per CPU) at once.",
 )
-# The names a reward function logs itself (log_metric) although they are registered: rewards/sources.py lets these
-# through where it refuses every other registered name.
+
+
+def _sandbox_evaluated(metric: Metric) -> Metric:
+    """The same sandbox metric of an evaluation's completions (eval/sandbox/..., at evaluation steps)."""
+    return replace(
+        metric,
+        name=f"eval/{metric.name}",
+        meaning=f"{metric.meaning} Of an evaluation's completions.",
+        formula=metric.formula.replace(_SANDBOX_PROGRAMS, "over the evaluation's programs"),
+        when=f"{metric.when}; an eval dataset; at evaluation steps",
+        watch="",
+        section="Evaluation",
+    )
+
+
+EVAL_SANDBOX_TIMEOUT_RATIO = _sandbox_evaluated(SANDBOX_TIMEOUT_RATIO)
+EVAL_SANDBOX_MEMORY_RATIO = _sandbox_evaluated(SANDBOX_MEMORY_RATIO)
+EVAL_SANDBOX_ERROR_RATIO = _sandbox_evaluated(SANDBOX_ERROR_RATIO)
+EVAL_SANDBOX_OUTPUT_LIMIT_RATIO = _sandbox_evaluated(SANDBOX_OUTPUT_LIMIT_RATIO)
+EVAL_SANDBOX_DISK_RATIO = _sandbox_evaluated(SANDBOX_DISK_RATIO)
+EVAL_SANDBOX_MEAN_SECONDS = _sandbox_evaluated(SANDBOX_MEAN_SECONDS)
+# The names a reward function logs itself (log_metric) although they are registered (and their eval/ twins, which an
+# evaluation logs): rewards/sources.py lets these through where it refuses every other registered name.
 LOGGED_BY_REWARD_FUNCTIONS: frozenset[str] = frozenset(
     m.name
     for m in (
