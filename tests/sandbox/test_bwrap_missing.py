@@ -33,3 +33,15 @@ def test_weaker_mode_warns_once_and_keeps_the_limits(no_bwrap):
     assert "apt-get install -y bubblewrap" in str(caught[0].message)
     assert (first.status, first.stdout, first.sandboxed) == ("ok", "hi\n", False)
     assert (looped.status, memory.status, flood.status) == ("timeout", "memory", "output_limit")
+
+
+def test_the_sandbox_tests_fail_rather_than_skip_when_ci_requires_them(monkeypatch):
+    from tests.sandbox import conftest
+
+    monkeypatch.setattr(conftest, "find_bwrap", lambda: None)
+    monkeypatch.delenv(conftest.REQUIRE_ENV, raising=False)
+    with pytest.raises(pytest.skip.Exception, match="apt-get install -y bubblewrap"):
+        conftest.require_sandbox()
+    monkeypatch.setenv(conftest.REQUIRE_ENV, "1")
+    with pytest.raises(pytest.fail.Exception, match="RLHFKIT_REQUIRE_SANDBOX=1 requires it"):
+        conftest.require_sandbox()
