@@ -40,7 +40,7 @@ from .limits import MIB, SandboxLimits
 INSTALL_LINE = "apt-get install -y bubblewrap (Debian/Ubuntu; dnf install bubblewrap on Fedora)"
 PROGRAM_PATH = "/sandbox/main.py"
 WORK_DIR = "/tmp"
-ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORK_DIR, "LANG": "C.UTF-8", "PYTHONIOENCODING": "utf-8"}
+ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": WORK_DIR, "LANG": "C.UTF-8"}
 # Beside /usr: on a merged-/usr system these are links into it, elsewhere directories of their own.
 SYSTEM_DIRS = ("/usr",)
 SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -66,9 +66,14 @@ def require_bwrap() -> str:
 
 
 def default_python() -> str:
-    """The training interpreter, symlinks resolved: a virtual environment's python is a link to its base install, which
-    is what the sandbox binds (its packages are not the sandboxed program's)."""
-    return os.path.realpath(sys.executable)
+    """The training interpreter, symlinks resolved (resolved_python)."""
+    return resolved_python(sys.executable)
+
+
+def resolved_python(python: str) -> str:
+    """`python` with its symlinks resolved: a virtual environment's python is a link to its base installation, which is
+    what the sandbox binds (the environment's packages are not the sandboxed program's)."""
+    return os.path.realpath(python)
 
 
 @functools.lru_cache(maxsize=16)

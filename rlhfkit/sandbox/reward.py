@@ -202,4 +202,3 @@ def make_code_reward(
 
 
 code_reward = make_code_reward()
-code_reward.__module__ = __name__

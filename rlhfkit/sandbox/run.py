@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from rlhfkit.errors import SandboxUnavailableError, UnsandboxedCodeWarning
 
 from .bootstrap import BOOTSTRAP, bootstrap_args
-from .bwrap import ENV, bwrap_command, default_python, interpreter_prefixes, require_bwrap
+from .bwrap import ENV, bwrap_command, default_python, interpreter_prefixes, require_bwrap, resolved_python
 from .limits import SandboxLimits, limits_from
 from .result import Killed, SandboxResult, classify, exit_code_of
 from .seccomp import no_user_namespaces_filter
@@ -87,7 +87,7 @@ def run_code(
     limits = limits_from(limits, **limit_overrides)
     if not isinstance(code, str) or not isinstance(stdin, str):
         raise TypeError(f"run_code takes code and stdin as str, got {type(code).__name__} and {type(stdin).__name__}")
-    python = python or default_python()
+    python = resolved_python(python) if python else default_python()
     if allow_unsandboxed and not _bwrap_available():
         return _run_unsandboxed(code, stdin, python, limits)
     return _run_sandboxed(code, stdin, python, limits)

@@ -56,4 +56,3 @@ def make_python_tool(
 
 
 python = make_python_tool()
-python.__module__ = __name__
