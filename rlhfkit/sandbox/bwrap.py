@@ -9,7 +9,8 @@ What the program sees (everything else of the host is absent, not merely unreada
   /usr (a pyenv or conda install): the standard library, not a virtual environment's packages;
 - ``/sandbox/main.py``, the program, read-only; ``/tmp``, an empty tmpfs of ``disk_mb`` MiB, its home and working
   directory, the only writable place;
-- a fresh ``/proc`` of its own PID namespace and a minimal ``/dev`` (null, zero, random, urandom, tty).
+- a fresh ``/proc`` of its own PID namespace and a minimal, read-only ``/dev`` (null, zero, random, urandom, tty; no
+  writable /dev/shm, so no POSIX shared memory or multiprocessing semaphores).
 
 Namespaces: its own mount, PID, network (only a loopback of its own: nothing to connect to), IPC, UTS and cgroup
 namespaces; ``--new-session`` (no terminal to push keystrokes into); ``--die-with-parent`` (if bubblewrap or the
@@ -153,6 +154,8 @@ def bwrap_command(
         "--proc",
         "/proc",
         "--dev",
+        "/dev",
+        "--remount-ro",  # its tmpfs (and /dev/shm in it) has no size limit: only /tmp may be written
         "/dev",
         "--size",
         str(limits.disk_mb * MIB),

@@ -149,7 +149,16 @@ for path in {paths!r}:
 def test_writing_outside_its_directory_fails_and_leaves_nothing(sandbox, tmp_path):
     host_dir = tmp_path / "host"
     host_dir.mkdir()
-    targets = [str(host_dir / "x"), "/x", "/usr/x", "/root/x", "/sandbox/x", "/dev/x", "/proc/sys/kernel/hostname"]
+    targets = [
+        str(host_dir / "x"),
+        "/x",
+        "/usr/x",
+        "/root/x",
+        "/sandbox/x",
+        "/dev/x",
+        "/dev/shm/x",
+        "/proc/sys/kernel/hostname",
+    ]
     code = f"""\
 import os
 for path in {targets!r}:
