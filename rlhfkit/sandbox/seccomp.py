@@ -1,11 +1,13 @@
-"""A seccomp filter that refuses new user namespaces inside the sandbox (bubblewrap's ``--seccomp FD`` reads it).
+"""A seccomp filter that refuses new user namespaces and anonymous memory files inside the sandbox (bubblewrap's
+``--seccomp FD`` reads it).
 
 Why: inside a user namespace of its own a program is "root" over the mounts it makes, so it could mount a fresh
 tmpfs of any size (the machine's memory) past the sandbox's disk limit, and it reaches far more kernel code, where
-most privilege-escalation bugs of recent years were found. Nothing a unit-test program needs creates one.
+most privilege-escalation bugs of recent years were found. memfd_create() makes files in memory that no mount's size
+bounds (only RLIMIT_FSIZE each, times open files, times processes). Nothing a unit-test program needs either.
 
 The filter is classic BPF, built here so that no libseccomp is needed: on x86-64 and AArch64, unshare() and clone()
-with CLONE_NEWUSER fail with EPERM, and clone3() fails with ENOSYS (its flags sit in memory a filter cannot read;
+with CLONE_NEWUSER and memfd_create() fail with EPERM, and clone3() fails with ENOSYS (its flags sit in memory a filter cannot read;
 the C library then falls back to clone(), which the filter can check). Every other system call is allowed. On other
 architectures there is no filter, and bubblewrap's own --disable-userns (where the sandbox has a user namespace of
 its own) is what remains.
@@ -30,10 +32,10 @@ OFFSET_NR, OFFSET_ARCH, OFFSET_ARG0 = 0, 4, 16
 
 X32_SYSCALL_BIT = 0x40000000
 
-# platform.machine() -> (audit arch, unshare, clone, clone3 system call numbers)
-ARCHES: dict[str, tuple[int, int, int, int]] = {
-    "x86_64": (0xC000003E, 272, 56, 435),
-    "aarch64": (0xC00000B7, 97, 220, 435),
+# platform.machine() -> (audit arch, unshare, clone, clone3, memfd_create system call numbers)
+ARCHES: dict[str, tuple[int, int, int, int, int]] = {
+    "x86_64": (0xC000003E, 272, 56, 435, 319),
+    "aarch64": (0xC00000B7, 97, 220, 435, 279),
 }
 
 
@@ -50,7 +52,7 @@ def no_user_namespaces_filter(machine: str | None = None) -> bytes | None:
     machine = machine or platform.machine()
     if machine not in ARCHES:
         return None
-    arch, unshare, clone, clone3 = ARCHES[machine]
+    arch, unshare, clone, clone3, memfd_create = ARCHES[machine]
     enosys = _op(BPF_RET_K, SECCOMP_RET_ERRNO | errno.ENOSYS)
     allow = _op(BPF_RET_K, SECCOMP_RET_ALLOW)
     program = [
@@ -62,11 +64,13 @@ def no_user_namespaces_filter(machine: str | None = None) -> bytes | None:
         enosys,  # 5
         _op(BPF_JEQ_K, clone3, 0, 1),  # 6
         enosys,  # 7
-        _op(BPF_JEQ_K, unshare, 1, 0),  # 8 -> 10
-        _op(BPF_JEQ_K, clone, 0, 3),  # 9 -> 10, else 13
-        _op(BPF_LD_W_ABS, OFFSET_ARG0),  # 10
-        _op(BPF_JSET_K, CLONE_NEWUSER, 0, 1),  # 11 -> 12, else 13
-        _op(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EPERM),  # 12
-        allow,  # 13
+        _op(BPF_JEQ_K, memfd_create, 0, 1),  # 8
+        _op(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EPERM),  # 9
+        _op(BPF_JEQ_K, unshare, 1, 0),  # 10 -> 12
+        _op(BPF_JEQ_K, clone, 0, 3),  # 11 -> 12, else 15
+        _op(BPF_LD_W_ABS, OFFSET_ARG0),  # 12
+        _op(BPF_JSET_K, CLONE_NEWUSER, 0, 1),  # 13 -> 14, else 15
+        _op(BPF_RET_K, SECCOMP_RET_ERRNO | errno.EPERM),  # 14
+        allow,  # 15
     ]
     return b"".join(program)

@@ -302,3 +302,16 @@ def test_the_training_process_goes_on_after_every_hostile_program(sandbox):
     """After all of the above in one process: a plain program still runs, and signals to this process are untouched."""
     assert signal.getsignal(signal.SIGTERM) is not None
     assert sandbox("print(6 * 7)").stdout == "42\n"
+
+
+def test_anonymous_memory_files_are_refused(sandbox):
+    code = """\
+import os
+try:
+    os.memfd_create("fill")
+    print("CREATED")
+except OSError as e:
+    print("REFUSED", e.errno)
+"""
+    result = sandbox(code)
+    assert result.status == "ok" and result.stdout.startswith("REFUSED"), result.stdout + result.stderr
