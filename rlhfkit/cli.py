@@ -16,8 +16,9 @@ USAGE = """usage: rlhfkit COMMAND [FLAGS]
 
 commands:
   quickstart   build the built-in task, train PPO (--algorithm grpo: GRPO), judge the policy against the SFT model,
-               write the report (--task reverse|addition|reverse-chat|agent: another built-in task; reverse-chat asks
-               in a conversation, agent multiplies with a calculator tool)
+               write the report (--task reverse|addition|reverse-chat|agent|code: another built-in task; reverse-chat
+               asks in a conversation, agent multiplies with a calculator tool, code writes programs that GRPO
+               rewards by the unit tests they pass in the sandbox)
   ppo          train a policy with PPO (flags as TRL's PPOConfig; without model flags: the built-in task)
   grpo         train a policy with GRPO (flags as TRL's GRPOConfig; without model flags: the built-in task)
   build-tiny   build the built-in task's tokenizer, SFT model, reward model and prompts into a directory

@@ -63,6 +63,11 @@ class ReportError(InputError):
     """Run directories cannot be reported on (missing directory or metrics.jsonl, bad smoothing, no match)."""
 
 
+class SandboxUnavailableError(InputError):
+    """Model-written code cannot run in the sandbox here (no bubblewrap, or the sandbox cannot start); the message
+    names the install line or the cause, and the explicit opt-in to the weaker limits-only mode (rlhfkit/sandbox)."""
+
+
 class EvalError(InputError):
     """The evaluation cannot run as asked (a path, a flag value, the prompts)."""
 
@@ -162,3 +167,13 @@ class LoopArgumentsRejected(Exception):
 class GenerationWorkerDied(RuntimeError):
     """The generation worker exited (killed, out of memory, an error) while the trainer waited for a round
     (trainers/generation_worker.py); the run turns it into GenerationWorkerStopped, with a checkpoint."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Warnings: training goes on
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class UnsandboxedCodeWarning(UserWarning):
+    """Model-written code runs with resource limits only, outside any sandbox, because the caller asked for it
+    (``allow_unsandboxed=True`` where bubblewrap is missing): warned once per process."""

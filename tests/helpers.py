@@ -48,17 +48,20 @@ def expand_templates(
     reward_func_names: list[str],
     async_generation: bool = False,
     tool_names: list[str] | None = None,
+    sandbox: bool = False,
 ) -> list[registry.Metric]:
     """`metrics` with every template replaced by its expansion for each reward function (tools/ templates: for each
     tool), order kept: what a run with those reward functions logs (without async_generation, none of the metrics
-    only it logs; without tool_names, none of the tools/ and eval/tools/ ones; nor those the machine's device does not give,
-    not_logged_on_this_machine)."""
+    only it logs; without tool_names, none of the tools/ and eval/tools/ ones; without sandbox, none of the sandbox/ and
+    eval/sandbox/ ones that a code-running reward logs; nor those the machine's device does not give, not_logged_on_this_machine)."""
     out: list[registry.Metric] = []
     for m in metrics:
         if m.when.startswith("async_generation") and not async_generation:
             continue
         tools = m.name.startswith(("tools/", "eval/tools/"))
         if tools and tool_names is None:
+            continue
+        if m.name.startswith(("sandbox/", "eval/sandbox/")) and not sandbox:
             continue
         if m.name in not_logged_on_this_machine():
             continue

@@ -1504,6 +1504,104 @@ HEALTH_CRITICAL = Metric(
 
 
 # ----------------------------------------------------------------------------------------------
+# Sandbox (both trainers): logged by rlhfkit.sandbox's code_reward through log_metric (TRL 1.16), once per call of the
+# reward; the window averages each generation's value, as TRL averages what reward functions log
+# ----------------------------------------------------------------------------------------------
+
+_SANDBOX = "Sandbox"
+_SANDBOX_WHEN = "a reward function that runs code in rlhfkit.sandbox (code_reward, the code task's rewards)"
+_SANDBOX_PROGRAMS = "over one call's programs (one per completion with tests), averaged over the window's generations"
+
+
+def _sandbox_ending(status: str, meaning: str, watch: str) -> Metric:
+    return Metric(
+        name=f"sandbox/{status}_ratio",
+        meaning=meaning,
+        formula=f"(programs whose status is {status!r}) / (programs run), {_SANDBOX_PROGRAMS}",
+        unit="fraction",
+        reduction="mean",
+        trainers=BOTH,
+        section=_SANDBOX,
+        when=_SANDBOX_WHEN,
+        watch=watch,
+    )
+
+
+SANDBOX_TIMEOUT_RATIO = _sandbox_ending(
+    "timeout",
+    "Share of the completions' programs killed at the wall-clock or CPU-time limit (timeout_s).",
+    "Rising: the policy writes loops that do not end, or the tests need more time than timeout_s; each one costs the "
+    "step timeout_s of a worker.",
+)
+SANDBOX_MEMORY_RATIO = _sandbox_ending(
+    "memory",
+    "Share of the completions' programs that died of MemoryError at the address-space limit (memory_mb).",
+    "Above 0 for long: the policy allocates without bound, or memory_mb is too small for the interpreter and the tests.",
+)
+SANDBOX_ERROR_RATIO = _sandbox_ending(
+    "error",
+    "Share of the completions' programs whose harness ended with an error: a non-zero exit or a signal before it "
+    "reported (failed tests are not errors).",
+    "Rising: the code kills its own process (os._exit, signals) before the tests run; look at the completions.",
+)
+SANDBOX_OUTPUT_LIMIT_RATIO = _sandbox_ending(
+    "output_limit",
+    "Share of the completions' programs killed for writing more than max_output_bytes to stdout or stderr.",
+    "Above 0: the code prints in a loop; its tests after the flood count as failed.",
+)
+SANDBOX_DISK_RATIO = _sandbox_ending(
+    "disk",
+    "Share of the completions' programs that died writing past their private directory's size (disk_mb).",
+    "Above 0: the code writes files without bound.",
+)
+SANDBOX_MEAN_SECONDS = Metric(
+    name="sandbox/mean_seconds",
+    meaning="Mean wall-clock seconds of one completion's program in the sandbox, start-up and tests included.",
+    formula=f"sum of each program's seconds from the sandbox's start to its end / (programs run), {_SANDBOX_PROGRAMS}",
+    unit="s",
+    reduction="mean",
+    trainers=BOTH,
+    section=_SANDBOX,
+    when=_SANDBOX_WHEN,
+    watch="Near timeout_s: most programs time out; programs run on the sandbox pool's workers (one per CPU) at once.",
+)
+
+
+def _sandbox_evaluated(metric: Metric) -> Metric:
+    """The same sandbox metric of an evaluation's completions (eval/sandbox/..., at evaluation steps)."""
+    return replace(
+        metric,
+        name=f"eval/{metric.name}",
+        meaning=f"{metric.meaning} Of an evaluation's completions.",
+        formula=metric.formula.replace(_SANDBOX_PROGRAMS, "over the evaluation's programs"),
+        when=f"{metric.when}; an eval dataset; at evaluation steps",
+        watch="",
+        section="Evaluation",
+    )
+
+
+EVAL_SANDBOX_TIMEOUT_RATIO = _sandbox_evaluated(SANDBOX_TIMEOUT_RATIO)
+EVAL_SANDBOX_MEMORY_RATIO = _sandbox_evaluated(SANDBOX_MEMORY_RATIO)
+EVAL_SANDBOX_ERROR_RATIO = _sandbox_evaluated(SANDBOX_ERROR_RATIO)
+EVAL_SANDBOX_OUTPUT_LIMIT_RATIO = _sandbox_evaluated(SANDBOX_OUTPUT_LIMIT_RATIO)
+EVAL_SANDBOX_DISK_RATIO = _sandbox_evaluated(SANDBOX_DISK_RATIO)
+EVAL_SANDBOX_MEAN_SECONDS = _sandbox_evaluated(SANDBOX_MEAN_SECONDS)
+# The names a reward function logs itself (log_metric) although they are registered (and their eval/ twins, which an
+# evaluation logs): rewards/sources.py lets these through where it refuses every other registered name.
+LOGGED_BY_REWARD_FUNCTIONS: frozenset[str] = frozenset(
+    m.name
+    for m in (
+        SANDBOX_TIMEOUT_RATIO,
+        SANDBOX_MEMORY_RATIO,
+        SANDBOX_ERROR_RATIO,
+        SANDBOX_OUTPUT_LIMIT_RATIO,
+        SANDBOX_DISK_RATIO,
+        SANDBOX_MEAN_SECONDS,
+    )
+)
+
+
+# ----------------------------------------------------------------------------------------------
 # The registry
 # ----------------------------------------------------------------------------------------------
 

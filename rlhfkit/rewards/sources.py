@@ -167,7 +167,8 @@ class RewardSources:
         own = {m.name for pair in self.metrics for m in pair}
         if not isinstance(name, str) or not name:
             raise RewardFunctionError(f"log_metric: the metric name must be a non-empty str, not {name!r}.")
-        if name in own or {name, f"eval/{name}"} & M.REGISTRY.keys():  # an evaluation logs it as eval/<name>
+        registered = {name, f"eval/{name}"} & M.REGISTRY.keys()  # an evaluation logs it as eval/<name>
+        if name in own or registered and name not in M.LOGGED_BY_REWARD_FUNCTIONS:
             raise RewardFunctionError(
                 f"log_metric({name!r}, ...): {name!r} is a metric rlhfkit logs itself (or eval/{name} is); a reward "
                 "function's metric would replace it in the logged row. Give it a name of its own (e.g. "

@@ -27,6 +27,8 @@ class Task:
     reward_funcs: name -> f(prompts, completions, **kwargs) -> list[float] (TRL's convention).
     corrupt(prompt, answer, rng) -> str: one plausible wrong completion (near-miss negatives for the reward model).
     max_new_tokens: a completion length that fits the longest answer plus EOS with a little slack.
+    columns(prompt) -> dict: dataset columns beside "prompt" and "answer" that the task's rewards read (the code task's
+        "tests"); None: none.
     chat: whether prompts are conversations (``[{"role": "user", "content": ...}]``) that the chat tokenizer's template
         renders (tasks/chat_tokenizer.py); False: text prompts the model reads as written.
 
@@ -42,6 +44,7 @@ class Task:
     corrupt: Callable[[str, str, random.Random], str]
     max_new_tokens: int
     chat: bool = False
+    columns: Callable[[str], dict] | None = None
 
     @property
     def refs(self) -> dict[str, str]:

@@ -89,7 +89,13 @@ TASK_BUDGETS: dict[str, dict] = {
     "reverse": {"sft_steps": 150, "rm_steps": 1000, "rm_sample_prompts": 2000},
     "addition": {"sft_steps": 365, "rm_steps": 1000, "rm_sample_prompts": 2000},
     "reverse-chat": {"sft_steps": 84, "rm_steps": 1000, "rm_sample_prompts": 2000},
+    "code": {"sft_steps": 150, "rm_steps": 100, "rm_sample_prompts": 256, "num_threads": 1},
 }
+# code (tasks/code.py; GRPO trains it through the sandbox's code_reward, so its reward model only serves PPO and the
+# judge, hence the small budget): supervised steps -> test pass rate (code_reward) / exact match, greedy and sampled at
+# 0.7, on 128 test prompts, seed 0: 70 -> 3% / 0%, 2% / 0% (the operators right, the constants not yet copied); 150 ->
+# 74% / 73%, 17% / 14%; 250 -> 100% everywhere. One torch thread: 150 steps took 33 s beside other work, against 195 s
+# for 70 steps with two.
 
 
 def train_sft(tokenizer, train_examples, preset: BuildPreset, seed: int, log):
@@ -226,9 +232,17 @@ def _write_assets(tmp: Path, tokenizer, sft, rm, train_prompts, test_prompts, me
         model.save_pretrained(path)
         tokenizer.save_pretrained(path)
     as_prompt = conversation if task.chat else (lambda p: p)
+
+    def split_columns(ps: list[str]) -> dict[str, list]:
+        out = {"prompt": [as_prompt(p) for p in ps], "answer": [task.answer(p) for p in ps]}
+        for p in ps if task.columns else ():  # the columns the task's rewards read (the code task's tests)
+            for name, value in task.columns(p).items():
+                out.setdefault(name, []).append(value)
+        return out
+
     DatasetDict(
         {
-            split: Dataset.from_dict({"prompt": [as_prompt(p) for p in ps], "answer": [task.answer(p) for p in ps]})
+            split: Dataset.from_dict(split_columns(ps))
             for split, ps in (("train", train_prompts), ("test", test_prompts))
         }
     ).save_to_disk(assets.prompts)

@@ -8,11 +8,13 @@ from pathlib import Path
 
 from rlhfkit.errors import ConfigError
 
-from . import addition, agent, reverse, reverse_chat, sort
+from . import addition, agent, code, reverse, reverse_chat, sort
 from .base import Task, import_ref
 from .layout import Assets
 
-TASKS: dict[str, Task] = {t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK, agent.TASK, reverse_chat.TASK)}
+TASKS: dict[str, Task] = {
+    t.name: t for t in (sort.TASK, reverse.TASK, addition.TASK, agent.TASK, reverse_chat.TASK, code.TASK)
+}
 DEFAULT_TASK = "sort"
 
 

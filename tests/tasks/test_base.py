@@ -23,7 +23,9 @@ def test_every_task_corruption_is_wrong_and_answer_checks(name):
         prompt, answer = task.make_example(rng)
         assert task.check(prompt, answer)
         assert not task.check(prompt, task.corrupt(prompt, answer, rng))
-        assert task.reward_funcs["correctness"]([prompt], [answer]) == [1.0]
+        # the code task's reward runs its tests in the sandbox: tests/sandbox/test_training.py
+        if "correctness" in task.reward_funcs:
+            assert task.reward_funcs["correctness"]([prompt], [answer]) == [1.0]
 
 
 def test_other_tasks_hand_written():
