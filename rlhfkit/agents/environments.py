@@ -11,6 +11,8 @@ An environment is a class (or any callable returning an instance) with:
 - every other public method (on the class; names starting with ``_`` are private) is a tool of that episode, called
   through a ToolBox of its bound methods exactly as ``tools=`` functions are (tools.py: by name only, JSON arguments
   checked against the signature, failures and timeouts into the conversation).
+  An environment may have none (with no ``tools=`` either, its episodes are one turn: reset writes the prompt,
+  get_reward scores the answer).
 
 A dict of factories routes each row by its ``environment`` column and shows each prompt its own environment's tools
 only. Instances are pooled: the pool of an environment grows only when one round needs more instances of it than were
@@ -103,13 +105,7 @@ class Environments:
                 union.setdefault(method.__name__, method)
             if callable(getattr(type(instance), "get_reward", None)) and type(instance) not in self.reward_classes:
                 self.reward_classes.append(type(instance))
-        if not union:
-            raise ConfigError(
-                "environment_factory: the environments offer no tools (no public method besides reset, get_reward, state_dict and load_state_dict) "
-                "and no tools= are given: the policy would have nothing to call. Add a method, or train without "
-                "environments."
-            )
-        self.toolbox = ToolBox(list(union.values()))
+        self.toolbox = ToolBox(list(union.values()))  # empty for environments without tools: one-turn episodes
 
     def _make(self, name: str | None) -> Any:
         try:

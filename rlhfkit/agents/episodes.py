@@ -110,7 +110,9 @@ class ToolEpisodes:
     ):
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError("tools= needs a tokenizer with a chat template that renders tools and tool calls.")
-        if getattr(tokenizer, "response_template", None) is None:
+        # Environments without tools (and no tools=): one-turn episodes, nothing to parse calls out of or render.
+        self.offers_tools = bool(toolbox.names)
+        if self.offers_tools and getattr(tokenizer, "response_template", None) is None:
             raise ConfigError(
                 "tools= needs the tokenizer to parse tool calls out of the model's turns, and it has no "
                 "response_template (transformers' response parsing, tokenizer.parse_response). Set "
@@ -124,7 +126,8 @@ class ToolEpisodes:
         self.max_completion_length = max_completion_length
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.environments, self.text_field, self.max_prompt_length = environments, text_field, max_prompt_length
-        self.check_template()
+        if self.offers_tools:
+            self.check_template()
 
     def check_template(self) -> None:
         """The chat template must render a tool call and a tool result (some templates silently drop either: the model
@@ -237,8 +240,10 @@ class ToolEpisodes:
         tools) finds well-formed ones; a turn that does not parse is its decoded text (as TRL's parse_response falls
         back)."""
         tok = self.tokenizer
+        parsed = None  # no tools offered: every turn is an answer
         try:
-            parsed = tok.parse_response(ids, prefix=prefix, tools=list(toolbox.schemas.values()))
+            if self.offers_tools:
+                parsed = tok.parse_response(ids, prefix=prefix, tools=list(toolbox.schemas.values()))
         except Exception:  # noqa: BLE001 - the model's output is data: a malformed turn is text, never a crash
             parsed = None
         calls = parsed.get("tool_calls") if isinstance(parsed, dict) else None
@@ -446,7 +451,26 @@ def environment_prompts(args, environments: Environments | None):
             f"is {args.max_steps}. Set max_steps (e.g. --max_steps 500), as TRL requires."
         )
     rows = grpo_batch_sizes(args, 1, 0).prompts
-    return Dataset.from_dict({args.dataset_text_field: [[{"role": "user", "content": ""}]] * rows})
+    return Dataset.from_dict({args.dataset_text_field: [EMPTY_PROMPT] * rows})
+
+
+EMPTY_PROMPT = [
+    {"role": "user", "content": ""}
+]  # what reset()'s text is appended to when the environment owns the data
+
+
+def with_environment_prompts(dataset, text_field: str):
+    """TRL 1.16's rows without a prompt when environments own the data (say, a routing dataset of only an
+    ``environment`` column): each gets one empty user message, which its environment's reset() text then fills. A
+    dataset (a Dataset, an IterableDataset, or a dict of them) with the column, or None, is returned as it is."""
+    if dataset is None:
+        return None
+    if isinstance(dataset, dict):
+        return {name: with_environment_prompts(part, text_field) for name, part in dataset.items()}
+    columns = dataset.column_names
+    if columns is None or text_field in columns:  # a stream whose columns are unknown is read as it is
+        return dataset
+    return dataset.map(lambda row: {text_field: EMPTY_PROMPT})
 
 
 def sample_episodes(sampler, model: nn.Module, rows: list[dict], config: GenerationConfig, batch_size: int, device,

@@ -241,7 +241,6 @@ def test_a_dict_of_environments_routes_rows_and_shows_each_prompt_its_own_tools(
     "case, match",
     [
         ("no_reset", r"NoReset, which has no reset method"),
-        ("no_tools", r"offer no tools"),
         ("no_dataset_no_max_steps", r"max_steps.*-1"),
         ("dict_without_dataset", r"dict of environments, which needs a train_dataset"),
         ("dict_without_column", r"'environment' column, which the train_dataset lacks"),
@@ -259,10 +258,6 @@ def test_environment_misuse_exits_2_naming_the_fix(tmp_path, case, match):
             """
             return x
 
-    class NoTools:
-        def reset(self, **kwargs):
-            return None
-
     tok = tool_chat_tokenizer()
     routed = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}], "environment": "chess"}])
     plain = Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}])
@@ -270,8 +265,6 @@ def test_environment_misuse_exits_2_naming_the_fix(tmp_path, case, match):
     overrides = {}
     if case == "no_reset":
         kwargs["environment_factory"] = NoReset
-    elif case == "no_tools":
-        kwargs["environment_factory"] = NoTools
     elif case == "no_dataset_no_max_steps":
         overrides["max_steps"] = -1
     elif case == "dict_without_dataset":
@@ -284,6 +277,43 @@ def test_environment_misuse_exits_2_naming_the_fix(tmp_path, case, match):
         kwargs.update(environment_factory=GameEnv, reward_funcs=None)
     with pytest.raises((ConfigError, DataError), match=match):
         GRPOTrainer(tool_chat_model(tok), args=config(tmp_path, **overrides), processing_class=tok, **kwargs)
+
+
+class GuessEnv:
+    """An environment without tools (TRL 1.16 takes one): reset writes the question (the row's own, else a fixed one)
+    and get_reward scores from the environment's state, here the question's length, so that each routed environment
+    logs a reward of its own."""
+
+    def reset(self, **kwargs) -> str:
+        self.question = kwargs.get("question") or "Say hi."
+        return self.question
+
+    def get_reward(self) -> float:
+        return float(len(self.question))
+
+
+class EchoEnv(GuessEnv):
+    def reset(self, **kwargs) -> str:
+        self.question = "Echo."
+        return self.question
+
+
+def test_a_dataset_of_only_environment_names_trains_with_environments_without_tools(tmp_path):
+    # TRL 1.16's environment-owned data: each row only names its environment, whose reset() writes the prompt into an
+    # empty user message; neither environment offers a tool (one-turn episodes) and no reward function is given.
+    tok = tool_chat_tokenizer()
+    routed = Dataset.from_list([{"environment": name} for name in ("guess", "echo") * 2])
+    args = config(tmp_path, max_steps=2)
+    trainer = GRPOTrainer(tool_chat_model(tok), args=args, train_dataset=routed, processing_class=tok,
+                          environment_factory={"guess": GuessEnv, "echo": EchoEnv})  # fmt: skip
+    assert trainer.tools == [] and trainer.reward_func_names == ["GuessEnv", "EchoEnv"]
+    prompts = [tok.decode(trainer.train_dataset[i]["input_ids"]) for i in range(2)]
+    assert all("Tools:" not in p and "<|im_start|>user\n<|im_end|>" in p for p in prompts)  # empty until reset
+    trainer.train()
+    rows = metric_rows(args)
+    assert [r["rewards/GuessEnv/mean"] for r in rows] == [7.0, 7.0]  # "Say hi." on its own routes
+    assert [r["rewards/EchoEnv/mean"] for r in rows] == [5.0, 5.0]
+    assert all(r["tools/call_frequency"] == 0.0 and r["tools/mean_turns"] == 1.0 for r in rows)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -80,6 +80,7 @@ from rlhfkit.agents.episodes import (
     environment_prompts,
     tool_episodes,
     tool_metrics,
+    with_environment_prompts,
 )
 from rlhfkit.checkpoint import REF_MODEL_DIR, load_weights
 from rlhfkit.config import GRPOConfig, grpo_batch_sizes
@@ -163,6 +164,9 @@ class GRPOTrainer(TRLTrainerAPI):
         check_agent_arguments("GRPOTrainer", args, toolbox, rollout_func, environment_factory)
         if train_dataset is None:
             train_dataset = environment_prompts(args, environments)
+        elif environments is not None:  # rows without a prompt: reset() writes it into an empty user message
+            train_dataset = with_environment_prompts(train_dataset, args.dataset_text_field)
+            eval_dataset = with_environment_prompts(eval_dataset, args.dataset_text_field)
         reward_funcs = given_reward_funcs(reward_funcs, environments)
         # 2. The run: output_dir, trackers, checkpoint to resume (read, nothing written yet); async_generation's worker
         #    starts now and imports while the models load (it gets the policy at the end).
