@@ -211,13 +211,20 @@ def peak_memory_bytes(device: torch.device) -> int | None:
 
 
 _LEAN_HEAP = False  # --trim_cpu_heap, set for the process by lean_heap()
+LARGE_VOCABULARY = 32_768  # --trim_cpu_heap's default turns on from this many tokens
+
+
+def wants_lean_heap(setting: bool | None, vocabulary: int) -> bool:
+    """--trim_cpu_heap's value for a policy of `vocabulary` tokens: the setting when given, else whether the
+    vocabulary is large (LARGE_VOCABULARY), where the decoding loop's logits rows ([batch, vocabulary] floats, 4.9
+    MB at 8 x 151,936) pile up in glibc's heap: a GRPO step at 8 x 512 peaks at 4.20 GB without the setting against
+    1.7 GB with it. Below, the setting buys nothing and costs 15-30% of a run's time (bench/README.md)."""
+    return setting if setting is not None else vocabulary >= LARGE_VOCABULARY
 
 
 def lean_heap() -> None:
     """--trim_cpu_heap on a CPU, for this process: large blocks mapped on their own (map_large_blocks) and the freed
-    heap given back after sampling and before each optimizer step (return_freed_heap, a no-op until this is called).
-    Off by default: re-faulting every block of 1 MB or more costs 15-30% of a CPU run's time (issue 54's bisection),
-    for 12% of the peak at Qwen's vocabulary and nothing at small ones."""
+    heap given back after sampling and before each optimizer step (return_freed_heap, a no-op until this is called)."""
     global _LEAN_HEAP
     _LEAN_HEAP = True
     map_large_blocks()

@@ -226,3 +226,10 @@ def test_large_blocks_are_mapped_once_per_process_unless_the_user_set_the_thresh
     assert perf.map_large_blocks() is True and perf.map_large_blocks() is True
     assert calls == [(-3, 1 << 20)]
     perf.map_large_blocks.cache_clear()
+
+
+def test_trim_cpu_heap_defaults_on_from_a_large_vocabulary_and_a_setting_wins():
+    # None: on where the logits rows of a decoding step would pile up in the heap (32,768 tokens or more)
+    assert not perf.wants_lean_heap(None, 49) and not perf.wants_lean_heap(None, 32_767)
+    assert perf.wants_lean_heap(None, 32_768) and perf.wants_lean_heap(None, 151_936)
+    assert perf.wants_lean_heap(True, 49) and not perf.wants_lean_heap(False, 151_936)

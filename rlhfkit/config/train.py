@@ -576,15 +576,16 @@ class TrainConfig(CheckedConfig):
             FLAG,
         ),
     )
-    trim_cpu_heap: bool = field(
-        default=False,
+    trim_cpu_heap: bool | None = field(
+        default=None,
         metadata=meta(
             "On a CPU: have glibc map every allocation of 1 MB or more on its own and give the freed C heap back "
-            "after sampling and before each optimizer step (malloc_trim). Lowers the peak resident memory at large "
-            "vocabularies (GRPO at Qwen's 151,936 tokens, 8 x 512: 1917 to 1677 MB) and costs 15 to 30 percent of the "
-            "run's time, since every tensor of 1 MB or more is faulted in again each step; off by default. No effect on "
-            "GPUs (bench/README.md, 'Real shapes (CPU)').",
-            FLAG,
+            "after sampling and before each optimizer step (malloc_trim). Default (None): on for a policy whose "
+            "vocabulary has 32,768 tokens or more, where the decoding loop's logits rows otherwise pile up in the "
+            "heap (GRPO at Qwen's 151,936 tokens, 8 x 512: a peak of 4.20 GB without it), off below, where it only "
+            "costs time (15 to 30 percent of a run on the built-in task). No effect on GPUs (bench/README.md, "
+            "'Real shapes (CPU)').",
+            OrNone(FLAG),
         ),
     )
     gradient_checkpointing_kwargs: dict | str | None = field(

@@ -123,8 +123,6 @@ class TrainingRun:
         if self.resume is not None:
             self.changes = check_changes(self.resume, self.config, args)
         self.accelerator, self.engine = self._make_accelerator()
-        if self.accelerator.device.type == "cpu" and args.trim_cpu_heap:  # memory for time: off by default
-            perf.lean_heap()
         if getattr(args, "async_generation", False) and self.engine.sharded:
             raise ConfigError(
                 f"async_generation with {self.engine} is not supported yet: the generation worker needs the policy's "
@@ -406,7 +404,8 @@ class TrainingRun:
     ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         """The trained `module` and its optimizer (--optim, over its trainable parameters), prepared by accelerate for
         the launch's engine; with --gradient_checkpointing, the `checkpointed` models recompute their activations. With
-        --padding_free, a `policy` whose forward cannot take a packed batch is refused first."""
+        --padding_free, a `policy` whose forward cannot take a packed batch is refused first. On a CPU, --trim_cpu_heap
+        (by default: a policy of a large vocabulary) switches the process's heap handling (perf.lean_heap)."""
         args = self.args
         if args.padding_free and (why := padding_free_refused(policy)) is not None:
             raise ConfigError(
@@ -416,6 +415,9 @@ class TrainingRun:
         if args.gradient_checkpointing:
             for model in checkpointed:
                 enable_gradient_checkpointing(model, args.gradient_checkpointing_kwargs)
+        vocabulary = getattr(policy.config, "vocab_size", 0) or 0
+        if self.accelerator.device.type == "cpu" and perf.wants_lean_heap(args.trim_cpu_heap, vocabulary):
+            perf.lean_heap()  # memory for time: where a large vocabulary's logits rows would fill the heap
         optimizer = make_optimizer([p for p in module.parameters() if p.requires_grad], args, self.accelerator.device)
         return self.accelerator.prepare(module, optimizer)
 
