@@ -51,18 +51,10 @@ def tokenize_eval_dataset(
 ) -> EvalDatasets:
     """Evaluation prompts with their token ids, as the trainer's eval_dataset is tokenized (trainer.evaluate()'s
     eval_dataset too). Several named sets (a dict or DatasetDict, as transformers' Trainer takes them: each is
-    evaluated and logged under eval_<name>) give a dict of the same names."""
-    if (
-        isinstance(dataset, IterableDataset)
-        or isinstance(dataset, Mapping)
-        and any(isinstance(part, IterableDataset) for part in dataset.values())
-    ):
-        raise ConfigError(
-            "eval_dataset is a streamed IterableDataset: an evaluation reads every prompt of its set. Take the rows "
-            "to evaluate on: Dataset.from_list(list(stream.take(n)))."
-        )
+    evaluated and logged under eval_<name>) give a dict of the same names. A streamed set (an IterableDataset, alone or
+    in the dict) is read whole, every row of it, as TRL's evaluation reads a finite stream (read_stream)."""
     if not isinstance(dataset, Mapping):
-        return _tokenized(args, tokenizer, dataset, "eval ", tools)
+        return _tokenized(args, tokenizer, read_stream(dataset, "eval_dataset"), "eval ", tools)
     if not dataset:
         raise ConfigError("eval_dataset={}: no evaluation set. Pass a dataset, a dict of named datasets, or None.")
     for name in dataset:
@@ -71,7 +63,21 @@ def tokenize_eval_dataset(
                 f"eval_dataset: the set name {name!r} must be a non-empty string without '/': its metrics are "
                 "logged as eval_<name>/... (e.g. {'easy': ..., 'hard': ...})."
             )
-    return {name: _tokenized(args, tokenizer, part, f"eval {name!r} ", tools) for name, part in dataset.items()}
+    return {
+        name: _tokenized(args, tokenizer, read_stream(part, f"eval_dataset[{name!r}]"), f"eval {name!r} ", tools)
+        for name, part in dataset.items()
+    }
+
+
+def read_stream(dataset, what: str):
+    """Every row of a streamed evaluation set (an IterableDataset) held in memory, in the stream's order; a Dataset as
+    it is. The stream must end (an evaluation reads all of it, as TRL's does)."""
+    if not isinstance(dataset, IterableDataset):
+        return dataset
+    rows = list(dataset)
+    if not rows:
+        raise DataError(f"The streamed {what} yielded no rows: an evaluation needs at least one prompt.")
+    return Dataset.from_list(rows)
 
 
 def _tokenized(

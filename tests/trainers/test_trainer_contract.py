@@ -128,6 +128,24 @@ def test_two_named_eval_sets_are_each_evaluated_on_schedule_and_track_the_best(t
     assert trainer.state.best_global_step == 1 + hard.index(max(hard))
 
 
+def test_streamed_eval_sets_are_read_whole_alone_or_named(tiny_assets, tmp_path):
+    # TRL evaluates over a finite IterableDataset: every row of it, alone or in a dict of named sets
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    test = dataset["test"].select(range(6))
+    reward = Scored()
+    args = grpo_config(tiny_assets, tmp_path, max_steps=1)
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), reward, args, train_dataset=dataset["train"],
+                          eval_dataset=test.to_iterable_dataset())  # fmt: skip
+    assert len(trainer.eval_dataset) == 6
+    metrics = trainer.evaluate()
+    assert set(metrics) == {"eval_reward"} and sorted(reward.calls[-1][0]) == sorted(test["prompt"])
+    named = {"streamed": test.select(range(3)).to_iterable_dataset(), "held": test.select(range(3, 6))}
+    args = grpo_config(tiny_assets, tmp_path, max_steps=1, output_dir=str(tmp_path / "named"))
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), reward, args, train_dataset=dataset["train"], eval_dataset=named)
+    assert set(trainer.evaluate()) == {"eval_streamed_reward", "eval_held_reward"}
+    assert [len(prompts) for prompts, _ in reward.calls[-2:]] == [3, 3]
+
+
 def test_log_takes_start_time(grpo):
     trainer, *_ = grpo
     trainer.log({"custom/value": 2.5}, start_time=0.0)  # no speed metrics: include_num_input_tokens_seen is off
