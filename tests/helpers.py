@@ -49,11 +49,13 @@ def expand_templates(
     async_generation: bool = False,
     tool_names: list[str] | None = None,
     sandbox: bool = False,
+    moe: bool = False,
 ) -> list[registry.Metric]:
     """`metrics` with every template replaced by its expansion for each reward function (tools/ templates: for each
     tool), order kept: what a run with those reward functions logs (without async_generation, none of the metrics
     only it logs; without tool_names, none of the tools/ and eval/tools/ ones; without sandbox, none of the sandbox/ and
-    eval/sandbox/ ones that a code-running reward logs; nor those the machine's device does not give, not_logged_on_this_machine)."""
+    eval/sandbox/ ones that a code-running reward logs; without moe, no aux_loss (a mixture of experts' routers); nor
+    those the machine's device does not give, not_logged_on_this_machine)."""
     out: list[registry.Metric] = []
     for m in metrics:
         if m.when.startswith("async_generation") and not async_generation:
@@ -62,6 +64,8 @@ def expand_templates(
         if tools and tool_names is None:
             continue
         if m.name.startswith(("sandbox/", "eval/sandbox/")) and not sandbox:
+            continue
+        if m is registry.AUX_LOSS and not moe:
             continue
         if m.name in not_logged_on_this_machine():
             continue

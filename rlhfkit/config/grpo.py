@@ -147,6 +147,15 @@ class GRPOConfig(AsyncGenerationConfig, TrainConfig):
     )
 
     # --- the training forward ----------------------------------------------------------------------
+    router_aux_loss_coef: float | None = field(
+        default=None,
+        metadata=meta(
+            "A mixture-of-experts policy: the weight of its routers' load-balancing loss (aux_loss) in the training "
+            "loss, as TRL 1.16. None: the model config's own router_aux_loss_coef (0 where it declares none); 0 "
+            "turns it off. A value > 0 for a model without routers exits 2.",
+            OrNone(number(ge=0)),
+        ),
+    )
     cast_lm_head_to_fp32: bool = field(
         default=False,
         metadata=meta(

@@ -217,7 +217,7 @@ GROUPS: tuple[Group, ...] = (
     Group(
         SUPPORTED_NOT,
         "speed and memory features rlhfkit does not offer for the training forward (compilation, Liger kernels, "
-        "TF32, cache emptying, batch-size search, NEFTune noise, MoE auxiliary loss, the KV cache in training)",
+        "TF32, cache emptying, batch-size search, NEFTune noise, the KV cache in training)",
         (
             "torch_compile",
             "torch_compile_backend",
@@ -228,7 +228,6 @@ GROUPS: tuple[Group, ...] = (
             "torch_empty_cache_steps",
             "auto_find_batch_size",
             "neftune_noise_alpha",
-            "router_aux_loss_coef",
             "use_cache",
         ),
     ),  # fmt: skip

@@ -822,6 +822,20 @@ POLICY_LOSS = Metric(
     when="entropy_coef != 0 or use_adaptive_entropy",
     watch="Read it beside loss: the gap is the bonus; a loss falling while policy_loss stays is entropy, not reward.",
 )
+AUX_LOSS = Metric(
+    name="aux_loss",
+    meaning="A mixture-of-experts policy's load-balancing loss (transformers' aux_loss of the router logits: how "
+    "unevenly its routers send tokens to the experts; lowest when every expert gets its share), added to the training "
+    "loss times router_aux_loss_coef (TRL 1.16's name and rule).",
+    formula="mean over the window's micro-batches and processes of the training forward's aux_loss (the model "
+    "family's load_balancing_loss_func over every layer's router logits and the batch's real tokens)",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=GRPO,
+    section="Policy optimisation",
+    when="the policy is a mixture of experts (its config has output_router_logits) and router_aux_loss_coef != 0",
+    watch="Rising while the reward rises: the experts are collapsing onto a few; raise router_aux_loss_coef.",
+)
 COMPLETIONS_MEAN_LENGTH = Metric(
     name="completions/mean_length",
     meaning="Mean completion length, truncated completions included.",

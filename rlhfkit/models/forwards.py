@@ -88,6 +88,7 @@ class TokenStats(NamedTuple):
 
     logprobs: torch.Tensor  # (B, T) float32 (float64 for a float64 model), log softmax(logits / temperature)
     entropy: torch.Tensor | None  # (B, T) the entropy of softmax(logits / temperature), or None
+    aux_loss: torch.Tensor | None = None  # a mixture of experts' load-balancing loss of this forward, when asked
 
 
 def completion_token_stats(
@@ -100,6 +101,7 @@ def completion_token_stats(
     entropy: bool = False,
     entropy_grad: bool = False,
     padding_free: bool = False,
+    router_aux: bool = False,
 ) -> TokenStats:
     """Log-probs (and entropies) of the completion tokens `completion_ids` (B, T) of sequences `input_ids` (B, L) whose
     first `prompt_width` positions are the prompt: what completion_logits then ops.logprobs_from_logits and
@@ -118,11 +120,14 @@ def completion_token_stats(
     way is what rlhfkit did before: the numbers are the same, the memory is not; that way the batch stays padded).
     entropy_grad: the entropy keeps its gradient (GRPO's entropy bonus), else it is detached. padding_free: the
     forward runs on the batch's real tokens packed into one row (_packed_forward; padding_free_refused says where it
-    cannot); the statistics are the same.
+    cannot); the statistics are the same. router_aux: a mixture-of-experts model also returns its router's
+    load-balancing loss (transformers' output_router_logits, ``aux_loss``: how unevenly the tokens went to the
+    experts), with its gradient; only in the chunked head's forward (every MoE family of transformers takes it).
     """
     reason = _chunked_head_refused(model)
     if reason is None:
-        request = (input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy, entropy_grad)
+        request = (input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy, entropy_grad,
+                   router_aux)  # fmt: skip
         if padding_free and (why := padding_free_refused(model)) is not None:
             raise ConfigError(
                 f"padding_free: {type(_unwrapped(model)).__name__} cannot take a padding-free batch: {why}."
@@ -264,8 +269,9 @@ def padding_free_refused(model: nn.Module) -> str | None:
 
 
 def _forward_with_stats_head(
-    model, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy, entropy_grad, padding_free
-) -> TokenStats | None:
+    model, input_ids, attention_mask, prompt_width, completion_ids, temperature, entropy, entropy_grad, router_aux,
+    padding_free,
+) -> TokenStats | None:  # fmt: skip
     """One forward of `model` whose LM head returns the token statistics (completion_token_stats): they, or None where
     the forward changed the head's output (what it returns as logits is not what the head returned)."""
     plan = (_packed_forward if padding_free else _padded_forward)(
@@ -293,8 +299,10 @@ def _forward_with_stats_head(
         return returned[-1]
 
     head.forward = stats_head
+    router = {"output_router_logits": True} if router_aux else {}
     try:
-        out = model(**plan.inputs, use_cache=False).logits
+        output = model(**plan.inputs, use_cache=False, **router)
+        out, aux_loss = output.logits, getattr(output, "aux_loss", None) if router_aux else None
     finally:
         if own is None:
             del head.forward
@@ -306,8 +314,8 @@ def _forward_with_stats_head(
     # Copies, not views of `out`: a wrapper's output (FSDP2's) must not be a view an in-place op could change.
     logprobs = out[..., 0].clone()
     if not entropy:
-        return TokenStats(logprobs, None)
-    return TokenStats(logprobs, out[..., 1].clone() if entropy_grad else out[..., 1].detach().clone())
+        return TokenStats(logprobs, None, aux_loss)
+    return TokenStats(logprobs, out[..., 1].clone() if entropy_grad else out[..., 1].detach().clone(), aux_loss)
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:

@@ -107,7 +107,8 @@ def full_logits_stats(model, ids, attention, width, tokens, temperature):
 def values_and_gradients(model, stats_fn, mask):
     """Log-probs, entropies, and the gradient of every trainable parameter of a loss that uses both."""
     model.zero_grad(set_to_none=True)
-    logprobs, entropy = stats_fn()
+    stats = stats_fn()
+    logprobs, entropy = stats[0], stats[1]  # a TokenStats or the reference's pair
     g = torch.Generator().manual_seed(0)
     weights = torch.randn(logprobs.shape, generator=g, dtype=logprobs.dtype)
     ((weights * logprobs - 0.1 * entropy) * mask).sum().backward()

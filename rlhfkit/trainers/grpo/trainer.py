@@ -218,6 +218,7 @@ class GRPOTrainer(TRLTrainerAPI):
         self.ref_model = None
         if args.beta != 0.0 and not args.use_peft:
             self.ref_model = run.prepare_frozen(frozen_copy(model))
+        self.router_aux_loss_coef, self.aux_loss_enabled = router_aux_loss(model, args.router_aux_loss_coef)
         self.model, self.optimizer = run.prepare_trained(model, model, (model,))
         if args.cast_lm_head_to_fp32:
             self.cast_lm_heads()
@@ -503,11 +504,12 @@ class GRPOTrainer(TRLTrainerAPI):
         mask = batch.loss_mask[idx]
         self.run.count_training_tokens(batch.attention_mask[idx])  # perf/mfu
         # The entropy term backpropagates through the entropy; without one the entropy is only measured.
-        logprobs, entropy_with_grad = completion_token_stats(
+        stats = completion_token_stats(
             self.model, batch.input_ids[idx], batch.attention_mask[idx], batch.prompt_width,
             batch.completion_ids[idx], args.temperature, entropy=True, entropy_grad=entropy_coef is not None,
-            padding_free=args.padding_free,
+            padding_free=args.padding_free, router_aux=self.aux_loss_enabled,
         )  # fmt: skip
+        logprobs, entropy_with_grad = stats.logprobs, stats.entropy
         entropy = entropy_with_grad.detach()
         old = batch.old_logprobs[idx] if batch.old_logprobs is not None else logprobs.detach()
         ref = batch.ref_logprobs[idx] if batch.ref_logprobs is not None else None
@@ -541,6 +543,9 @@ class GRPOTrainer(TRLTrainerAPI):
             loss = loss - entropy_coef * bonus
             if entropy_sums is not None:
                 entropy_sums += ops.entropy_window_sums(entropy, mask, token_mask)
+        if stats.aux_loss is not None:  # a mixture of experts: its routers' load balance, as TRL 1.16 weighs it
+            loss = loss + self.router_aux_loss_coef * stats.aux_loss / args.gradient_accumulation_steps
+            self.run.metrics.add(M.AUX_LOSS, stats.aux_loss.detach().float(), 1)
         self.accelerator.backward(loss)
         with torch.no_grad():
             self.log_micro_step(out, entropy, mask)
@@ -651,6 +656,22 @@ class GRPOTrainer(TRLTrainerAPI):
             count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])
         _, logged = take_reward_logs(self.rewards, self.accelerator, prefix="eval/")
         return {**metrics.reduce(self.accelerator).scalars, **{k: v for k, v in logged.items() if v == v}}
+
+
+def router_aux_loss(model: nn.Module, coef: float | None) -> tuple[float, bool]:
+    """A mixture-of-experts policy's load-balancing loss, TRL 1.16's rule: (its weight, whether it is trained). The
+    weight is `coef` (--router_aux_loss_coef), or the model config's own router_aux_loss_coef when None (0 where it
+    has none); a model whose config has no output_router_logits has no routers, and a weight > 0 for it exits 2."""
+    config = model.config.get_text_config()
+    moe = hasattr(config, "output_router_logits")
+    if coef and not moe:
+        raise ConfigError(
+            f"--router_aux_loss_coef {coef}: {type(model).__name__} is not a mixture of experts (its config has no "
+            "output_router_logits), so it has no load-balancing loss to weigh. Leave router_aux_loss_coef unset "
+            "(None) or 0."
+        )
+    weight = float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0) if coef is None else float(coef)
+    return weight, moe and weight != 0.0
 
 
 def given_reward_funcs(reward_funcs, environments) -> list:

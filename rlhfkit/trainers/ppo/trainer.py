@@ -438,7 +438,7 @@ class PPOTrainer(TRLTrainerAPI):
         stats, values = self.model(
             batch.input_ids[idx], batch.attention_mask[idx], width, batch.completion_ids[idx], args.temperature, True
         )
-        new_logprobs, entropy = stats
+        new_logprobs, entropy = stats.logprobs, stats.entropy
 
         vpred = values[:, width - 1 : -1]
         pg = ops.clipped_policy_loss(new_logprobs, old_logprobs, gae.advantages[idx], mask, args.cliprange)
