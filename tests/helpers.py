@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+from typing import NoReturn
 
+import pytest
 import torch
 
 from rlhfkit import ops, perf
@@ -93,3 +95,11 @@ def not_logged_on_this_machine() -> set[str]:
     if not perf.phase_memory_enabled(device):
         names |= {registry.PERF_PEAK_MEMORY_ROLLOUT.name, registry.PERF_PEAK_MEMORY_OPTIMIZATION.name}
     return names
+
+
+def skip_or_fail(reason: str, require_env: str) -> NoReturn:
+    """Skip the test for `reason`, or fail it where `require_env`=1: CI sets it for what .ci/run installs (Chromium,
+    bubblewrap), whose tests must never skip silently there."""
+    if os.environ.get(require_env) == "1":
+        pytest.fail(f"{reason}; {require_env}=1 requires it", pytrace=False)
+    pytest.skip(reason)

@@ -1120,13 +1120,14 @@ TOOLS_TOOL_LATENCY = Metric(
 )
 
 
-def _evaluated(metric: Metric) -> Metric:
-    """The same tool metric of an evaluation's episodes (eval/tools/..., at evaluation steps)."""
+def _evaluated(metric: Metric, of: str, window: str, over: str) -> Metric:
+    """The same metric of an evaluation's `of` (eval/..., at evaluation steps), the `window` of its formula read
+    `over` the evaluation's."""
     return replace(
         metric,
         name=f"eval/{metric.name}",
-        meaning=f"{metric.meaning} Of an evaluation's episodes (greedy, the tools run as in training).",
-        formula=metric.formula.replace(_TOOLS_WINDOW, "over the evaluation's episodes, all processes"),
+        meaning=f"{metric.meaning} Of an evaluation's {of}.",
+        formula=metric.formula.replace(window, over),
         when=f"{metric.when}; an eval dataset; at evaluation steps",
         importance="",
         watch="",
@@ -1135,17 +1136,23 @@ def _evaluated(metric: Metric) -> Metric:
     )
 
 
+def _tools_evaluated(metric: Metric) -> Metric:
+    """The same tool metric of an evaluation's episodes (eval/tools/...)."""
+    episodes = "episodes (greedy, the tools run as in training)"
+    return _evaluated(metric, episodes, _TOOLS_WINDOW, "over the evaluation's episodes, all processes")
+
+
 # The tools metrics of an evaluation: the training ones' twins (agents.episodes.log_tool_stats(evaluation=True)).
-EVAL_TOOLS_CALL_FREQUENCY = _evaluated(TOOLS_CALL_FREQUENCY)
-EVAL_TOOLS_FAILURE_FREQUENCY = _evaluated(TOOLS_FAILURE_FREQUENCY)
-EVAL_TOOLS_MEAN_TURNS = _evaluated(TOOLS_MEAN_TURNS)
-EVAL_TOOLS_MAX_TURNS = _evaluated(TOOLS_MAX_TURNS)
-EVAL_TOOLS_TURN_CAP_RATIO = _evaluated(TOOLS_TURN_CAP_RATIO)
-EVAL_TOOLS_ROLLED_BACK_RATIO = _evaluated(TOOLS_ROLLED_BACK_RATIO)
-EVAL_TOOLS_MEAN_TOOL_TOKENS = _evaluated(TOOLS_MEAN_TOOL_TOKENS)
-EVAL_TOOLS_TOOL_CALLS = _evaluated(TOOLS_TOOL_CALLS)
-EVAL_TOOLS_TOOL_FAILURE_FREQUENCY = _evaluated(TOOLS_TOOL_FAILURE_FREQUENCY)
-EVAL_TOOLS_TOOL_LATENCY = _evaluated(TOOLS_TOOL_LATENCY)
+EVAL_TOOLS_CALL_FREQUENCY = _tools_evaluated(TOOLS_CALL_FREQUENCY)
+EVAL_TOOLS_FAILURE_FREQUENCY = _tools_evaluated(TOOLS_FAILURE_FREQUENCY)
+EVAL_TOOLS_MEAN_TURNS = _tools_evaluated(TOOLS_MEAN_TURNS)
+EVAL_TOOLS_MAX_TURNS = _tools_evaluated(TOOLS_MAX_TURNS)
+EVAL_TOOLS_TURN_CAP_RATIO = _tools_evaluated(TOOLS_TURN_CAP_RATIO)
+EVAL_TOOLS_ROLLED_BACK_RATIO = _tools_evaluated(TOOLS_ROLLED_BACK_RATIO)
+EVAL_TOOLS_MEAN_TOOL_TOKENS = _tools_evaluated(TOOLS_MEAN_TOOL_TOKENS)
+EVAL_TOOLS_TOOL_CALLS = _tools_evaluated(TOOLS_TOOL_CALLS)
+EVAL_TOOLS_TOOL_FAILURE_FREQUENCY = _tools_evaluated(TOOLS_TOOL_FAILURE_FREQUENCY)
+EVAL_TOOLS_TOOL_LATENCY = _tools_evaluated(TOOLS_TOOL_LATENCY)
 
 _ASYNC = "async_generation"
 _PER_ROUND = "over the window's generations"
@@ -1582,16 +1589,8 @@ SANDBOX_MEAN_SECONDS = Metric(
 
 
 def _sandbox_evaluated(metric: Metric) -> Metric:
-    """The same sandbox metric of an evaluation's completions (eval/sandbox/..., at evaluation steps)."""
-    return replace(
-        metric,
-        name=f"eval/{metric.name}",
-        meaning=f"{metric.meaning} Of an evaluation's completions.",
-        formula=metric.formula.replace(_SANDBOX_PROGRAMS, "over the evaluation's programs"),
-        when=f"{metric.when}; an eval dataset; at evaluation steps",
-        watch="",
-        section="Evaluation",
-    )
+    """The same sandbox metric of an evaluation's completions (eval/sandbox/...)."""
+    return _evaluated(metric, "completions", _SANDBOX_PROGRAMS, "over the evaluation's programs")
 
 
 EVAL_SANDBOX_TIMEOUT_RATIO = _sandbox_evaluated(SANDBOX_TIMEOUT_RATIO)

@@ -4,10 +4,9 @@ Without them the tests skip and say what to install; with RLHFKIT_REQUIRE_BROWSE
 instead, so a CI image that lost its browser cannot pass by skipping.
 """
 
-import os
 import shutil
 
-import pytest
+from tests.helpers import skip_or_fail
 
 REQUIRE_ENV = "RLHFKIT_REQUIRE_BROWSER"
 WIDTH, HEIGHT = 1400, 1000
@@ -43,10 +42,7 @@ def require_browser() -> None:
     missing = missing_browser_parts()
     if not missing:
         return
-    reason = "browser tests need " + ", ".join(missing)
-    if os.environ.get(REQUIRE_ENV) == "1":
-        pytest.fail(f"{reason}; {REQUIRE_ENV}=1 requires them", pytrace=False)
-    pytest.skip(reason)
+    skip_or_fail("browser tests need " + ", ".join(missing), REQUIRE_ENV)
 
 
 def start_chromium(profile_dir):
