@@ -218,7 +218,7 @@ def wants_lean_heap(setting: bool | None, vocabulary: int) -> bool:
     """--trim_cpu_heap's value for a policy of `vocabulary` tokens: the setting when given, else whether the
     vocabulary is large (LARGE_VOCABULARY), where the decoding loop's logits rows ([batch, vocabulary] floats, 4.9
     MB at 8 x 151,936) pile up in glibc's heap: a GRPO step at 8 x 512 peaks at 4.20 GB without the setting against
-    1.7 GB with it. Below, the setting buys nothing and costs 15-30% of a run's time (bench/README.md)."""
+    3.58 GB with it. Below, the setting buys nothing and costs 15-30% of a run's time (bench/README.md)."""
     return setting if setting is not None else vocabulary >= LARGE_VOCABULARY
 
 
@@ -228,6 +228,12 @@ def lean_heap() -> None:
     global _LEAN_HEAP
     _LEAN_HEAP = True
     map_large_blocks()
+
+
+def heap_is_lean() -> bool:
+    """Whether lean_heap() was called in this process (the generation worker of async_generation follows its
+    trainer)."""
+    return _LEAN_HEAP
 
 
 def return_freed_heap() -> None:

@@ -340,13 +340,13 @@ def is_default(command: str, name: str, value: Any) -> bool:
         return False
     if _same(value, default):
         return True
-    filled = {**_filled_defaults().get(name, {}), **HONOURED.get(name, {})} or None
+    filled, honoured = _filled_defaults().get(name), HONOURED.get(name, {})
     value = _plain(value)
     return (
         filled is not None
         and isinstance(value, dict)
         and value.keys() <= filled.keys()
-        and all(_same(v, filled[k]) or _same(v, _filled_defaults()[name][k]) for k, v in value.items())
+        and all(_same(v, filled[k]) or (k in honoured and _same(v, honoured[k])) for k, v in value.items())
     )
 
 

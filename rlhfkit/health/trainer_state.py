@@ -9,8 +9,8 @@ names the rules read (``reward``, ``kl``, ``entropy``, ``completions/clipped_rat
 ``eval_<name>``, which transformers sends to the trackers as ``eval/<name>`` and so do we here (``test_`` likewise).
 The last entry of a finished run is its summary (``train_runtime``, ``train_loss``, ...): its own keys are left out;
 when the run's length is not a multiple of ``logging_steps`` TRL's ``log()`` has merged the last window's metrics into
-it, and those are kept as that step's training row. ``null`` values (a column TRL logs but never fills), strings and booleans are left out; ``epoch`` and ``step``
-are bookkeeping. Rows of one step (a training row and an evaluation row) are merged. A run resumed from an earlier
+it, and those are kept as that step's training row. ``null`` values (a column TRL logs but never fills), strings and
+booleans are left out; ``epoch`` and ``step`` are bookkeeping. Rows of one step (a training row and an evaluation row) are merged. A run resumed from an earlier
 checkpoint may append rows whose step goes back: the later rows replace the earlier ones from that step on.
 Python's json writes NaN and Infinity as bare literals, which json.loads reads back as floats: they are kept, for
 the ``nonfinite_metric`` rule.

@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 from torch import nn
 from transformers import GenerationConfig
 
+from rlhfkit import perf
 from rlhfkit.errors import ConfigError, GenerationWorkerDied
 from rlhfkit.metrics import registry as M
 from rlhfkit.sampling import Chunk, complete
@@ -146,6 +147,7 @@ class _Policy:
     names: list[str]  # the parameters in the order the weights travel
     sampling: GenerationConfig
     episodes: bytes | None = None  # the trainer's agents.episodes.ToolEpisodes, pickled (None: plain completions)
+    lean_heap: bool = False  # the trainer runs with --trim_cpu_heap (perf.lean_heap): so does the worker
 
 
 def _worker_main(
@@ -163,6 +165,8 @@ def _worker_main(
         model_class, model_config, state, names = policy.model_class, policy.model_config, policy.state, policy.names
         generation_config, sampling = policy.generation_config, policy.sampling
         episodes = None if policy.episodes is None else pickle.loads(policy.episodes)
+        if policy.lean_heap:
+            perf.lean_heap()
         target = torch.device(device)
         dtype = next(iter(state.values())).dtype if state else None
         attention = getattr(model_config, "_attn_implementation", None)
@@ -301,7 +305,8 @@ class AsyncGeneration:
         pickled = None if self.episodes is None else _pickled_episodes(self.episodes)
         state = {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
         config, generation_config = policy.config, policy.generation_config
-        self.requests.put(_Policy(type(policy), config, generation_config, state, names, sampling, pickled))
+        lean = perf.heap_is_lean()
+        self.requests.put(_Policy(type(policy), config, generation_config, state, names, sampling, pickled, lean))
         self.sent_version = version
 
     @property
