@@ -437,13 +437,13 @@ def environment_prompts(args, environments: Environments | None):
 
     if environments is None:
         raise ConfigError(
-            "GRPOTrainer needs a train_dataset with a prompt column (only an environment_factory, whose reset() "
-            "writes the prompts, goes without one)."
+            "GRPOTrainer: a `train_dataset` is required, with a prompt column (only an environment_factory, whose "
+            "reset() writes the prompts, goes without one)."
         )
     if environments.multi:
         raise ConfigError(
-            "environment_factory is a dict of environments, which needs a train_dataset with an 'environment' column "
-            "to route each row to its environment. Give one, or a single environment factory."
+            "environment_factory is a dict of environments, which requires a `train_dataset` with an 'environment' "
+            "column to route each row to its environment. Give one, or a single environment factory."
         )
     if args.max_steps <= 0:
         raise ConfigError(
