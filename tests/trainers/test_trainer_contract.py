@@ -122,9 +122,10 @@ def test_two_named_eval_sets_are_each_evaluated_on_schedule_and_track_the_best(t
     trainer.train()
     rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
     evaluated = [(row["step"], *row) for row in rows if any(key.startswith("eval") for key in row)]
-    assert evaluated == [(1, "step", "eval_easy/reward"), (1, "step", "eval_hard/reward"),
-                         (2, "step", "eval_easy/reward"), (2, "step", "eval_hard/reward")]  # fmt: skip
-    assert [set(metrics) for _, metrics in recorder.evaluations] == [{"eval_easy_reward"}, {"eval_hard_reward"}] * 2
+    easy, hard = ("step", "eval_easy/reward", "eval_easy/loss"), ("step", "eval_hard/reward", "eval_hard/loss")
+    assert evaluated == [(1, *easy), (1, *hard), (2, *easy), (2, *hard)]
+    returned = [{"eval_easy_reward", "eval_easy_loss"}, {"eval_hard_reward", "eval_hard_loss"}]
+    assert [set(metrics) for _, metrics in recorder.evaluations] == returned * 2
     hard = [row["eval_hard/reward"] for row in rows if "eval_hard/reward" in row]
     assert trainer.state.best_metric == max(hard)
     assert trainer.state.best_global_step == 1 + hard.index(max(hard))
