@@ -36,6 +36,7 @@ from torch import nn
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhfkit.agents.environments import ROUTE_COLUMN, Environments
+from rlhfkit.agents.response_formats import recognised_response_template
 from rlhfkit.agents.tools import ToolBox, run_tool_calls
 from rlhfkit.data import is_conversational
 from rlhfkit.errors import ConfigError, DataError
@@ -113,13 +114,17 @@ class ToolEpisodes:
         # Environments without tools (and no tools=): one-turn episodes, nothing to parse calls out of or render.
         self.offers_tools = bool(toolbox.names)
         if self.offers_tools and getattr(tokenizer, "response_template", None) is None:
+            # a format rlhfkit recognises (ChatML with Hermes-style calls: Qwen2.5, Qwen3) gets its spec
+            tokenizer.response_template = recognised_response_template(tokenizer.chat_template)
+        if self.offers_tools and tokenizer.response_template is None:
             raise ConfigError(
                 "tools= needs the tokenizer to parse tool calls out of the model's turns, and it has no "
-                "response_template (transformers' response parsing, tokenizer.parse_response). Set "
-                "tokenizer.response_template to the template's parsing spec (transformers' chat docs, 'Response "
-                "parsing') and pass the tokenizer as processing_class; for the chat templates TRL knows, TRL's "
-                "trl.chat_template_utils.add_response_schema(tokenizer) sets it (TRL's GRPOTrainer calls it for you; "
-                "rlhfkit never imports TRL, so call it in your script: docs/agents.md)."
+                "response_template (transformers' response parsing, tokenizer.parse_response), nor a chat template "
+                "whose tool-call format rlhfkit recognises (ChatML with <tool_call> JSON, as Qwen2.5 and Qwen3 write "
+                "it). Set tokenizer.response_template to the template's parsing spec (transformers' chat docs, "
+                "'Response parsing') and pass the tokenizer as processing_class; for the chat templates TRL knows, "
+                "TRL's trl.chat_template_utils.add_response_schema(tokenizer) sets it (rlhfkit never imports TRL, so "
+                "call it in your script: docs/agents.md)."
             )
         self.tokenizer, self.toolbox = tokenizer, toolbox
         self.max_iterations = max_iterations
@@ -261,7 +266,9 @@ class ToolEpisodes:
         """The token ids the chat template puts after an assistant tool-call turn's end-of-turn token: the tool
         messages and the next assistant header. Rendered after a stand-in conversation whose tool call names the
         first tool (some templates derive the tool header from it), as the difference of the conversation with and
-        without the tool messages; the template must render the earlier messages alike either way."""
+        without the tool messages. The template must render the messages before the assistant turn alike either
+        way; the turn itself may differ (Qwen3's renders an empty <think> block only in a conversation's last turn):
+        an episode keeps the turn as the policy sampled it, so only what follows its end-of-turn token is taken."""
         call = [{"type": "function", "function": {"name": tool_messages[0]["name"], "arguments": {}}}]
         head = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": call}]
         render = dict(tokenize=True, return_dict=False, **self.chat_template_kwargs)
@@ -271,15 +278,20 @@ class ToolEpisodes:
         ends = [k for k, t in enumerate(before) if t == tok.eos_token_id]
         if ends:  # the turn the model samples ends at its end-of-turn token; what the template adds after belongs here
             before = before[: ends[-1] + 1]
-        if after[: len(before)] != before:
+        if after[: len(before)] == before:
+            return after[len(before) :]
+        # The assistant turn renders differently once results follow: its end in `after` is the same end-of-turn
+        # token (the len(ends)-th), provided everything before the turn renders alike.
+        turn_start = ends[-2] + 1 if len(ends) > 1 else 0
+        after_ends = [k for k, t in enumerate(after) if t == tok.eos_token_id]
+        if not ends or len(after_ends) <= len(ends) or after[:turn_start] != before[:turn_start]:
             raise ConfigError(
                 "tools= needs a chat template that renders a conversation's earlier messages the same whatever follows "
-                "(prefix-preserving): this one renders the assistant's tool-call turn differently once tool results "
-                "follow it. Give the tokenizer a training template that does not: tokenizer.chat_template = TEMPLATE "
-                "(TRL's trl.chat_template_utils.get_training_chat_template(tokenizer) makes one for Qwen3's; TRL's "
-                "GRPOTrainer swaps it in for you, rlhfkit never imports TRL: docs/agents.md)."
+                "(prefix-preserving): this one renders the messages before an assistant's tool-call turn differently "
+                "once tool results follow it, or ends turns without the tokenizer's eos_token. Give the tokenizer a "
+                "training template that does not: tokenizer.chat_template = TEMPLATE (docs/agents.md)."
             )
-        return after[len(before) :]
+        return after[after_ends[len(ends) - 1] + 1 :]
 
     def chunk(self, model, prompt_ids, ids, logprobs, model_token, config: GenerationConfig, device) -> Chunk:
         """The episodes as one Chunk: prompts left-padded, completions (turns and tool results) right-padded, the
@@ -437,13 +449,13 @@ def environment_prompts(args, environments: Environments | None):
 
     if environments is None:
         raise ConfigError(
-            "GRPOTrainer needs a train_dataset with a prompt column (only an environment_factory, whose reset() "
-            "writes the prompts, goes without one)."
+            "GRPOTrainer: a `train_dataset` is required, with a prompt column (only an environment_factory, whose "
+            "reset() writes the prompts, goes without one)."
         )
     if environments.multi:
         raise ConfigError(
-            "environment_factory is a dict of environments, which needs a train_dataset with an 'environment' column "
-            "to route each row to its environment. Give one, or a single environment factory."
+            "environment_factory is a dict of environments, which requires a `train_dataset` with an 'environment' "
+            "column to route each row to its environment. Give one, or a single environment factory."
         )
     if args.max_steps <= 0:
         raise ConfigError(

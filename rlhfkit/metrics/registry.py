@@ -1417,6 +1417,23 @@ EVAL_REWARD = Metric(
     trainers=GRPO,
     when="an eval dataset is given; at evaluation steps (--eval_strategy; by default num_sample_generations times)",
 )
+EVAL_LOSS = Metric(
+    name="eval/loss",
+    meaning="The training loss's formula on the evaluation completions (TRL's and transformers' eval_loss, the key "
+    "metric_for_best_model reads by default): loss_type's aggregation of the clipped policy term, plus beta * KL to "
+    "the reference, with advantages normalised within each eval prompt's completions and the ratio 1 (the "
+    "completions were sampled by the weights scoring them). One greedy completion per prompt (the default) has "
+    "advantage 0, leaving beta * KL; --num_generations_eval N gives groups of N, as training's of num_generations.",
+    formula="per evaluation batch b: L_b = aggregate_{loss_type}(-A_i * rho_it + beta * KL_it over its completion "
+    "tokens), rho = 1, A from the batch's groups (scale_rewards); eval_loss = sum_b n_b L_b / sum_b n_b over the "
+    "batches of every process (n_b its prompts' completions)",
+    unit="dimensionless",
+    reduction="mean",
+    trainers=GRPO,
+    when="an eval dataset is given; at evaluation steps (--eval_strategy; by default num_sample_generations times)",
+    watch="With greedy evaluation it is beta times the KL of the evaluation completions: compare it with "
+    "eval/reward, not with the training loss, whose advantages are rarely zero.",
+)
 
 # ----------------------------------------------------------------------------------------------
 # Sampling against training (both trainers): are the samples drawn from the policy the loss scores?

@@ -25,6 +25,7 @@ from rlhfkit.sampling.fallback import (
     hf_generate,
     lean_loop_refusal,
     options_beyond_the_lean_loop,
+    own_generate,
     remember_refusal,
 )
 from rlhfkit.sampling.padding import left_pad, model_pad_id
@@ -58,14 +59,14 @@ def generate(
     ``config.cache_implementation == "static"`` decodes over a StaticCache with a compiled one-token step
     (decoders.StaticDecoder) instead of the DynamicCache's eager steps; same tokens and log-probs.
 
-    A model whose forward does not take the loop's arguments, or a config with an active option the loop does not
-    implement, is generated with ``model.generate`` instead, with the same kind of outputs (fallback.py); the switch
-    is announced once per model class or option.
+    A model whose forward does not take the loop's arguments, a config with an active option the loop does not
+    implement, or a model with a ``generate`` of its own (set on the object, as a test's patch does, or by its class)
+    is generated with ``model.generate`` instead, with the same kind of outputs (fallback.py); the switch is
+    announced once per model class or option.
     """
     options = options_beyond_the_lean_loop(config)
-    if options:
-        reason = announce_options(options)
-    else:
+    reason = announce_options(options) if options else own_generate(model)
+    if reason is None:
         reason = lean_loop_refusal(model)
         if reason is None:
             try:

@@ -1,9 +1,11 @@
 """When the lean loop cannot sample, and sampling with ``model.generate`` instead.
 
-Two things send generation to ``model.generate``: a model whose forward does not take the loop's arguments
-(decoders.LEAN_LOOP_ARGS: custom remote code, older architectures), and a GenerationConfig with an active option the
-loop does not implement (beams, n-gram bans, bad words...: anything beyond LEAN_LOOP_OPTIONS). Each switch is said
-once, per model class or per option. :func:`hf_generate` returns what the lean loop returns: the tokens cut after the
+Three things send generation to ``model.generate``: a model whose forward does not take the loop's arguments
+(decoders.LEAN_LOOP_ARGS: custom remote code, older architectures), a GenerationConfig with an active option the
+loop does not implement (beams, n-gram bans, bad words...: anything beyond LEAN_LOOP_OPTIONS), and a ``generate``
+other than transformers' own (set on the model object, defined by its class, or patched into transformers): TRL
+samples with ``model.generate``, so a script or test that replaces it expects the trainer to call it. Each switch is
+said once, per model class or per option. :func:`hf_generate` returns what the lean loop returns: the tokens cut after the
 stop token and the log-probs of the full softmax(logits / temperature).
 """
 
@@ -14,11 +16,13 @@ import copy
 import functools
 import inspect
 import warnings
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 from transformers import GenerationConfig
+from transformers.generation.utils import GenerationMixin
 
 from rlhfkit import ops
 from rlhfkit.models import completion_token_stats
@@ -68,6 +72,33 @@ _INACTIVE_VALUES: dict[str, Any] = {
 
 # Generation options already announced as sending generation to model.generate (each is said once).
 _ANNOUNCED_OPTIONS: set[str] = set()
+
+# transformers' generate as this module found it: another one on a model is the caller's, and it samples.
+_TRANSFORMERS_GENERATE = GenerationMixin.generate
+_ANNOUNCED_GENERATE: set[type] = set()
+
+
+def own_generate(model: nn.Module) -> str | None:
+    """Why `model` samples with its own ``generate`` (None: transformers' is the one it has, or none): one set on the
+    object (``model.generate = ...``, ``unittest.mock.patch.object``) or defined by its class, or transformers' own
+    replaced since rlhfkit was imported. A PEFT wrapper's generate, which calls its base model's, counts as the base
+    model's. Said once per model class."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    generate = getattr(type(base), "generate", None)
+    if "generate" in vars(model) or "generate" in vars(base):
+        reason = "its generate is set on the model object"
+    elif callable(generate) and generate is not _TRANSFORMERS_GENERATE:
+        reason = f"{type(base).__name__}.generate is not transformers' GenerationMixin.generate"
+    else:
+        return None
+    if type(model) not in _ANNOUNCED_GENERATE:
+        _ANNOUNCED_GENERATE.add(type(model))
+        warnings.warn(
+            f"rlhfkit: sampling with the model's own generate ({reason}) instead of the lean KV-cache decoding loop, "
+            "as TRL samples with model.generate. Said once per model class.",
+            stacklevel=3,
+        )
+    return reason
 
 
 def lean_loop_refusal(model: nn.Module) -> str | None:
@@ -160,6 +191,8 @@ def hf_generate(
     config.return_dict_in_generate = True
     with _own_generation_defaults_hidden(model):
         out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), generation_config=config)
+    if isinstance(out, torch.Tensor):  # a generate of the caller's may return the sequences alone
+        out = SimpleNamespace(sequences=out, logits=())
     raw = out.sequences[:, prompt_ids.shape[1] :]
     # generate already pads finished rows; cutting here as well keeps the lean loop's contract for any generate.
     tokens = ops.truncate_after_stop_token(raw, stop_ids(config), config.pad_token_id)
@@ -172,8 +205,8 @@ def hf_generate(
         # outside the completion mask, which every caller applies.
         return Generated(tokens, ops.logprobs_from_logits(logits, raw, temperature))
     # Beam search keeps num_beams rows per prompt and reorders them, so its logits do not line up with the returned
-    # sequences: score the returned tokens with one forward instead (as TRL computes all its log-probs). Causal
-    # attention: the tokens after a stop token change nothing before it.
+    # sequences (and a generate of the caller's may return none): score the returned tokens with one forward instead
+    # (as TRL computes all its log-probs). Causal attention: the tokens after a stop token change nothing before it.
     input_ids = torch.cat([prompt_ids, raw], dim=1)
     attention_mask = torch.cat([prompt_mask.bool(), torch.ones_like(raw, dtype=torch.bool)], dim=1)
     return Generated(

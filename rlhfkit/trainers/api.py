@@ -109,8 +109,8 @@ class TRLTrainerAPI:
     ) -> dict[str, float]:
         """Evaluate now, as transformers' Trainer.evaluate: on `eval_dataset` when given (prompts, tokenized as the
         trainer's eval_dataset is), else on the trainer's eval_dataset; logged at the step training has reached and
-        returned under transformers' names, ``{metric_key_prefix}_{name}``: eval_reward, eval_task_success (PPO:
-        eval_scores). Another prefix renames the logged metrics too: "test" logs test/reward (metrics.jsonl, and
+        returned under transformers' names, ``{metric_key_prefix}_{name}``: eval_reward, eval_task_success, GRPO's
+        eval_loss (PPO: eval_scores). Another prefix renames the logged metrics too: "test" logs test/reward (metrics.jsonl, and
         test/reward in the trackers, where transformers' callbacks send test_* keys) and returns test_reward. Several
         named sets (a dict or DatasetDict, given here or to the trainer) are evaluated one by one under
         ``{metric_key_prefix}_{set name}``, as transformers does: eval_easy/reward logged, eval_easy_reward returned.
@@ -124,7 +124,7 @@ class TRLTrainerAPI:
                 f"evaluate(metric_key_prefix={metric_key_prefix!r}): a prefix is a name without '/', such as 'eval' "
                 "(the default) or 'test'."
             )
-        if eval_dataset is None and getattr(self, "eval_dataset", None) is None:
+        if eval_dataset is None and getattr(self, "eval_prompts", None) is None:
             raise ConfigError(
                 "evaluate() needs an evaluation dataset: pass eval_dataset= to the trainer (or --dataset_test_split) "
                 "or to evaluate()."

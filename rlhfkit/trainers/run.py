@@ -237,7 +237,7 @@ class TrainingRun:
         training loss (GRPO's loss, PPO's loss/total_avg), which the trainer adds to with add_loss; its mean over
         the steps of a train() call is train_loss."""
         args = self.args
-        if (args.eval_strategy != "no" or args.eval_on_start) and trainer.eval_dataset is None:
+        if (args.eval_strategy != "no" or args.eval_on_start) and trainer.eval_prompts is None:
             asked = f"eval_strategy={args.eval_strategy!r}" if args.eval_strategy != "no" else "eval_on_start=True"
             raise ConfigError(
                 f"{asked} but the trainer got no eval_dataset: nothing to evaluate on. Pass eval_dataset= (the prompts "
@@ -613,7 +613,7 @@ class TrainingRun:
         transformers' Trainer does: eval_easy/reward logged, eval_easy_reward returned. Only the eval set's own
         evaluations under "eval" move state.best_metric (over every set's metrics together)."""
         own = dataset is None
-        dataset = self.trainer.eval_dataset if own else dataset
+        dataset = self.trainer.eval_prompts if own else dataset
         if dataset is None:
             return {}
         named = dataset.items() if isinstance(dataset, Mapping) else [(None, dataset)]

@@ -26,7 +26,7 @@ class Trainee(Protocol):
     model: torch.nn.Module  # prepared by the accelerator: what the optimizer trains
     optimizer: torch.optim.Optimizer  # prepared
     tokenizer: Any  # saved with the models
-    eval_dataset: Any  # evaluate() runs only when there is one
+    eval_prompts: Any  # the eval_dataset tokenized (a dict of named sets, or None): evaluate() runs only with one
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -45,7 +45,7 @@ class Trainee(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def evaluation(self, step: int, dataset) -> Mapping[str, float]:
-        """Evaluate on `dataset` (tokenized prompts: eval_dataset, or the one given to trainer.evaluate()) at `step`:
+        """Evaluate on `dataset` (tokenized prompts: eval_prompts, or the one given to trainer.evaluate()) at `step`:
         log its tables and return its scalars (registry names, eval/*), which the run logs (on the --eval_strategy
         schedule and on trainer.evaluate())."""
 

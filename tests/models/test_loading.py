@@ -101,7 +101,7 @@ def test_a_model_that_ships_its_own_code_is_explained_not_called_missing(tmp_pat
     config = {"model_type": "rlhfkit-custom", "auto_map": {"AutoModelForCausalLM": "modeling_custom.CustomLM"}}
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "modeling_custom.py").write_text("raise RuntimeError('never imported without trust')\n")
-    with pytest.raises(ModelLoadError, match="ships its own modelling code.*pass --trust_remote_code"):
+    with pytest.raises(ModelLoadError, match="ships custom code.*pass --trust_remote_code"):
         load_policy(str(tmp_path), torch.float32, "model_name_or_path")
 
 
@@ -118,5 +118,5 @@ def test_a_cached_hub_model_that_ships_its_own_code_is_not_called_missing(tmp_pa
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     message = _why_not_loaded("org/custom", "model_name_or_path", DEFAULT_HUB, OSError("offline"))
-    assert "ships its own modelling code" in message and "not in the hub cache" not in message
+    assert "ships custom code" in message and "not in the hub cache" not in message
     assert "not in the hub cache" in _why_not_loaded("org/absent", "model_name_or_path", DEFAULT_HUB, OSError("x"))

@@ -24,6 +24,7 @@ def fresh_notices(monkeypatch):
     their notices are said again)."""
     monkeypatch.setattr(fallback, "_NO_LEAN_LOOP", {})
     monkeypatch.setattr(fallback, "_ANNOUNCED_OPTIONS", set())
+    monkeypatch.setattr(fallback, "_ANNOUNCED_GENERATE", set())
 
 
 @pytest.fixture

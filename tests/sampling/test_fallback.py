@@ -1,10 +1,12 @@
-"""The model.generate fallback: for models whose forward refuses the lean loop's arguments, and for generation options
-the loop does not implement."""
+"""The model.generate fallback: for models whose forward refuses the lean loop's arguments, for generation options
+the loop does not implement, and for a model with a generate of its own."""
 
 import warnings
+from unittest.mock import patch
 
 import pytest
 import torch
+from transformers.generation.utils import GenerationMixin
 
 from rlhfkit.sampling import complete, fallback, generate, sampling_config, terminator_ids, truncate_completions
 from tests.helpers import full_forward_logprobs
@@ -125,3 +127,53 @@ def test_generate_fallback_for_options_samples_with_full_distribution_logprobs(s
     assert (chunk.sampling_logprobs[~m] == 0).all() and (chunk.completion_ids[~m] == tokenizer.pad_token_id).all()
     if "bad_words_ids" in generation_kwargs:
         assert banned not in chunk.completion_ids[m].tolist()
+
+
+def scripted_generate(completion: list[int]):
+    """A generate of the caller's, as TRL's tests patch one in: every row gets `completion`; the sequences alone."""
+
+    def generate(input_ids, **kwargs):
+        return torch.cat([input_ids, torch.tensor([completion] * len(input_ids))], dim=1)
+
+    return generate
+
+
+def test_a_generate_set_on_the_model_samples(sft, fresh_notices):
+    """TRL samples with model.generate, so a generate set on the model object (unittest.mock's patch.object) is what
+    samples, returning the sequences alone: its tokens, cut after the stop token, scored by one forward."""
+    tokenizer, model, ids, mask = sft
+    stop = terminator_ids(tokenizer, model)
+    config = sampling_config(6, 0.7, tokenizer.pad_token_id, stop)
+    script = [5, 6, stop[0], 7]
+    prompts = [row[m].tolist() for row, m in zip(ids, mask)]
+    with warnings.catch_warnings(record=True) as caught, patch.object(model, "generate", scripted_generate(script)):
+        warnings.simplefilter("always")
+        (chunk,) = complete(model, prompts, config, batch_size=4)
+        complete(model, prompts, config, batch_size=4)
+    assert chunk.completion_ids.tolist() == [[5, 6, stop[0], tokenizer.pad_token_id]] * 4
+    assert chunk.completion_mask.tolist() == [[True, True, True, False]] * 4 and chunk.terminated.all()
+    expected = full_forward_logprobs(model, chunk, 0.7)
+    m = chunk.completion_mask
+    torch.testing.assert_close(chunk.sampling_logprobs[m], expected[m], atol=1e-5, rtol=0)
+    notices = [str(w.message) for w in caught if "own generate" in str(w.message)]
+    assert len(notices) == 1 and "set on the model object" in notices[0]  # said once
+    # Without the patch, the lean loop samples again (nothing was remembered against the class).
+    assert fallback.own_generate(model) is None and type(model) not in fallback._NO_LEAN_LOOP
+
+
+def test_transformers_generate_patched_or_a_class_s_own_samples(sft, fresh_notices):
+    tokenizer, model, ids, mask = sft
+    with patch.object(GenerationMixin, "generate", scripted_generate([4])):  # TRL's tests patch transformers' own
+        assert "is not transformers' GenerationMixin.generate" in fallback.own_generate(model)
+
+    class OwnGenerate(type(model)):
+        def generate(self, *args, **kwargs):
+            return super().generate(*args, **kwargs)
+
+    assert "OwnGenerate.generate" in fallback.own_generate(OwnGenerate(model.config))
+    assert fallback.own_generate(model) is None
+    # A LoRA adapter's PeftModel has a generate that calls its base model's: the lean loop still samples.
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(type(model)(model.config), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert fallback.own_generate(lora) is None

@@ -242,7 +242,7 @@ def test_a_dict_of_environments_routes_rows_and_shows_each_prompt_its_own_tools(
     [
         ("no_reset", r"NoReset, which has no reset method"),
         ("no_dataset_no_max_steps", r"max_steps.*-1"),
-        ("dict_without_dataset", r"dict of environments, which needs a train_dataset"),
+        ("dict_without_dataset", r"dict of environments, which requires a `train_dataset`"),
         ("dict_without_column", r"'environment' column, which the train_dataset lacks"),
         ("dict_unknown_route", r"'chess', not among the environments"),
         ("no_reward", r"needs reward_funcs.*get_reward"),

@@ -434,21 +434,43 @@ def test_a_qwen3_script_runs_with_trl_s_template_helpers_called_in_the_script(mo
     assert row["tools/call_frequency"] == 1.0 and row["tools/failure_frequency"] == 0.0
 
 
-def test_a_qwen3_tokenizer_as_it_loads_is_refused_with_the_fix(tmp_path):
-    # no response_template: refused, naming the attribute and TRL's helper (which rlhfkit does not call)
+def test_a_qwen3_tokenizer_as_it_loads_trains_with_tools(monkeypatch, tmp_path):
+    # As a TRL script gives it, no helpers called: rlhfkit recognises the template's tool-call format (ChatML with
+    # <tool_call> JSON) and sets its response_template; the template renders the tool-call turn differently once
+    # results follow (an empty <think> block), which does not matter: the turn stays as sampled, and the tool
+    # results are the template's tokens after its end-of-turn token.
     tok = qwen3_tokenizer()
+    qwen_call = '<tool_call>\n{"name": "multiply", "arguments": {"a": 3, "b": 4}}\n</tool_call>' + END
+    texts = []
+
+    def script(text):
+        texts.append(text)
+        return f"12{END}" if "<tool_response>" in text else qwen_call
+
+    monkeypatch.setattr(sampling_completions, "generate", scripted_generate(tok, script))
+    args = config(tmp_path, max_steps=1, max_prompt_length=800, max_completion_length=200)
+    trainer = GRPOTrainer(tool_chat_model(tok), alternating_reward(), args, conversations("a", "b"),
+                          processing_class=tok, tools=[multiply])  # fmt: skip
+    assert tok.response_template["start_anchor"] == "<|im_start|>assistant\n"
+    trainer.train()
+    (row,) = [r for r in read_jsonl(os.path.join(args.output_dir, "metrics.jsonl")) if "loss" in r]
+    assert row["tools/call_frequency"] == 1.0 and row["tools/failure_frequency"] == 0.0
+    # the second turn read: the sampled call as sampled (no <think> block inserted), then the result and a new turn
+    second = next(t for t in texts if "<tool_response>" in t)
+    assert (
+        qwen_call + "\n<|im_start|>user\n<tool_response>\n12\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+        in second
+    )
+
+
+def test_a_tool_call_format_rlhfkit_does_not_recognise_is_refused_with_the_fix(tmp_path):
+    tok = qwen3_tokenizer()
+    tok.chat_template = tok.chat_template.replace("<tool_call>", "<call>").replace("</tool_call>", "</call>")
     with pytest.raises(
-        ConfigError, match="no response_template.*Set tokenizer.response_template.*add_response_schema"
+        ConfigError, match="no response_template.*nor a chat template whose tool-call format rlhfkit recognises"
     ):
         GRPOTrainer(tool_chat_model(tok), len, config(tmp_path, max_prompt_length=None), conversations("x"),
                     processing_class=tok, tools=[multiply])  # fmt: skip
-    # parsing set, but Qwen3's own template (not prefix-preserving): refused, naming the training template's fix
-    from trl.chat_template_utils import add_response_schema
-
-    add_response_schema(tok)
-    args = config(tmp_path, max_prompt_length=None, chat_template_kwargs={"enable_thinking": False})
-    with pytest.raises(ConfigError, match="prefix-preserving.*get_training_chat_template"):
-        GRPOTrainer(tool_chat_model(tok), len, args, conversations("x"), processing_class=tok, tools=[multiply])
 
 
 def test_padding_to_a_multiple_keeps_the_tool_results_out_of_the_loss(scripted, tmp_path):

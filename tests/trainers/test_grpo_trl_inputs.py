@@ -97,7 +97,8 @@ def test_chat_template_kwargs_render_the_conversational_prompts(tiny_assets, tmp
 def test_reward_funcs_left_out_says_why(tiny_assets, tmp_path):
     args = grpo_config(tiny_assets, tmp_path, max_steps=1)
     with pytest.raises(
-        ConfigError, match="GRPOTrainer needs reward_funcs.*or an environment_factory whose environments score"
+        ConfigError,
+        match="No reward source provided: GRPOTrainer needs reward_funcs.*or an environment_factory whose environments score",
     ):
         GRPOTrainer(str(tiny_assets / "sft"), args=args, train_dataset=prompts(tiny_assets)["train"])
 

@@ -54,7 +54,7 @@ def prompts_batch(trainer, n=8):
     """(ids, mask) of n eval prompts, left-padded as in training."""
     from rlhfkit.sampling import left_pad
 
-    rows = [trainer.eval_dataset[i]["input_ids"] for i in range(n)]
+    rows = [trainer.eval_prompts[i]["input_ids"] for i in range(n)]
     return left_pad(rows, trainer.tokenizer.pad_token_id)
 
 

@@ -84,23 +84,25 @@ def test_evaluate_another_dataset_under_another_prefix(grpo, tiny_assets):
     prompts = [prompt for call, _ in reward.calls for prompt in call]
     rewards = [value for _, values in reward.calls for value in values]
     assert prompts == other["prompt"]
-    assert metrics == {"test_reward": pytest.approx(sum(rewards) / len(rewards))}
+    # beta 0 and one greedy completion per prompt (advantage 0): the training loss's formula gives 0
+    assert metrics == {"test_reward": pytest.approx(sum(rewards) / len(rewards)), "test_loss": 0.0}
     rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
-    assert rows[-1] == {"step": 3, "test/reward": metrics["test_reward"]}  # the registry's eval/reward, renamed
+    # the registry's eval/reward and eval/loss, renamed
+    assert rows[-1] == {"step": 3, "test/reward": metrics["test_reward"], "test/loss": 0.0}
     assert trainer.state.log_history[-1] == rows[-1] and recorder.evaluations[-1] == (3, metrics)
     # The trainer's own eval set, under transformers' default prefix: its 8 prompts.
     reward.calls.clear()
-    assert set(trainer.evaluate()) == {"eval_reward"}
+    assert set(trainer.evaluate()) == {"eval_reward", "eval_loss"}
     assert sum(len(prompts) for prompts, _ in reward.calls) == 8
     # Several named sets at once, each under {prefix}_{name} as transformers' Trainer.evaluate names them.
     reward.calls.clear()
     metrics = trainer.evaluate(eval_dataset={"a": other.select(range(2)), "b": other}, metric_key_prefix="test")
-    assert set(metrics) == {"test_a_reward", "test_b_reward"}
+    assert set(metrics) == {"test_a_reward", "test_b_reward", "test_a_loss", "test_b_loss"}
     assert [len(prompts) for prompts, _ in reward.calls] == [2, 5]
     rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
     assert rows[-2:] == [
-        {"step": 3, "test_a/reward": metrics["test_a_reward"]},
-        {"step": 3, "test_b/reward": metrics["test_b_reward"]},
+        {"step": 3, "test_a/reward": metrics["test_a_reward"], "test_a/loss": 0.0},
+        {"step": 3, "test_b/reward": metrics["test_b_reward"], "test_b/loss": 0.0},
     ]
     with pytest.raises(ConfigError, match="the set name 'x/y' must be a non-empty string without '/'"):
         trainer.evaluate(eval_dataset={"x/y": other})
@@ -120,9 +122,10 @@ def test_two_named_eval_sets_are_each_evaluated_on_schedule_and_track_the_best(t
     trainer.train()
     rows = read_jsonl(os.path.join(args.output_dir, "metrics.jsonl"))
     evaluated = [(row["step"], *row) for row in rows if any(key.startswith("eval") for key in row)]
-    assert evaluated == [(1, "step", "eval_easy/reward"), (1, "step", "eval_hard/reward"),
-                         (2, "step", "eval_easy/reward"), (2, "step", "eval_hard/reward")]  # fmt: skip
-    assert [set(metrics) for _, metrics in recorder.evaluations] == [{"eval_easy_reward"}, {"eval_hard_reward"}] * 2
+    easy, hard = ("step", "eval_easy/reward", "eval_easy/loss"), ("step", "eval_hard/reward", "eval_hard/loss")
+    assert evaluated == [(1, *easy), (1, *hard), (2, *easy), (2, *hard)]
+    returned = [{"eval_easy_reward", "eval_easy_loss"}, {"eval_hard_reward", "eval_hard_loss"}]
+    assert [set(metrics) for _, metrics in recorder.evaluations] == returned * 2
     hard = [row["eval_hard/reward"] for row in rows if "eval_hard/reward" in row]
     assert trainer.state.best_metric == max(hard)
     assert trainer.state.best_global_step == 1 + hard.index(max(hard))
@@ -134,16 +137,63 @@ def test_streamed_eval_sets_are_read_whole_alone_or_named(tiny_assets, tmp_path)
     test = dataset["test"].select(range(6))
     reward = Scored()
     args = grpo_config(tiny_assets, tmp_path, max_steps=1)
-    trainer = GRPOTrainer(str(tiny_assets / "sft"), reward, args, train_dataset=dataset["train"],
-                          eval_dataset=test.to_iterable_dataset())  # fmt: skip
-    assert len(trainer.eval_dataset) == 6
+    stream = test.to_iterable_dataset()
+    trainer = GRPOTrainer(str(tiny_assets / "sft"), reward, args, train_dataset=dataset["train"], eval_dataset=stream)
+    assert trainer.eval_dataset is stream and len(trainer.eval_prompts) == 6  # as passed, and read whole
     metrics = trainer.evaluate()
-    assert set(metrics) == {"eval_reward"} and sorted(reward.calls[-1][0]) == sorted(test["prompt"])
+    assert set(metrics) == {"eval_reward", "eval_loss"} and sorted(reward.calls[-1][0]) == sorted(test["prompt"])
     named = {"streamed": test.select(range(3)).to_iterable_dataset(), "held": test.select(range(3, 6))}
     args = grpo_config(tiny_assets, tmp_path, max_steps=1, output_dir=str(tmp_path / "named"))
     trainer = GRPOTrainer(str(tiny_assets / "sft"), reward, args, train_dataset=dataset["train"], eval_dataset=named)
-    assert set(trainer.evaluate()) == {"eval_streamed_reward", "eval_held_reward"}
+    assert set(trainer.evaluate()) == {
+        "eval_streamed_reward",
+        "eval_held_reward",
+        "eval_streamed_loss",
+        "eval_held_loss",
+    }
     assert [len(prompts) for prompts, _ in reward.calls[-2:]] == [3, 3]
+
+
+class LengthReward:
+    """A reward of each completion's token count that keeps the completions' token ids, in call order."""
+
+    __name__ = "length"
+
+    def __init__(self):
+        self.completion_ids = []
+
+    def __call__(self, prompts, completions, completion_ids, **kwargs):
+        self.completion_ids += completion_ids
+        return [float(len(ids)) for ids in completion_ids]
+
+
+def test_eval_loss_is_the_training_loss_on_the_eval_completions(tiny_assets, tmp_path):
+    # dr_grpo, beta 0, 2 completions per eval prompt sampled hot (lengths vary), one evaluation batch: the ratio is
+    # 1, so the loss is -sum_i A_i n_i / (B * max_completion_length), A normalised within each prompt's pair (unbiased
+    # std + 1e-4)
+    dataset = load_from_disk(str(tiny_assets / "prompts"))
+    reward = LengthReward()
+    args = grpo_config(tiny_assets, tmp_path, loss_type="dr_grpo", beta=0.0, num_generations_eval=2,
+                       per_device_eval_batch_size=12, max_completion_length=6, temperature=3.0)  # fmt: skip
+    eval_set = dataset["test"].select(range(6))
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"), reward, args, train_dataset=dataset["train"], eval_dataset=eval_set
+    )
+    assert trainer.eval_dataset is eval_set  # the dataset passed, as transformers keeps it
+    metrics = trainer.evaluate()
+    lengths = torch.tensor([len(ids) for ids in reward.completion_ids], dtype=torch.float64)
+    assert len(lengths) == 12 and lengths.max() <= 6
+    pairs = lengths.reshape(6, 2)
+    advantages = ((pairs - pairs.mean(1, keepdim=True)) / (pairs.std(1, keepdim=True) + 1e-4)).reshape(-1)
+    expected = -(advantages * lengths).sum() / (12 * 6)
+    assert metrics["eval_loss"] == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    assert expected.abs() > 1e-3  # the case tests something: the pairs' lengths differ
+
+    greedy = grpo_config(tiny_assets, tmp_path, beta=0.0, output_dir=str(tmp_path / "greedy"))
+    trainer = GRPOTrainer(
+        str(tiny_assets / "sft"), reward, greedy, train_dataset=dataset["train"], eval_dataset=eval_set
+    )
+    assert trainer.evaluate()["eval_loss"] == 0.0  # one greedy completion per prompt: advantage 0, and no KL term
 
 
 def test_log_takes_start_time(grpo):

@@ -103,7 +103,7 @@ def test_control_asks_for_a_row_an_evaluation_and_a_checkpoint(tiny_assets, tmp_
     assert [row["step"] for row in rows if "loss" in row] == [2, 3]  # the callback's row, then the last step's
     assert [step for step, _ in recorder.evaluations] == [2]
     (metrics,) = [metrics for _, metrics in recorder.evaluations]
-    assert set(metrics) == {"eval_reward"}  # eval/reward under transformers' name
+    assert set(metrics) == {"eval_reward", "eval_loss"}  # eval/reward and eval/loss under transformers' names
     assert [row["eval/reward"] for row in rows if "eval/reward" in row] == [metrics["eval_reward"]]
     assert os.path.isdir(os.path.join(trainer.args.output_dir, "checkpoint-2"))
     assert ("save", 2) in recorder.events
@@ -116,7 +116,7 @@ def test_methods_a_trl_script_calls(tiny_assets, tmp_path):
     assert trainer.is_world_process_zero() and trainer.is_local_process_zero()
     trainer.train(resume_from_checkpoint=None)
     metrics = trainer.evaluate()
-    assert set(metrics) == {"eval_reward"} and recorder.evaluations[-1] == (2, metrics)
+    assert set(metrics) == {"eval_reward", "eval_loss"} and recorder.evaluations[-1] == (2, metrics)
     trainer.log({"custom/value": 1.5})
     rows = read_jsonl(os.path.join(trainer.args.output_dir, "metrics.jsonl"))
     assert rows[-1] == {"step": 2, "custom/value": 1.5} and trainer.state.log_history == rows
@@ -316,10 +316,15 @@ def test_early_stopping_callback_stops_on_the_eval_metric(tiny_assets, tmp_path)
 
 def test_metric_for_best_model_must_be_an_evaluation_metric(tiny_assets, tmp_path):
     trainer = grpo_trainer(
-        tiny_assets, tmp_path, None, max_steps=1, eval_strategy="steps", eval_steps=1, metric_for_best_model="loss"
+        tiny_assets, tmp_path, None, max_steps=1, eval_strategy="steps", eval_steps=1, metric_for_best_model="kl"
     )
-    with pytest.raises(ConfigError, match="the evaluation has no eval_loss \\(it has eval_reward\\)"):
+    with pytest.raises(ConfigError, match="the evaluation has no eval_kl \\(it has eval_loss, eval_reward\\)"):
         trainer.train()
+    # transformers' default, "loss", is GRPO's eval_loss
+    trainer = grpo_trainer(tiny_assets, tmp_path / "loss", None, max_steps=1, eval_strategy="steps", eval_steps=1,
+                           metric_for_best_model="loss")  # fmt: skip
+    trainer.train()
+    assert trainer.state.best_metric is not None and trainer.state.best_global_step == 1
 
 
 def test_model_init_kwargs_as_trl_s_script_sets_them(tiny_assets, tmp_path):

@@ -162,6 +162,7 @@ class GRPOTrainer(TRLTrainerAPI):
         environments = None if environment_factory is None else Environments(environment_factory, tools or [])
         toolbox = environments.toolbox if environments else ToolBox(tools) if tools else None
         check_agent_arguments("GRPOTrainer", args, toolbox, rollout_func, environment_factory)
+        self.eval_dataset = eval_dataset  # as given (transformers' attribute); eval_prompts: tokenized, below
         if train_dataset is None:
             train_dataset = environment_prompts(args, environments)
         elif environments is not None:  # rows without a prompt: reset() writes it into an empty user message
@@ -197,7 +198,7 @@ class GRPOTrainer(TRLTrainerAPI):
         if self.streamed:
             train_dataset = self.held_stream(train_dataset)
         self.tools = [] if toolbox is None else toolbox.functions
-        self.train_dataset, self.eval_dataset = tokenize_datasets(
+        self.train_dataset, self.eval_prompts = tokenize_datasets(
             args, tok, train_dataset, eval_dataset, self.tools or None
         )
         self.rollout_func = rollout_func
@@ -643,19 +644,52 @@ class GRPOTrainer(TRLTrainerAPI):
             else sampling_config(max_new, None, tok.pad_token_id, self.stop_ids)
         )
         size, repeat = args.per_device_eval_batch_size, sampled or 1
+        scored = []
         for part in eval_chunks(
             self.run, self.model, dataset, config, size, repeat=repeat, episodes=self.episodes, metrics=metrics
         ):
             chunk = part.chunk
             prompts = [r[args.dataset_text_field] for r in part.rows]
             texts = decode(tok, chunk.completion_ids, chunk.completion_mask)
-            scored = texts if part.messages is None else part.messages  # with tools: each episode's messages
-            outputs = score_chunk(self.rewards, part.rows, prompts, scored, chunk, self.state)
+            completions = texts if part.messages is None else part.messages  # with tools: each episode's messages
+            outputs = score_chunk(self.rewards, part.rows, prompts, completions, chunk, self.state)
             total = self.rewards.total(outputs, prompts)
             metrics.add_tensor(M.EVAL_REWARD, total[: part.own])
             count_task_success(metrics, M.EVAL_TASK_SUCCESS, self.task, prompts[: part.own], texts[: part.own])
+            scored.append((part, total, torch.stack([o.values for o in outputs])))
+        self.add_eval_loss(metrics, scored, repeat)
         _, logged = take_reward_logs(self.rewards, self.accelerator, prefix="eval/")
         return {**metrics.reduce(self.accelerator).scalars, **{k: v for k, v in logged.items() if v == v}}
+
+    def add_eval_loss(self, metrics: MetricAccumulator, scored: list, group: int) -> None:
+        """eval/loss (the registry's eval_loss): the training loss's formula on each evaluation batch, `scored` as
+        (EvalChunk, total rewards (n,), each source's rewards (K, n)), its completions in groups of `group` per
+        prompt (one greedy completion is a group of one: advantage 0). The completions come from the weights scoring them, so the ratio
+        is 1; beta > 0 adds the KL to the reference. Weighted by each batch's own completions, as transformers
+        averages its evaluation batches' losses."""
+        args, device = self.args, self.accelerator.device
+        totals = torch.cat([total for _, total, _ in scored]).double()
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            weights = torch.tensor(self.rewards.weights, dtype=torch.float64)
+            per_source = torch.cat([values for _, _, values in scored], dim=1).double()
+            advantages = ops.decoupled_group_advantages(per_source, weights, group)
+        else:
+            advantages = ops.group_advantages(totals, group, args.scale_rewards)
+        start = 0
+        for part, total, _ in scored:
+            chunk, rows = part.chunk, slice(start, start + len(total))
+            start += len(total)
+            ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
+            logprobs = self.generation.logprobs(self.model, ids, mask, width, chunk.completion_ids)
+            ref = self.generation.reference_logprobs(self.model, ids, mask, width, chunk.completion_ids)
+            loss_mask = chunk.model_mask
+            if args.mask_truncated_completions:
+                loss_mask = loss_mask & chunk.terminated[:, None]
+            out = self.loss(logprobs, logprobs, advantages[rows].float().to(device), loss_mask, ref)
+            loss = ops.aggregate_token_loss(
+                out.per_token_loss, loss_mask, args.loss_type, args.max_completion_length, loss_mask.sum()
+            )
+            metrics.add(M.EVAL_LOSS, loss * part.own, part.own)
 
 
 def router_aux_loss(model: nn.Module, coef: float | None) -> tuple[float, bool]:
@@ -681,7 +715,8 @@ def given_reward_funcs(reward_funcs, environments) -> list:
     reward_funcs = list(reward_funcs) if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
     if not reward_funcs and not (environments and environments.reward_classes):
         raise ConfigError(
-            "GRPOTrainer needs reward_funcs: a reward function, a reward model (path or module) or a list of them, "
-            "or an environment_factory whose environments score their episodes (a get_reward method)."
+            "No reward source provided: GRPOTrainer needs reward_funcs (a reward function, a reward model as a path "
+            "or module, or a list of them) or an environment_factory whose environments score their episodes (a "
+            "get_reward method)."
         )
     return reward_funcs

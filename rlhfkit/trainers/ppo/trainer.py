@@ -156,7 +156,8 @@ class PPOTrainer(TRLTrainerAPI):
         self.task = task
         self.stop_ids = terminator_ids(processing_class, model, args.stop_token_id)
         self.tools = [] if toolbox is None else toolbox.functions
-        self.train_dataset, self.eval_dataset = tokenize_datasets(
+        self.eval_dataset = eval_dataset  # as given (transformers' attribute); eval_prompts: tokenized
+        self.train_dataset, self.eval_prompts = tokenize_datasets(
             args, processing_class, train_dataset, eval_dataset, self.tools or None
         )
         self.episodes = tool_episodes(
