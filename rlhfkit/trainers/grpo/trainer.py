@@ -666,7 +666,13 @@ class GRPOTrainer(TRLTrainerAPI):
         (EvalChunk, total rewards (n,), each source's rewards (K, n)), its completions in groups of `group` per
         prompt (one greedy completion is a group of one: advantage 0). The completions come from the weights scoring them, so the ratio
         is 1; beta > 0 adds the KL to the reference. Weighted by each batch's own completions, as transformers
-        averages its evaluation batches' losses."""
+        averages its evaluation batches' losses. Outside inference mode (no gradients all the same): a LoRA
+        reference disables and re-enables the adapter, which sets requires_grad on weights a sharding engine
+        gathers, and a tensor made in inference mode refuses that."""
+        with torch.inference_mode(False), torch.no_grad():
+            self._add_eval_loss(metrics, scored, group)
+
+    def _add_eval_loss(self, metrics: MetricAccumulator, scored: list, group: int) -> None:
         args, device = self.args, self.accelerator.device
         totals = torch.cat([total for _, total, _ in scored]).double()
         if args.multi_objective_aggregation == "normalize_then_sum":
