@@ -105,6 +105,13 @@ def commit() -> str:
     return sha + ("+" if dirty else "")
 
 
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "an unknown CPU"
+
+
 def summarise(result: dict) -> tuple[list[str], list[str]]:
     trl, ours = result["trl"]["outcomes"], result["rlhfkit"]["outcomes"]
     counted = sorted(t for t, o in trl.items() if o == "passed")
@@ -117,9 +124,11 @@ def write_doc(result: dict, reasons: dict[str, str]) -> None:
     trl, ours = result["trl"]["outcomes"], result["rlhfkit"]["outcomes"]
     neither = sorted(t for t, o in trl.items() if o != "passed")
     share = (len(counted) - len(failing)) / len(counted)
+    side = result["rlhfkit"]  # the sides may have been run apart (--sides), each at its own time
     lines = [
-        f"Measured {result['time']} at rlhfkit {result['commit']}, test file `{result['test_file']}` "
-        f"({result['test_file_sha']}), {', '.join(f'{k} {v}' for k, v in result['versions'].items())}.",
+        f"Measured {result['trl'].get('time', result['time'])} (TRL) and {side.get('time', result['time'])} (rlhfkit, "
+        f"at {side.get('commit', result['commit'])}) on {cpu_name()}, test file `{Path(result['test_file']).name}` "
+        f"(blob {result['test_file_sha']}), {', '.join(f'{k} {v}' for k, v in result['versions'].items())}.",
         "",
         f"**TRL passes {len(counted)} of the file's {len(trl)} tests here; rlhfkit passes "
         f"{len(counted) - len(failing)} of those {len(counted)} ({share:.1%}).**",
@@ -148,13 +157,18 @@ def main() -> None:
     parser.add_argument("-k", dest="keyword", help="only tests matching this pytest -k expression")
     parser.add_argument("--sides", default="trl,rlhfkit", help="comma-separated: trl, rlhfkit")
     parser.add_argument("--write-doc", action="store_true", help="rewrite docs/trl-tests.md's table")
-    parser.add_argument("--doc-from", type=Path, help="only rewrite the doc from this results.json")
+    parser.add_argument(
+        "--doc-from", type=Path, nargs="+", help="only rewrite the doc from results.json files (sides run apart merge)"
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
     from reasons import REASONS
 
     if args.doc_from:
-        write_doc(json.loads(args.doc_from.read_text()), REASONS)
+        merged = {}
+        for path in args.doc_from:
+            merged |= json.loads(path.read_text())
+        write_doc(merged, REASONS)
         return
     try:
         import jmespath  # noqa: F401  (TRL's tool tests are skipped without it)
@@ -180,6 +194,7 @@ def main() -> None:
     for side in args.sides.split(","):
         prepare(args.test_file, work / side, rlhfkit=side == "rlhfkit")
         result[side] = run_side(work / side, args.test_file.name, args.keyword, print)
+        result[side] |= {"time": result["time"], "commit": result["commit"]}
     (work / "results.json").write_text(json.dumps(result, indent=2))
     print(f"results: {work / 'results.json'}")
     if "trl" in result and "rlhfkit" in result:

@@ -161,6 +161,29 @@ class Environments:
                 stacklevel=2,
             )
 
+    # TRL 1.16's trainer.environments is a list: instance i plays the i-th episode of each generation. So is one
+    # factory's pool here (start() draws it in row order); a dict of factories keeps a pool per name. An Environments
+    # object is true however many instances it holds (code tests `if environments`).
+    def __bool__(self) -> bool:
+        return True
+
+    def __len__(self) -> int:
+        return len(self._instances())
+
+    def __getitem__(self, index: int) -> Any:
+        return self._instances()[index]
+
+    def __iter__(self):
+        return iter(self._instances())
+
+    def _instances(self) -> list[Any]:
+        if self.multi:
+            raise TypeError(
+                "trainer.environments holds a pool per environment name with a dict environment_factory: read "
+                "trainer.environments.pool[name][i], the instance of that environment's i-th episode of a generation."
+            )
+        return self.pool[None]
+
     def adopt(self, pool: dict[str | None, list[Any]]) -> None:
         """Take `pool` (the generation worker's instances after a generation, copies) as this object's pool: what the
         trainer's checkpoints save and its evaluations draw under async_generation. The old instances' ToolBoxes go

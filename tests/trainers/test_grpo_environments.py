@@ -521,3 +521,20 @@ def test_an_environment_that_cannot_save_its_state_is_resumed_fresh_and_said_so(
     copy = crashed_copy(tmp_path / "a", 1, tmp_path)
     with pytest.warns(UserWarning, match="environment ForgetfulEnv has no state_dict"):
         trainer(copy, resume_from_checkpoint="latest").train()
+
+
+def test_trainer_environments_index_as_trl_s_list():
+    # TRL 1.16's trainer.environments[i] is the instance that plays the i-th episode of a generation
+    from rlhfkit.agents.environments import Environments
+
+    class Env:
+        def reset(self, **kwargs):
+            return "go"
+
+    single = Environments(Env)
+    single.pool[None].append(Env())
+    assert len(single) == 2 and single[1] is single.pool[None][1] and list(single) == single.pool[None]
+    multi = Environments({"a": Env, "b": Env})
+    assert multi  # true whatever its pools hold
+    with pytest.raises(TypeError, match=r"environments.pool\[name\]\[i\]"):
+        multi[0]

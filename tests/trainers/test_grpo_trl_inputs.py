@@ -33,6 +33,8 @@ def test_a_streamed_train_set_trains_max_steps_in_the_stream_s_order(tiny_assets
 
     stream = rows.to_iterable_dataset()
     trainer = GRPOTrainer(str(tiny_assets / "sft"), recorded, args, train_dataset=stream)
+    # TRL's rule for a stream, shown where TRL shows it: no batch is dispatched from the main process
+    assert trainer.args.accelerator_config.dispatch_batches is False
     output = trainer.train()
     assert output.global_step == 3 and len(trainer.train_dataset) == 12  # only the rows 3 steps draw were read
     assert seen == rows["prompt"][:12]  # in the stream's order, not shuffled

@@ -197,6 +197,7 @@ class GRPOTrainer(TRLTrainerAPI):
         self.streamed = isinstance(train_dataset, IterableDataset)
         if self.streamed:
             train_dataset = self.held_stream(train_dataset)
+            args.accelerator_config = stream_accelerator_config(args.accelerator_config)
         self.tools = [] if toolbox is None else toolbox.functions
         self.train_dataset, self.eval_prompts = tokenize_datasets(
             args, tok, train_dataset, eval_dataset, self.tools or None
@@ -712,6 +713,16 @@ def router_aux_loss(model: nn.Module, coef: float | None) -> tuple[float, bool]:
         )
     weight = float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0) if coef is None else float(coef)
     return weight, moe and weight != 0.0
+
+
+def stream_accelerator_config(given):
+    """accelerator_config as TRL leaves it for a streamed train set: transformers' AcceleratorConfig (from None or a
+    dict, with their entries) with dispatch_batches False, TRL's rule, and what rlhfkit does anyway: every process
+    reads the stream's rows itself, no batch is dispatched from the main process."""
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    entries = dict(given or {}) if not isinstance(given, AcceleratorConfig) else asdict(given)
+    return AcceleratorConfig(**{**entries, "dispatch_batches": False})
 
 
 def given_reward_funcs(reward_funcs, environments) -> list:
