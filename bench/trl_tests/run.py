@@ -119,6 +119,31 @@ def summarise(result: dict) -> tuple[list[str], list[str]]:
     return counted, failing
 
 
+def merge_results(results: list[dict]) -> dict:
+    """Results of runs made apart, in order: each side's first run gives its outcomes; a later run of a side (a -k
+    rerun at a later commit) replaces the outcomes of the tests it ran, which are listed as reruns."""
+    merged = dict(results[0])
+    for result in results[1:]:
+        for side in ("trl", "rlhfkit"):
+            if side not in result:
+                continue
+            if side not in merged:
+                merged[side] = result[side]
+                continue
+            rerun = result[side]
+            merged[side] = {**merged[side], "outcomes": {**merged[side]["outcomes"], **rerun["outcomes"]}}
+            merged[side]["messages"] = {**merged[side]["messages"], **rerun["messages"]}
+            merged.setdefault("reruns", []).append(
+                {
+                    "side": side,
+                    "commit": rerun.get("commit"),
+                    "time": rerun.get("time"),
+                    "tests": sorted(rerun["outcomes"]),
+                }
+            )
+    return merged
+
+
 def write_doc(result: dict, reasons: dict[str, str]) -> None:
     counted, failing = summarise(result)
     trl, ours = result["trl"]["outcomes"], result["rlhfkit"]["outcomes"]
@@ -139,6 +164,12 @@ def write_doc(result: dict, reasons: dict[str, str]) -> None:
     for test in failing:
         why = reasons.get(test) or reasons.get(test.split("[")[0]) or result["rlhfkit"]["messages"].get(test, "")
         lines.append(f"| `{test}` | {ours.get(test, 'not run')} | {why.replace('|', '/')} |")
+    for rerun in result.get("reruns", []):
+        lines += [
+            "",
+            f"Rerun on the {rerun['side']} side at {rerun['commit']} ({rerun['time']}), replacing those tests' outcomes "
+            f"above: {len(rerun['tests'])} tests, " + ", ".join(f"`{t}`" for t in rerun["tests"]) + ".",
+        ]
     lines += ["", f"Counted on neither side ({len(neither)}: TRL itself does not pass them here):", ""]
     by_outcome: dict[str, list[str]] = {}
     for test in neither:
@@ -165,10 +196,7 @@ def main() -> None:
     from reasons import REASONS
 
     if args.doc_from:
-        merged = {}
-        for path in args.doc_from:
-            merged |= json.loads(path.read_text())
-        write_doc(merged, REASONS)
+        write_doc(merge_results([json.loads(path.read_text()) for path in args.doc_from]), REASONS)
         return
     try:
         import jmespath  # noqa: F401  (TRL's tool tests are skipped without it)
