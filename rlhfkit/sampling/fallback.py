@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import nn
 from transformers import GenerationConfig
-from transformers.generation.utils import GenerationMixin
 
 from rlhfkit import ops
 from rlhfkit.models import completion_token_stats
@@ -73,9 +72,18 @@ _INACTIVE_VALUES: dict[str, Any] = {
 # Generation options already announced as sending generation to model.generate (each is said once).
 _ANNOUNCED_OPTIONS: set[str] = set()
 
-# transformers' generate as this module found it: another one on a model is the caller's, and it samples.
-_TRANSFORMERS_GENERATE = GenerationMixin.generate
 _ANNOUNCED_GENERATE: set[type] = set()
+
+
+def _is_transformers_generate(generate) -> bool:
+    """Whether `generate` is transformers' GenerationMixin.generate, told by where it was defined (importing
+    transformers.generation.utils here would cost every command a second): a patch, a mock or a class's own
+    generate is defined elsewhere."""
+    function = getattr(generate, "__func__", generate)
+    return (
+        getattr(function, "__module__", None) == "transformers.generation.utils"
+        and getattr(function, "__qualname__", None) == "GenerationMixin.generate"
+    )
 
 
 def own_generate(model: nn.Module) -> str | None:
@@ -87,7 +95,7 @@ def own_generate(model: nn.Module) -> str | None:
     generate = getattr(type(base), "generate", None)
     if "generate" in vars(model) or "generate" in vars(base):
         reason = "its generate is set on the model object"
-    elif callable(generate) and generate is not _TRANSFORMERS_GENERATE:
+    elif callable(generate) and not _is_transformers_generate(generate):
         reason = f"{type(base).__name__}.generate is not transformers' GenerationMixin.generate"
     else:
         return None
