@@ -14,6 +14,8 @@ Any other template keeps the refusal that names the fix (episodes.ToolEpisodes).
 
 from __future__ import annotations
 
+import copy
+
 CHATML_HERMES: dict = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
@@ -40,8 +42,4 @@ def recognised_response_template(chat_template: str | None) -> dict | None:
         return None
     chatml = "<|im_start|>" in chat_template and "<|im_end|>" in chat_template
     hermes = "<tool_call>" in chat_template and '"arguments": ' in chat_template and "<function=" not in chat_template
-    if chatml and hermes:
-        import copy
-
-        return copy.deepcopy(CHATML_HERMES)
-    return None
+    return copy.deepcopy(CHATML_HERMES) if chatml and hermes else None

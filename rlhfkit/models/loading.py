@@ -109,8 +109,8 @@ def _why_not_loaded(name: str, flag: str, hub: Hub, error: Exception) -> str:
         cause = cause.__cause__ or cause.__context__
     if not hub.trust_remote_code and (_ships_code(name, hub) or any("trust_remote_code" in str(c) for c in causes)):
         return (
-            f"{where} ships custom code (its own modelling files), which transformers runs only when told to trust it. If you trust "
-            "it, pass --trust_remote_code (in Python: trust_remote_code=True in the config, or in "
+            f"{where} ships custom code (its own modelling files), which transformers runs only when told to trust "
+            "it. If you trust it, pass --trust_remote_code (in Python: trust_remote_code=True in the config, or in "
             "model_init_kwargs)."
         )
     if os.path.isdir(name):

@@ -5,8 +5,8 @@ Three things send generation to ``model.generate``: a model whose forward does n
 loop does not implement (beams, n-gram bans, bad words...: anything beyond LEAN_LOOP_OPTIONS), and a ``generate``
 other than transformers' own (set on the model object, defined by its class, or patched into transformers): TRL
 samples with ``model.generate``, so a script or test that replaces it expects the trainer to call it. Each switch is
-said once, per model class or per option. :func:`hf_generate` returns what the lean loop returns: the tokens cut after the
-stop token and the log-probs of the full softmax(logits / temperature).
+said once, per model class or per option. :func:`hf_generate` returns what the lean loop returns: the tokens cut
+after the stop token and the log-probs of the full softmax(logits / temperature).
 """
 
 from __future__ import annotations

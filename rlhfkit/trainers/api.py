@@ -110,8 +110,9 @@ class TRLTrainerAPI:
         """Evaluate now, as transformers' Trainer.evaluate: on `eval_dataset` when given (prompts, tokenized as the
         trainer's eval_dataset is), else on the trainer's eval_dataset; logged at the step training has reached and
         returned under transformers' names, ``{metric_key_prefix}_{name}``: eval_reward, eval_task_success, GRPO's
-        eval_loss (PPO: eval_scores). Another prefix renames the logged metrics too: "test" logs test/reward (metrics.jsonl, and
-        test/reward in the trackers, where transformers' callbacks send test_* keys) and returns test_reward. Several
+        eval_loss (PPO: eval_scores). Another prefix renames the logged metrics too: "test" logs test/reward
+        (metrics.jsonl, and test/reward in the trackers, where transformers' callbacks send test_* keys) and returns
+        test_reward. Several
         named sets (a dict or DatasetDict, given here or to the trainer) are evaluated one by one under
         ``{metric_key_prefix}_{set name}``, as transformers does: eval_easy/reward logged, eval_easy_reward returned.
         Only the trainer's own eval_dataset under "eval" moves state.best_metric (--metric_for_best_model).

@@ -348,16 +348,8 @@ class GRPOGeneration:
         if args.pad_to_multiple_of is not None:  # TRL's padding of prompts and completions: fewer distinct shapes
             chunk = chunk.padded_to_multiple(args.pad_to_multiple_of, model_pad_id(model, self.tokenizer.pad_token_id))
         ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
-        if args.multi_objective_aggregation == "normalize_then_sum":  # GDPO: each source normalised in its group
-            weights = torch.tensor(self.rewards.weights, dtype=torch.float64)
-            advantages = ops.decoupled_group_advantages(scored.gathered_rewards, weights, args.num_generations)
-        else:  # the weighted sum of the sources, normalised (scale_rewards)
-            advantages = ops.group_advantages(gathered, args.num_generations, args.scale_rewards)
-        advantages = advantages[self.own_slice()]
-
-        loss_mask = chunk.model_mask  # with tools, their results are read but not trained on (TRL's tool_mask)
-        if args.mask_truncated_completions:
-            loss_mask = loss_mask & chunk.terminated[:, None]
+        advantages = self.advantages(gathered, scored.gathered_rewards, args.num_generations)[self.own_slice()]
+        loss_mask = self.loss_mask(chunk)
         loss_tokens = acc.reduce(loss_mask.sum().to(torch.float64).reshape(1), "sum").item()
 
         old_logprobs = None
@@ -385,6 +377,23 @@ class GRPOGeneration:
             logged_columns=scored.logged_columns,
             rounds=len(rounds),
         )
+
+    def advantages(self, totals: torch.Tensor, per_source: torch.Tensor | None, group: int) -> torch.Tensor:
+        """(N,) advantages of completions in consecutive groups of `group`: with normalize_then_sum (GDPO) each
+        source's rewards `per_source` (K, N) normalised in its group, then weighed; else the weighted totals (N,)
+        normalised as scale_rewards says."""
+        args = self.args
+        if args.multi_objective_aggregation == "normalize_then_sum":
+            weights = torch.tensor(self.rewards.weights, dtype=torch.float64)
+            return ops.decoupled_group_advantages(per_source, weights, group)
+        return ops.group_advantages(totals, group, args.scale_rewards)
+
+    def loss_mask(self, chunk: Chunk) -> torch.Tensor:
+        """(N, T) the completion tokens the loss trains on: the model's own (with tools, their results are read but
+        not trained on: TRL's tool_mask), and none of a truncated completion's with mask_truncated_completions."""
+        if self.args.mask_truncated_completions:
+            return chunk.model_mask & chunk.terminated[:, None]
+        return chunk.model_mask
 
     def step_tokens(self, generation_tokens: float) -> float:
         """TRL's normaliser of dapo, cispo and vespo: a generation's loss tokens (all processes) per process, spread

@@ -662,36 +662,28 @@ class GRPOTrainer(TRLTrainerAPI):
         _, logged = take_reward_logs(self.rewards, self.accelerator, prefix="eval/")
         return {**metrics.reduce(self.accelerator).scalars, **{k: v for k, v in logged.items() if v == v}}
 
+    @torch.inference_mode(False)
+    @torch.no_grad()
     def add_eval_loss(self, metrics: MetricAccumulator, scored: list, group: int) -> None:
         """eval/loss (the registry's eval_loss): the training loss's formula on each evaluation batch, `scored` as
         (EvalChunk, total rewards (n,), each source's rewards (K, n)), its completions in groups of `group` per
-        prompt (one greedy completion is a group of one: advantage 0). The completions come from the weights scoring them, so the ratio
-        is 1; beta > 0 adds the KL to the reference. Weighted by each batch's own completions, as transformers
-        averages its evaluation batches' losses. Outside inference mode (no gradients all the same): a LoRA
-        reference disables and re-enables the adapter, which sets requires_grad on weights a sharding engine
-        gathers, and a tensor made in inference mode refuses that."""
-        with torch.inference_mode(False), torch.no_grad():
-            self._add_eval_loss(metrics, scored, group)
-
-    def _add_eval_loss(self, metrics: MetricAccumulator, scored: list, group: int) -> None:
-        args, device = self.args, self.accelerator.device
+        prompt (one greedy completion is a group of one: advantage 0). The completions come from the weights
+        scoring them, so the ratio is 1; beta > 0 adds the KL to the reference. Weighted by each batch's own
+        completions, as transformers averages its evaluation batches' losses. Outside inference mode (no gradients
+        all the same): a LoRA reference disables and re-enables the adapter, which sets requires_grad on weights a
+        sharding engine gathers, and a tensor made in inference mode refuses that."""
+        args, device, generation = self.args, self.accelerator.device, self.generation
         totals = torch.cat([total for _, total, _ in scored]).double()
-        if args.multi_objective_aggregation == "normalize_then_sum":
-            weights = torch.tensor(self.rewards.weights, dtype=torch.float64)
-            per_source = torch.cat([values for _, _, values in scored], dim=1).double()
-            advantages = ops.decoupled_group_advantages(per_source, weights, group)
-        else:
-            advantages = ops.group_advantages(totals, group, args.scale_rewards)
+        per_source = torch.cat([values for _, _, values in scored], dim=1).double()
+        advantages = generation.advantages(totals, per_source, group)
         start = 0
         for part, total, _ in scored:
             chunk, rows = part.chunk, slice(start, start + len(total))
             start += len(total)
             ids, mask, width = chunk.input_ids, chunk.attention_mask, chunk.prompt_ids.shape[1]
-            logprobs = self.generation.logprobs(self.model, ids, mask, width, chunk.completion_ids)
-            ref = self.generation.reference_logprobs(self.model, ids, mask, width, chunk.completion_ids)
-            loss_mask = chunk.model_mask
-            if args.mask_truncated_completions:
-                loss_mask = loss_mask & chunk.terminated[:, None]
+            logprobs = generation.logprobs(self.model, ids, mask, width, chunk.completion_ids)
+            ref = generation.reference_logprobs(self.model, ids, mask, width, chunk.completion_ids)
+            loss_mask = generation.loss_mask(chunk)
             out = self.loss(logprobs, logprobs, advantages[rows].float().to(device), loss_mask, ref)
             loss = ops.aggregate_token_loss(
                 out.per_token_loss, loss_mask, args.loss_type, args.max_completion_length, loss_mask.sum()
