@@ -13,8 +13,9 @@ Multi-turn episodes (tools, environments) run whole in the worker: it gets a cop
 the policy (tokenizer, tools, environment factories and their pooled instances, restored from a checkpoint on resume),
 samples each generation's episodes with agents.episodes.sample_episodes, calls the tools there, and sends back the
 episodes' messages and tool statistics, the rows as their episodes began and the environments' pool after them. The
-episodes' instances travel back as copies in the same message as the pool (one pickle: the rows name the pool's very
-instances), so the trainer's reward functions, get_reward and checkpoints see the worker's state after the generation.
+episodes' instances travel back as copies in the same message as the pool (one pickle, made as the worker sends it
+(`snapshot`): the rows name the pool's very instances), so the trainer's reward functions, get_reward and checkpoints
+see the worker's state after the generation.
 
 Scoring stays in the trainer: reward functions, reward models and the metrics never leave its process.
 """
@@ -32,6 +33,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import numpy as np
@@ -76,6 +78,14 @@ class _Result:
     stats: list | None = None  # with episodes: each chunk's agents.episodes.ToolStats
     rows: list[dict] | None = None  # with episodes: the rows as their episodes began (environments: the instances)
     pool: dict | None = None  # with environments: the worker's pooled instances after the generation
+
+
+def snapshot(message: _Result | _Failure) -> bytes:
+    """`message` pickled now, as the worker's queue would pickle it (tensors by shared memory), so that what the trainer
+    receives is the state at the moment of sending. A queue's put pickles later, in a feeder thread, by which time the
+    worker may be resetting the same environment instances for the next generation (a pool that reads one generation
+    ahead)."""
+    return bytes(ForkingPickler.dumps(message))
 
 
 @dataclass
@@ -210,9 +220,9 @@ def _worker_main(
             result = _Result(
                 request.index, request.version, chunks, sampler_rng(target), generate_s, idle, weights_s, **sampled
             )
-            results.put(result)
+            results.put(snapshot(result))
     except BaseException:
-        results.put(_Failure(traceback.format_exc()))
+        results.put(snapshot(_Failure(traceback.format_exc())))
         raise
 
 
@@ -352,7 +362,7 @@ class AsyncGeneration:
         start = time.perf_counter()
         while True:
             try:
-                result = self.results.get(timeout=_POLL_S)
+                result = ForkingPickler.loads(self.results.get(timeout=_POLL_S))
                 break
             except queue.Empty:
                 if not self.process.is_alive():

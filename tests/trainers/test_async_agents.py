@@ -4,11 +4,14 @@ and samples and ends with the same weights as the synchronous run; with stalenes
 environments' rewards are logged and the environments' state comes back to the trainer; what cannot travel to the
 worker is refused before anything loads."""
 
+from multiprocessing.reduction import ForkingPickler
+
 import pytest
 import torch
 
 from rlhfkit import GRPOTrainer, PPOTrainer
 from rlhfkit.errors import ConfigError
+from rlhfkit.trainers.generation_worker import _Result, snapshot
 from tests.helpers import MACHINE_METRICS
 from tests.tool_chat import multiply, tool_chat_model, tool_chat_tokenizer, use_script
 from tests.trainers.test_grpo_async import TIMING
@@ -110,6 +113,17 @@ def test_staleness_1_logs_the_tools_and_brings_the_environments_state_back(tmp_p
     pool = trainer.environments.pool[None]
     assert len(pool) == 4 and [e.served for e in pool] == [4] * 4
     assert trainer.environments.state_dict()["pools"][""][0]["served"] == 4
+
+
+def test_a_generation_s_pool_is_the_state_when_sent_not_when_the_queue_pickles_it():
+    # a queue's put pickles later, in a feeder thread, while the worker already resets the same instances for the next
+    # generation: the message is pickled when the worker sends it (this test's run above once adopted 5 episodes)
+    instance = CurriculumEnv()
+    instance.reset()
+    sent = snapshot(_Result(0, 0, [], {}, 0.0, 0.0, 0.0, rows=[{"environment": instance}], pool={None: [instance]}))
+    instance.reset()  # the next generation, begun before a feeder thread would have pickled the first
+    received = ForkingPickler.loads(sent)
+    assert received.pool[None][0].served == 1 and received.rows[0]["environment"] is received.pool[None][0]
 
 
 def test_what_cannot_travel_to_the_worker_is_refused_before_anything_loads(tmp_path):
