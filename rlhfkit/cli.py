@@ -53,10 +53,10 @@ def cmd_train(algorithm: str, argv: Sequence[str]) -> int:
             "--num_processes and --accelerate_config have no effect here: this process was already started by a "
             "launcher (accelerate launch or torchrun), whose settings apply."
         )
-    from rlhfkit.trainers.build import build_trainer
-
     config_cls = {"ppo": PPOArguments, "grpo": GRPOArguments}[algorithm]
     args, explicit = parse_config(config_cls, argv, f"rlhfkit {algorithm}")
+    from rlhfkit.trainers.build import build_trainer  # after parsing: --help and a refused flag need no trainer
+
     trainer = build_trainer(args, explicit)
     trainer.train()
     if args.push_to_hub:
@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"rlhfkit: unknown command {command!r}.\n\n{USAGE}", file=sys.stderr)
         return 2
-    if command in MODEL_COMMANDS:
+    if command in MODEL_COMMANDS and not {"-h", "--help"} & set(rest):  # help loads no model: no torch to import
         from rlhfkit.engines import name_deepspeed_accelerator
 
         name_deepspeed_accelerator()

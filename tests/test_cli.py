@@ -43,6 +43,25 @@ def test_help_lists_commands_and_ppo_flags():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("command", ["ppo", "grpo"])
+def test_help_builds_and_imports_no_trainer(command):
+    # what `--help` loads is what it costs (bench/startup.py): the flags, not the trainers, peft or TRL's flag list
+    probe = (
+        "import sys\n"
+        "from rlhfkit.cli import main\n"
+        "try:\n"
+        f"    main([{command!r}, '--help'])\n"
+        "except SystemExit as e:  # argparse's help exits\n"
+        "    assert e.code == 0\n"
+        "loaded = ('rlhfkit.trainers.build', 'rlhfkit.engines', 'transformers.training_args', 'peft')\n"
+        "print([name for name in loaded if name in sys.modules])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+@pytest.mark.slow
 def test_unknown_flag_is_named_and_exits_2():
     result = rlhfkit("ppo", "--learning_rat", "1e-5", "--bogus_flag")
     assert result.returncode == 2

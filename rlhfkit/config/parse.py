@@ -121,7 +121,7 @@ def _refuse_trl_flags(argv: list[str], cls: type) -> list[str]:
     """Raise a UsageError naming each TRL/transformers flag in `argv` that rlhfkit does not take, with the reason;
     return `argv` without those at TRL's default and those rlhfkit accepts and ignores (each with its value)."""
     fields = set(config_field_names(cls))
-    written = {_flag_name(arg) for arg in argv if arg.startswith("--")}
+    written = {_flag_name(arg) for arg in argv if arg.startswith("--")} - {"help"}  # argparse's own
     if all(name in fields or name.removeprefix("no_") in fields for name in written):
         # Only rlhfkit's own flags: TRL's list, which imports transformers' TrainingArguments (+11 MB), is not needed.
         return list(argv)
