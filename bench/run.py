@@ -34,6 +34,7 @@ README = BENCH_DIR / "README.md"
 sys.path.insert(0, str(BENCH_DIR))
 
 import settings as S  # noqa: E402
+from commits import checkout, cpu_name  # noqa: E402
 
 # Libraries both sides share, pinned in TRL's environments to the versions of rlhfkit's environment.
 SHARED_PACKAGES = (
@@ -48,6 +49,7 @@ SHARED_PACKAGES = (
 )
 LIBRARIES = ("rlhfkit", "trl")
 ASYNC = "rlhfkit-async"  # rlhfkit with --async_generation (bench/run.py --async-staleness K)
+AT = "rlhfkit@"  # + a short sha: an earlier commit's rlhfkit (bench/run.py --baseline REV), in the same environment
 
 
 def log(msg: str) -> None:
@@ -139,8 +141,19 @@ def child_env(threads: int, device: str, tokenizer_json: str) -> dict[str, str]:
 
 
 def run_one(
-    library: str, trainer: str, run: int, seed: int, python: Path, cfg: dict, paths: dict, ns, session_dir: Path
+    library: str,
+    trainer: str,
+    run: int,
+    seed: int,
+    python: Path,
+    cfg: dict,
+    paths: dict,
+    ns,
+    session_dir: Path,
+    source: Path | None = None,
 ) -> dict:
+    """One run of `library` in a fresh process; `source`: the directory whose rlhfkit/ an earlier commit's run imports
+    (bench/commits.py), ahead of the environment's editable install of the working tree."""
     run_dir = session_dir / f"{trainer}-{library}-{run}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -171,6 +184,8 @@ def run_one(
     runner = RUNNERS / ("rlhfkit_runner.py" if library != "trl" else f"trl_{trainer}_runner.py")
     env = child_env(ns.threads, ns.device, str(Path(paths["tokenizer"]) / "tokenizer.json"))
     cwd = REPO_DIR if library != "trl" else run_dir  # TRL's runner starts where nothing of rlhfkit is importable
+    if source is not None:
+        env["PYTHONPATH"], cwd = str(source), source
     with open(run_dir / "log.txt", "w") as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -192,6 +207,9 @@ def run_one(
         tail = (run_dir / "log.txt").read_text()[-4000:]
         raise RuntimeError(f"{library} {trainer} run {run} failed (exit {code}); log {run_dir / 'log.txt'}:\n{tail}")
     result = json.loads(result_path.read_text())
+    imported = Path(result.get("rlhfkit_source") or REPO_DIR / "rlhfkit").parent
+    if library != "trl" and imported.resolve() != Path(source or REPO_DIR).resolve():
+        raise RuntimeError(f"{library} {trainer} run {run} imported rlhfkit from {imported}, not {source or REPO_DIR}")
     result["library"] = library  # rlhfkit's runner says "rlhfkit" for both of rlhfkit's schedules
     result["process_seconds"] = round(wall, 3)
     result["new_tokens"] = cfg["new_tokens"]
@@ -270,7 +288,8 @@ def summarize(data: dict) -> dict:
     """Per trainer: each library's medians, and rlhfkit's (and rlhfkit-async's, when measured) ratios to TRL."""
     summary = {}
     for trainer in data["meta"]["trainers"]:
-        libraries = [*LIBRARIES, ASYNC]
+        measured = dict.fromkeys(r["library"] for r in data["runs"] if r["trainer"] == trainer)
+        libraries = [*LIBRARIES, ASYNC, *sorted(lib for lib in measured if lib.startswith(AT))]
         by_lib = {
             lib: [r for r in data["runs"] if r["trainer"] == trainer and r["library"] == lib] for lib in libraries
         }
@@ -317,8 +336,11 @@ def title(trainer: str, data: dict) -> str:
 def table_lines(trainer: str, data: dict, summary: dict, markdown: bool) -> list[str]:
     s = summary[trainer]
     v = s["versions"]
-    ours = [lib for lib in ("rlhfkit", ASYNC) if lib in s["median"]]
-    names = {"rlhfkit": "rlhfkit", ASYNC: f"rlhfkit async (max_staleness {data['meta'].get('async_staleness')})"}
+    ours = [lib for lib in s["median"] if lib != "trl"]
+    names = {lib: lib for lib in ours} | {
+        "rlhfkit": f"rlhfkit at {data['meta']['versions'].get('rlhfkit commit') or 'the working tree'}",
+        ASYNC: f"rlhfkit async (max_staleness {data['meta'].get('async_staleness')})",
+    }
     head = ["", *(f"{names[lib]} {v[lib]}" for lib in ours), f"TRL {v['trl']}"]
     head += [f"{names[lib]} / TRL" for lib in ours]
     rows = []
@@ -365,7 +387,7 @@ def print_summary(data: dict) -> None:
         target_eps = s["ratio"]["episodes_per_s"]
         target_rss = s["ratio"]["peak_rss_mb"]
         log(
-            f"target episodes/s >= 2x TRL: {'met' if target_eps and target_eps >= 2 else 'NOT met'} "
+            f"target episodes/s >= 1.3x TRL (issue 54): {'met' if target_eps and target_eps >= 1.3 else 'NOT met'} "
             f"({fmt(target_eps, '{:.2f}')}x); peak RSS <= TRL: "
             f"{'met' if target_rss and target_rss <= 1 else 'NOT met'} ({fmt(target_rss, '{:.2f}')}x)"
         )
@@ -449,14 +471,10 @@ def rlhfkit_revision() -> str | None:
 
 
 def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+        cpu = cpu_name()
     except OSError:
-        pass
+        cpu = platform.processor() or platform.machine()
     mem = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -509,6 +527,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --async-staleness: the worker's --generation_threads (default 0: half the threads; N > 0 gives the "
         "worker N and leaves the trainer all --threads, oversubscribing the cores)",
     )
+    p.add_argument(
+        "--baseline",
+        metavar="REV",
+        default=None,
+        help="also run an earlier commit's rlhfkit (a git revision), alternating with the working tree and TRL in the "
+        "same environment and settings (bench/commits.py)",
+    )
     p.add_argument("--summary", nargs="+", metavar="RESULTS.json", help="only print the tables of results files")
     ns = p.parse_args(argv)
 
@@ -534,6 +559,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"{sys.executable} has no rlhfkit: run this with rlhfkit's interpreter (.venv/bin/python)")
     shared_pins = {k: v for k, v in shared.items() if k in SHARED_PACKAGES}
     rlhfkit_venv = ensure_rlhfkit_venv(shared["rlhfkit"], shared_pins)
+    baseline_sha, baseline_source = checkout(ns.baseline) if ns.baseline else (None, None)
     pythons = {t: {"rlhfkit": rlhfkit_venv, "trl": ensure_trl_venv(t, shared_pins)} for t in trainers}
 
     assets = ensure_assets("quick" if ns.quick else "bench")
@@ -550,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     versions = {
         "rlhfkit": shared["rlhfkit"],
         "rlhfkit commit": rlhfkit_revision(),
+        **({"baseline commit": baseline_sha} if baseline_sha else {}),
         **{f"trl ({t})": S.TRL_PINS[t].split("==")[1] for t in trainers},
         **shared_pins,
         "python": platform.python_version(),
@@ -578,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
     out_path = RESULTS / f"results-{stamp}.json"
     for run in range(runs):
         for trainer in trainers:
-            libraries = (*LIBRARIES, ASYNC) if ns.async_staleness is not None else LIBRARIES
+            libraries = (*LIBRARIES, *([ASYNC] if ns.async_staleness is not None else []))
+            libraries += (AT + baseline_sha,) if baseline_sha else ()
             order = libraries if run % 2 == 0 else libraries[::-1]  # alternate who goes first
             for library in order:
                 log(f"[bench] {trainer} run {run + 1}/{runs}: {library} ...")
@@ -592,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
                     paths,
                     ns,
                     session_dir,
+                    baseline_source if library.startswith(AT) else None,
                 )
                 data["runs"].append(r)
                 ph = r["phases"]

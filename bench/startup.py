@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -25,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-COMMITS = REPO / "bench" / ".cache" / "commits"
+from commits import REPO, checkout, cpu_name
+
 COMMANDS = {
     "`rlhfkit grpo --help`": ["grpo", "--help"],
     "`rlhfkit grpo --max_steps 2` (built-in task)": [
@@ -39,24 +38,6 @@ COMMANDS = {
         "0",
     ],  # fmt: skip
 }
-
-
-def checkout(commit: str) -> tuple[str, Path]:
-    sha = subprocess.run(["git", "rev-parse", "--short", commit], cwd=REPO, capture_output=True, text=True, check=True)
-    sha = sha.stdout.strip()
-    target = COMMITS / sha
-    if not (target / "rlhfkit").exists():
-        target.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run(["git", "archive", sha, "rlhfkit"], cwd=REPO, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(target)], input=archive.stdout, check=True)
-    return sha, target
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
 
 
 def timed(python: str, source: Path, argv: list[str], scratch: Path) -> float:

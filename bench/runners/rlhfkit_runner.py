@@ -41,6 +41,7 @@ def main() -> None:
 
     spec = load_spec()
     probe = install_probe()
+    import rlhfkit
     from rlhfkit import __version__ as version
     from rlhfkit.config import GRPOConfig, PPOConfig
     from rlhfkit.config.parse import parse_config
@@ -64,7 +65,11 @@ def main() -> None:
         seconds,
         spec["output_dir"],
         setup,
-        {"library_timings": own_timings(spec["output_dir"]), "argv": argv},
+        {
+            "library_timings": own_timings(spec["output_dir"]),
+            "argv": argv,
+            "rlhfkit_source": os.path.dirname(rlhfkit.__file__),  # bench/run.py checks which tree ran
+        },
     )
 
 
