@@ -45,7 +45,8 @@ def timed(python: str, source: Path, argv: list[str], scratch: Path) -> float:
     if "--max_steps" in argv:
         argv = [*argv, "--output_dir", str(scratch / f"run-{time.monotonic_ns()}")]
     start = time.perf_counter()
-    done = subprocess.run([python, "-m", "rlhfkit", *argv], env=env, capture_output=True, text=True)
+    # from `source`: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
+    done = subprocess.run([python, "-m", "rlhfkit", *argv], env=env, cwd=source, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed at {source.name}:\n{done.stderr[-3000:]}")
@@ -59,6 +60,11 @@ def main() -> None:
     parser.add_argument("--python", default=str(REPO / "bench" / ".venvs" / "rlhfkit" / "bin" / "python"))
     args = parser.parse_args()
     sources = [checkout(c) for c in args.commits]
+    for _, source in sources:  # each commit's runs import that commit's rlhfkit, not the installed working tree
+        probe = [args.python, "-c", "import rlhfkit; print(rlhfkit.__file__)"]
+        imported = subprocess.run(probe, env=dict(os.environ, PYTHONPATH=str(source)), cwd=source, capture_output=True)
+        if not Path(imported.stdout.decode().strip()).resolve().is_relative_to(source.resolve()):
+            raise SystemExit(f"{source} does not import its own rlhfkit: {imported.stdout.decode()}{imported.stderr}")
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as scratch:
         for _, source in sources:  # a first run of each builds the caches (built-in task assets, .pyc files)
