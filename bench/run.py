@@ -207,9 +207,10 @@ def run_one(
         tail = (run_dir / "log.txt").read_text()[-4000:]
         raise RuntimeError(f"{library} {trainer} run {run} failed (exit {code}); log {run_dir / 'log.txt'}:\n{tail}")
     result = json.loads(result_path.read_text())
-    imported = Path(result.get("rlhfkit_source") or REPO_DIR / "rlhfkit").parent
-    if library != "trl" and imported.resolve() != Path(source or REPO_DIR).resolve():
-        raise RuntimeError(f"{library} {trainer} run {run} imported rlhfkit from {imported}, not {source or REPO_DIR}")
+    if library != "trl":  # rlhfkit's runner reports the package it imported: the intended tree's, or stop
+        imported, intended = Path(result["rlhfkit_source"]).parent.resolve(), Path(source or REPO_DIR).resolve()
+        if imported != intended:
+            raise RuntimeError(f"{library} {trainer} run {run} imported rlhfkit from {imported}, not {intended}")
     result["library"] = library  # rlhfkit's runner says "rlhfkit" for both of rlhfkit's schedules
     result["process_seconds"] = round(wall, 3)
     result["new_tokens"] = cfg["new_tokens"]
